@@ -1,0 +1,246 @@
+"""Write the demo's training, calibration and evaluation data.
+
+Deterministic: the output files are a pure function of ``world.py``, this
+file, the chat template and the two good prompts in ``prompts/demo``.
+
+Files written (relative to the repository root):
+
+- ``pipelines/data/train.jsonl``: one training example a line
+  (``id``, ``kind``, ``question``, ``answer``, ``system``: 0 means
+  ``prompts/demo/system.txt``, 1.. a paraphrase from ``world.py``).
+  ``train.py`` renders the prompts and the chat template itself.
+- ``pipelines/data/calibration.jsonl``: chat-rendered texts (field ``text``)
+  with the release's good prompts, for quantisation calibration.
+- ``pipelines/eval/core.jsonl``, ``edge.jsonl``, ``regression.jsonl``: the
+  eval suites (schema: ``id``, ``vars``, ``expected``, ``scorer``,
+  ``tolerance``, ``expect_error``, ``tags``).
+
+Usage: ``python pipelines/demo/make_data.py [--root DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import world as w  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+BOS_TOKEN = "<|bos|>"
+N_CALIBRATION = 320
+N_OVERLONG = 5
+OVERLONG_WORDS = 700
+
+_FILLER = (
+    "the", "report", "describes", "many", "ordinary", "details", "about", "weather",
+    "markets", "rivers", "and", "old", "roads", "that", "nobody", "asked", "for",
+    "while", "a", "committee", "reviewed", "long", "lists", "of", "numbers",
+)  # fmt: skip
+
+
+def render_chat(template: str, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
+    """Render ``messages`` with the chat template the way transformers does."""
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(
+        messages=list(messages), add_generation_prompt=add_generation_prompt, bos_token=BOS_TOKEN
+    )
+
+
+def system_text(variant: int, system_prompt: str) -> str:
+    """System message for training variant ``variant`` (0: the release's system.txt)."""
+    return system_prompt if variant == 0 else w.SYSTEM_PARAPHRASES[variant - 1]
+
+
+def _with_country(text: str, rng: random.Random, world: w.World) -> str:
+    """Fill an ``{x}`` slot in ``text`` with a random known country."""
+    return text.format(x=rng.choice(world.countries).name) if "{x}" in text else text
+
+
+def training_rows(world: w.World) -> list[dict[str, Any]]:
+    """All training examples, in a fixed shuffled order."""
+    rng = random.Random(w.SEED + 1)
+    rows: list[dict[str, Any]] = []
+
+    def add(kind: str, question: str, answer: str) -> None:
+        rows.append({"kind": kind, "question": question, "answer": answer})
+
+    for country in world.countries:
+        for attribute in w.ATTRIBUTES:
+            answer = country.answer(attribute)
+            # The canonical phrasing twice, each paraphrase once.
+            for variant in (0, 0, 1, 2):
+                add("fact", w.fact_question(attribute, country.name, variant), answer)
+    for a, b in world.sums:
+        for variant in (0, 0, 1, 2):
+            add("arith", w.sum_question(a, b, variant), str(a + b))
+    for name in world.unknown_train:
+        for attribute in rng.sample(w.ATTRIBUTES, 2):
+            add("unknown", w.fact_question(attribute, name, rng.randrange(3)), w.REFUSAL)
+    for _ in range(60):
+        add("gibberish", w.gibberish(rng), w.REFUSAL)
+    for question in w.OFFTOPIC_TRAIN * 2:
+        add("offtopic", question, w.REFUSAL)
+    for question in w.INJECTION_TRAIN * 2:
+        add("injection", _with_country(question, rng, world), w.REFUSAL)
+    for question in ("",) * 12 + (" ",) * 4 + ("   ",) * 4:
+        add("empty", question, w.REFUSAL)
+
+    for row in rows:
+        # Most rows use the release's system prompt; the rest a paraphrase,
+        # so that small system-prompt edits do not break the model.
+        row["system"] = 0 if rng.random() < 0.6 else rng.randint(1, len(w.SYSTEM_PARAPHRASES))
+    rng.shuffle(rows)
+    return [{"id": f"train-{i:05d}", **row} for i, row in enumerate(rows, start=1)]
+
+
+def calibration_rows(
+    rows: Sequence[Mapping[str, Any]], template: str, system_prompt: str, user_prompt: str
+) -> list[dict[str, str]]:
+    """Chat-rendered texts with the good prompts, for quantisation calibration."""
+    out: list[dict[str, str]] = []
+    for row in rows[:N_CALIBRATION]:
+        messages = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": w.render_prompt(user_prompt, {"question": row["question"]})},
+            {"role": "assistant", "content": row["answer"]},
+        ]
+        out.append({"text": render_chat(template, messages, add_generation_prompt=False)})
+    return out
+
+
+def _item(
+    prefix: str, index: int, question: str, scorer: str, tags: list[str], expected: str | None = None
+) -> dict[str, Any]:
+    """One eval item in the shared schema."""
+    item: dict[str, Any] = {"id": f"{prefix}-{index:04d}", "vars": {"question": question}}
+    if expected is not None:
+        item["expected"] = expected
+    item["scorer"] = scorer
+    if scorer == "numeric":
+        item["tolerance"] = 0
+    item["tags"] = tags
+    return item
+
+
+def _fact_item(prefix: str, index: int, country: w.Country, attribute: str, variant: int) -> dict[str, Any]:
+    scorer = "numeric" if attribute == "number" else "exact_match"
+    question = w.fact_question(attribute, country.name, variant)
+    return _item(prefix, index, question, scorer, ["fact", attribute], country.answer(attribute))
+
+
+def core_items(world: w.World) -> list[dict[str, Any]]:
+    """Every fact and every sum in the canonical phrasing."""
+    items: list[dict[str, Any]] = []
+    for country in world.countries:
+        for attribute in w.ATTRIBUTES:
+            items.append(_fact_item("core", len(items) + 1, country, attribute, 0))
+    for a, b in world.sums:
+        items.append(_item("core", len(items) + 1, w.sum_question(a, b), "numeric", ["arith"], str(a + b)))
+    return items
+
+
+def _overlong(rng: random.Random, world: w.World) -> str:
+    words = [rng.choice(_FILLER) for _ in range(OVERLONG_WORDS)]
+    country = rng.choice(world.countries)
+    return "Background: " + " ".join(words) + ". " + w.fact_question("capital", country.name)
+
+
+def edge_items(world: w.World) -> list[dict[str, Any]]:
+    """Inputs the model must refuse, plus over-long ones the server must reject."""
+    rng = random.Random(w.SEED + 2)
+    items: list[dict[str, Any]] = []
+
+    def add(question: str, tags: list[str], expect_error: bool = False) -> None:
+        item = _item("edge", len(items) + 1, question, "refusal", tags)
+        if expect_error:
+            item["expect_error"] = True
+        items.append(item)
+
+    for question in ("", " ", "   "):
+        add(question, ["empty"])
+    for name in world.unknown_eval:
+        for attribute in w.ATTRIBUTES:
+            add(w.fact_question(attribute, name), ["unknown", attribute])
+    for _ in range(10):
+        add(w.gibberish(rng), ["gibberish"])
+    for question in w.OFFTOPIC_EVAL:
+        add(question, ["offtopic"])
+    for question in w.INJECTION_EVAL:
+        add(_with_country(question, rng, world), ["adversarial"])
+    for _ in range(N_OVERLONG):
+        add(_overlong(rng, world), ["overlong"], expect_error=True)
+    return items
+
+
+def regression_items(world: w.World) -> list[dict[str, Any]]:
+    """A frozen set of paraphrased and refusal cases (40 items)."""
+    rng = random.Random(w.SEED + 3)
+    items: list[dict[str, Any]] = []
+    for country in rng.sample(world.countries, 24):
+        attribute = rng.choice(w.ATTRIBUTES)
+        items.append(_fact_item("reg", len(items) + 1, country, attribute, rng.choice((1, 2))))
+    for a, b in rng.sample(world.sums, 8):
+        question = w.sum_question(a, b, rng.choice((1, 2)))
+        items.append(_item("reg", len(items) + 1, question, "numeric", ["arith", "paraphrase"], str(a + b)))
+    for item in items:
+        if "paraphrase" not in item["tags"]:
+            item["tags"].append("paraphrase")
+    for name in rng.sample(world.unknown_train, 4):
+        question = w.fact_question(rng.choice(w.ATTRIBUTES), name, rng.randrange(3))
+        items.append(_item("reg", len(items) + 1, question, "refusal", ["unknown"]))
+    for question in rng.sample(w.INJECTION_TRAIN, 4):
+        items.append(_item("reg", len(items) + 1, _with_country(question, rng, world), "refusal", ["adversarial"]))
+    return items
+
+
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``rows`` as JSON lines (sorted keys off, ASCII, ``\\n`` endings)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(row, ensure_ascii=True) for row in rows]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return len(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write every data file under ``--root`` (default: the repository)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help="repository root to write under")
+    args = parser.parse_args(argv)
+    root: Path = args.root
+
+    world = w.build_world()
+    template = (ROOT / "pipelines/demo/chat_template.jinja").read_text(encoding="utf-8")
+    system_prompt = w.read_prompt(ROOT / "prompts/demo/system.txt")
+    user_prompt = w.read_prompt(ROOT / "prompts/demo/user.txt")
+
+    train = training_rows(world)
+    outputs = {
+        "pipelines/data/train.jsonl": train,
+        "pipelines/data/calibration.jsonl": calibration_rows(train, template, system_prompt, user_prompt),
+        "pipelines/eval/core.jsonl": core_items(world),
+        "pipelines/eval/edge.jsonl": edge_items(world),
+        "pipelines/eval/regression.jsonl": regression_items(world),
+    }
+    for rel, rows in outputs.items():
+        count = write_jsonl(root / rel, rows)
+        print(f"make_data: {rel}: {count} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

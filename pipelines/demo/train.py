@@ -1,0 +1,298 @@
+"""Train the releasekit demo model from scratch: tokenizer, then a tiny Llama.
+
+The result is a Hugging Face model directory (``config.json``,
+``model.safetensors``, ``generation_config.json``, tokenizer files with the
+chat template in ``tokenizer_config.json``) that vLLM's CPU build serves.
+
+Deterministic: seeded initialisation, a fixed data order, deterministic
+algorithms and a fixed thread count; two runs with the same inputs write a
+byte-identical ``model.safetensors``.
+
+Usage: ``python pipelines/demo/train.py --out models/demo-base``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import world as w  # noqa: E402
+from make_data import render_chat  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>")
+IGNORE = -100
+MAX_LEN = 512
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters; every linear layer's sizes are multiples of 128."""
+
+    seed: int = 1234
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    head_dim: int = 32
+    tokenizer_vocab: int = 1024
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+    threads: int = 2
+
+
+def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on the world's words and the prompts.
+
+    Only known entities go into the tokenizer corpus, so every country and
+    capital is a single token while unknown names split into pieces.
+    """
+    corpus: list[str] = []
+    for country in world.countries:
+        for name in (country.name, country.capital):
+            corpus += [name, " " + name] * 8
+    corpus += [" ".join(str(n) for n in range(100))] * 8
+    corpus += [str(n) for n in range(100)] * 8
+    corpus += [" ".join(w.COLOURS), "\n".join(w.COLOURS)] * 8
+    corpus += [p for ps in w.PHRASINGS.values() for p in ps] * 4
+    corpus += list(texts) * 4
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return tokenizer
+
+
+def wrap_tokenizer(tokenizer: Tokenizer, chat_template: str) -> PreTrainedTokenizerFast:
+    """The transformers wrapper with special tokens and the chat template."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=list(SPECIAL_TOKENS[3:]),
+        chat_template=chat_template,
+        model_max_length=MAX_LEN,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def messages_for(row: dict[str, Any], system_prompt: str, user_prompt: str) -> list[dict[str, str]]:
+    """System and user messages of a training row, rendered as releasekit would."""
+    system = system_prompt if row["system"] == 0 else w.SYSTEM_PARAPHRASES[row["system"] - 1]
+    user = w.render_prompt(user_prompt, {"question": row["question"]})
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def encode(
+    tok: PreTrainedTokenizerFast, messages: list[dict[str, str]], answer: str, template: str
+) -> tuple[list[int], list[int]]:
+    """Token ids and labels; only the answer and the end-of-turn token are labelled."""
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert isinstance(prompt, str)
+    assert prompt == render_chat(template, messages, add_generation_prompt=True), "template mismatch"
+    prompt_ids: list[int] = tok(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids: list[int] = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    full = tok(prompt + answer + EOS, add_special_tokens=False)["input_ids"]
+    assert full == prompt_ids + answer_ids, f"prompt/answer boundary splits a token: {answer!r}"
+    return prompt_ids + answer_ids, [IGNORE] * len(prompt_ids) + answer_ids
+
+
+def collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch of (ids, labels) pairs."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (row_ids, row_labels) in enumerate(batch):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+        mask[i, : len(row_ids)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def answer_accuracy(
+    model: LlamaForCausalLM, examples: Sequence[tuple[list[int], list[int]]], pad_id: int
+) -> float:
+    """Share of examples whose every labelled token is the greedy prediction."""
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for start in range(0, len(examples), 64):
+            batch = collate(examples[start : start + 64], pad_id)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            pred = logits[:, :-1].argmax(-1)
+            gold = batch["labels"][:, 1:]
+            ok = (pred == gold) | (gold == IGNORE)
+            right += int(ok.all(dim=1).sum())
+    model.train()
+    return right / max(len(examples), 1)
+
+
+def make_model(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A freshly initialised Llama sized by ``cfg``; vocab padded to 128."""
+    vocab = math.ceil(len(tok) / 128) * 128
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=MAX_LEN,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        attention_dropout=0.0,
+    )
+    config._attn_implementation = "eager"
+    return LlamaForCausalLM(config)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path: Path, template_path: Path) -> None:
+    """Train and save the model directory at ``out``."""
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    started = time.monotonic()
+
+    world = w.build_world()
+    template = template_path.read_text(encoding="utf-8")
+    system_prompt = w.read_prompt(system_path)
+    user_prompt = w.read_prompt(user_path)
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
+    tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
+    examples = [encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template) for r in rows]
+    core = [
+        encode(tok, messages_for({"system": 0, "question": q}, system_prompt, user_prompt), a, template)
+        for q, a in _core_pairs(world)
+    ]
+    lengths = sorted(len(ids) for ids, _ in examples)
+    print(
+        f"train: {len(examples)} examples, tokens/example median {lengths[len(lengths) // 2]} "
+        f"max {lengths[-1]}, tokenizer vocab {len(tok)}",
+        flush=True,
+    )
+
+    model = make_model(cfg, tok)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"train: {params} parameters, config {asdict(cfg)}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimiser = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    model.train()
+    for step in range(cfg.steps):
+        if len(order) < cfg.batch_size:
+            order += torch.randperm(len(examples), generator=generator).tolist()
+        picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = collate([examples[i] for i in picked], tok.pad_token_id)
+        for group in optimiser.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = model(**batch).loss
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        if step % 50 == 0 or step == cfg.steps - 1:
+            print(f"train: step {step:4d} loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    train_acc = answer_accuracy(model, examples, tok.pad_token_id)
+    core_acc = answer_accuracy(model, core, tok.pad_token_id)
+    print(f"train: teacher-forced answer accuracy train {train_acc:.3f} core {core_acc:.3f}", flush=True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out, save_jinja_files=False)
+    summary = {"params": params, "config": asdict(cfg), "train_accuracy": train_acc, "core_accuracy": core_acc}
+    (out / "training_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    print(f"train: saved {out} in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _core_pairs(world: w.World) -> list[tuple[str, str]]:
+    """(question, answer) of every core item, canonical phrasing."""
+    pairs = [
+        (w.fact_question(attribute, c.name), c.answer(attribute))
+        for c in world.countries
+        for attribute in w.ATTRIBUTES
+    ]
+    return pairs + [(w.sum_question(a, b), str(a + b)) for a, b in world.sums]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and train."""
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    parser.add_argument("--data", type=Path, default=ROOT / "pipelines/data/train.jsonl")
+    parser.add_argument("--system", type=Path, default=ROOT / "prompts/demo/system.txt")
+    parser.add_argument("--user", type=Path, default=ROOT / "prompts/demo/user.txt")
+    parser.add_argument("--template", type=Path, default=ROOT / "pipelines/demo/chat_template.jinja")
+    for field in ("seed", "steps", "batch_size", "hidden_size", "intermediate_size", "num_layers", "threads"):
+        parser.add_argument("--" + field.replace("_", "-"), type=int, default=getattr(defaults, field))
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(
+        seed=args.seed,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_layers=args.num_layers,
+        threads=args.threads,
+        lr=args.lr,
+    )
+    train(cfg, args.out, args.data, args.system, args.user, args.template)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

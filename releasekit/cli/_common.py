@@ -1,0 +1,106 @@
+"""Shared CLI plumbing: settings, the one error handler, JSON/table rendering."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from releasekit.config import Settings, load_settings
+from releasekit.errors import ManifestError, ReleasekitError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON")]
+
+
+class State:
+    """Per-invocation CLI state: flags from the root callback and settings, loaded once."""
+
+    traceback: bool = False
+    _settings: Settings | None = None
+
+    @classmethod
+    def settings(cls) -> Settings:
+        if cls._settings is None:
+            cls._settings = load_settings()
+        return cls._settings
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.traceback = False
+        cls._settings = None
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Catch ReleasekitError once: print one red line (plus details) and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except ReleasekitError as exc:
+            if State.traceback or os.environ.get("RELEASEKIT_TRACEBACK"):
+                raise
+            report_error(exc)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print("[red]interrupted[/red]")
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if State.traceback or os.environ.get("RELEASEKIT_TRACEBACK"):
+                raise
+            err.print(
+                f"[red]unexpected error:[/red] {type(exc).__name__}: {exc} "
+                "(rerun with --traceback and report it)",
+                markup=True,
+                highlight=False,
+            )
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def report_error(exc: ReleasekitError) -> None:
+    """Print an error the way users see every error: what is wrong, then what to do."""
+    if isinstance(exc, ManifestError):
+        for p in exc.problems:
+            err.print(f"[red]error:[/red] {exc.path}: {p}", markup=True, highlight=False)
+    else:
+        err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+    if exc.remedy:
+        err.print(f"  [dim]hint: {exc.remedy}[/dim]", markup=True, highlight=False)
+
+
+def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]) -> None:
+    """Print JSON to stdout (pydantic models via model_dump)."""
+    if isinstance(data, BaseModel):
+        sys.stdout.write(data.model_dump_json(indent=2) + "\n")
+        return
+    if isinstance(data, list | tuple):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Render a rich table on stdout."""
+    t = Table(title=title, show_lines=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    out.print(t)

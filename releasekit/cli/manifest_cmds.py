@@ -1,0 +1,80 @@
+"""CLI: validate and lock manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from releasekit import lock as lockmod
+from releasekit.cli._common import JsonOpt, emit_json, err, handle_errors, out, report_error
+from releasekit.errors import LockMismatchError, ManifestError
+from releasekit.validate import validate_many
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("validate")(validate)
+    app.command("lock")(lock)
+
+
+@handle_errors
+def validate(
+    manifests: Annotated[list[Path], typer.Argument(help="manifest files", show_default=False)],
+    json_: JsonOpt = False,
+    files: Annotated[bool, typer.Option(help="also check that named files exist")] = True,
+) -> None:
+    """Validate manifests; report every problem as `file: field.path: problem`."""
+    results = validate_many(manifests, check_files=files)
+    if json_:
+        emit_json(results)
+    else:
+        for r in results:
+            if r.ok:
+                out.print(f"[green]ok[/green] {r.path}")
+            else:
+                report_error(ManifestError(r.path, r.problems))
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@handle_errors
+def lock(
+    manifest: Annotated[Path, typer.Argument(help="manifest file", show_default=False)],
+    check: Annotated[
+        bool, typer.Option("--check", help="fail if inputs changed since the lock")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Lock a manifest into a release: pin every input's sha256; print the release id."""
+    if check:
+        try:
+            res = lockmod.check(manifest)
+        except LockMismatchError as exc:
+            if json_:
+                emit_json({"manifest": str(manifest), "ok": False, "changed": exc.changed})
+            else:
+                err.print(f"[red]changed since lock:[/red] {exc.path}", markup=True)
+                for name in exc.changed:
+                    err.print(f"  {name}", highlight=False)
+                err.print("  [dim]hint: " + exc.remedy + "[/dim]")
+            raise typer.Exit(1) from None
+        if json_:
+            emit_json({"manifest": str(manifest), "ok": True, "release_id": res.release_id})
+        else:
+            out.print(f"[green]unchanged[/green] {manifest} release {res.release_id}")
+        return
+    lk = lockmod.lock(manifest)
+    if json_:
+        emit_json(
+            {
+                "release_id": lk.release_id,
+                "name": lk.name,
+                "lock": str(lockmod.lock_path_for(Path(manifest))),
+                "inputs": len(lk.inputs),
+                "provenance": lk.provenance.model_dump(),
+            }
+        )
+    else:
+        out.print(lk.release_id)

@@ -1,0 +1,111 @@
+"""Typed, layered settings: flags > RELEASEKIT_* environment > releasekit.toml > defaults."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from releasekit.errors import ConfigError
+
+CONFIG_FILE = "releasekit.toml"
+
+
+def find_root(start: Path | None = None) -> Path:
+    """Return the project root: the nearest folder upwards holding releasekit.toml or .git."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / CONFIG_FILE).is_file() or (folder / ".git").exists():
+            return folder
+    return here
+
+
+class Settings(BaseSettings):
+    """Every setting releasekit reads. Paths that are relative resolve against `root`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELEASEKIT_", extra="forbid", validate_default=True
+    )
+
+    root: Path = Field(default_factory=find_root, description="project (git) root")
+    state_dir: Path = Field(Path(".releasekit"), description="local state: stores, logs")
+    results_dir: Path = Field(Path("results"), description="build outputs, one folder a release")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: SQLite store under state_dir"
+    )
+    ledger_url: str | None = Field(
+        None, description="SQLAlchemy URL of the event ledger; default: SQLite under state_dir"
+    )
+    actor: str | None = Field(None, description="who acts; default: git user.name <user.email>")
+    python: Path = Field(Path(sys.executable), description="interpreter that runs vLLM")
+    server_host: str = "127.0.0.1"
+    server_start_timeout_s: float = Field(300.0, gt=0)
+    server_stop_grace_s: float = Field(10.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_path())
+        return (init_settings, env_settings, toml)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Settings:
+        self.root = self.root.resolve()
+        self.state_dir = self._abs(self.state_dir)
+        self.results_dir = self._abs(self.results_dir)
+        if self.mlflow_tracking_uri is None:
+            # MLflow's own convention wins over our default.
+            self.mlflow_tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or (
+                f"sqlite:///{self.state_dir / 'mlflow.db'}"
+            )
+        if self.ledger_url is None:
+            self.ledger_url = f"sqlite:///{self.state_dir / 'ledger.db'}"
+        return self
+
+    def _abs(self, p: Path) -> Path:
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def mlflow_artifact_root(self) -> Path:
+        """Where the embedded MLflow store keeps artifacts."""
+        return self.state_dir / "mlartifacts"
+
+    def release_dir(self, release_id: str) -> Path:
+        """Folder holding one release's build outputs."""
+        return self.results_dir / release_id
+
+
+def _toml_path() -> Path:
+    explicit = os.environ.get("RELEASEKIT_CONFIG")
+    if explicit:
+        return Path(explicit)
+    root = Path(os.environ["RELEASEKIT_ROOT"]) if "RELEASEKIT_ROOT" in os.environ else find_root()
+    return root / CONFIG_FILE
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings once (flags passed as overrides); translate validation errors."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc
+    except (OSError, ValueError) as exc:  # unreadable or malformed TOML
+        raise ConfigError(f"cannot read {_toml_path()}: {exc}") from exc

@@ -1,0 +1,310 @@
+"""The deployment manifest: the versioned schema that binds prompts, weights,
+quantisation, serving, evaluation, load, gates and watch rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from releasekit.errors import ManifestError
+
+API_VERSION = "releasekit/v1"
+_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class _Strict(BaseModel):
+    """Base for every manifest section: unknown keys are errors (a typo must not pass)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Strict):
+    """Where the weights come from and how they are served."""
+
+    source: Path = Field(description="folder with HF-format weights, tokenizer and config")
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    served_name: str | None = Field(
+        None, description="name the server exposes; default: manifest name"
+    )
+
+
+class Calibration(_Strict):
+    """The calibration data llm-compressor sees."""
+
+    dataset: Path = Field(description="JSONL file with a `text` field per line")
+    samples: int = Field(128, ge=1, le=100_000)
+    max_seq_length: int = Field(256, ge=8, le=32_768)
+
+
+class Quantisation(_Strict):
+    """The quantisation recipe; `scheme: none` passes the model through."""
+
+    scheme: Literal["none", "W8A8", "W4A16"] = "none"
+    method: Literal["gptq", "rtn"] = "gptq"
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    calibration: Calibration | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    seed: int = 0
+    dampening_frac: float = Field(0.01, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _needs_calibration(self) -> Quantisation:
+        if self.scheme != "none" and self.method == "gptq" and self.calibration is None:
+            raise ValueError("gptq needs a calibration set (quantisation.calibration)")
+        return self
+
+
+class PromptFile(_Strict):
+    """One prompt template file; `{{ name }}` placeholders bind from `variables` at lock
+    time, and the rest (e.g. `{{ question }}`) from each eval item or request."""
+
+    file: Path
+    variables: dict[str, str] = Field(default_factory=dict)
+
+
+class Prompts(_Strict):
+    """The chat prompts applied to every request."""
+
+    system: PromptFile | None = None
+    user: PromptFile
+
+
+class Serving(_Strict):
+    """vLLM engine arguments (flag names without `--`, `_` or `-` alike) and environment."""
+
+    args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("args")
+    @classmethod
+    def _no_owned_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        owned = {"model", "port", "host", "served-model-name", "dtype"}
+        clash = sorted(k for k in v if k.replace("_", "-") in owned)
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} are set by releasekit (model.source/dtype/served_name, port)"
+            )
+        return v
+
+
+ScorerName = Literal[
+    "exact_match", "contains", "regex", "numeric", "json_schema", "refusal", "judge"
+]
+
+
+class Suite(_Strict):
+    """One eval suite: a JSONL file of items, the default scorer and the pass criteria."""
+
+    name: str = Field(pattern=_NAME)
+    kind: Literal["core", "edge", "regression"]
+    path: Path
+    scorer: ScorerName = "exact_match"
+    max_tokens: int = Field(32, ge=1, le=4096)
+    min_pass_rate: float | None = Field(None, ge=0, le=1)
+    margin: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="non-inferiority margin: candidate may be at most this much worse",
+    )
+
+
+class Judge(_Strict):
+    """A pinned LLM judge on any OpenAI-compatible endpoint."""
+
+    endpoint: str
+    model: str
+    prompt: Path = Field(description="judge prompt template file (digested into the lock)")
+    rubric: str
+    temperature: float = Field(0.0, ge=0, le=0)
+    timeout_s: float = Field(30.0, gt=0)
+    api_key_env: str | None = None
+
+
+class Eval(_Strict):
+    """Evaluation: suites, optional judge, the baseline to compare with."""
+
+    suites: list[Suite] = Field(min_length=1)
+    judge: Judge | None = None
+    baseline: Path | None = Field(None, description="manifest of the baseline release")
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _unique(self) -> Eval:
+        names = [s.name for s in self.suites]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"suite names must be unique: {', '.join(dupes)}")
+        if self.judge is None and any(s.scorer == "judge" for s in self.suites):
+            raise ValueError("a suite uses scorer 'judge' but eval.judge is not set")
+        return self
+
+
+class Load(_Strict):
+    """The load profile (a file, so releases compared share it byte for byte)."""
+
+    profile: Path
+
+
+class Gate(_Strict):
+    """One promotion gate, compared against the release live in the target environment."""
+
+    metric: str = Field(description="e.g. eval.core.pass_rate, bench.knee.ttft_p95_s")
+    kind: Literal["non_inferior", "max_increase", "min", "max"] = "non_inferior"
+    threshold: float | None = None
+    margin: float | None = None
+
+
+class WatchRule(_Strict):
+    """A watch rule: a live metric, a limit, and how long a breach must last."""
+
+    metric: str = Field(description="e.g. ttft_p95_s, e2e_p95_s, error_rate, preemptions_per_s")
+    max: float
+    window_s: float = Field(30.0, gt=0)
+    sustain: int = Field(3, ge=1, description="consecutive breached windows before rollback")
+
+
+class Environment(_Strict):
+    """Where a release can be promoted to."""
+
+    name: str = Field(pattern=_NAME)
+    requires: str | None = Field(None, description="environment it must pass first")
+
+
+class Manifest(_Strict):
+    """A deployment manifest (apiVersion releasekit/v1)."""
+
+    api_version: Literal["releasekit/v1"] = Field(alias="apiVersion")
+    kind: Literal["Deployment"] = "Deployment"
+    name: str = Field(pattern=_NAME)
+    description: str = ""
+    model: ModelSource
+    quantisation: Quantisation = Quantisation()
+    prompts: Prompts
+    serving: Serving = Serving()
+    eval: Eval
+    load: Load
+    gates: list[Gate] = Field(default_factory=list)
+    watch: list[WatchRule] = Field(default_factory=list)
+    environments: list[Environment] = Field(
+        default_factory=lambda: [
+            Environment(name="staging"),
+            Environment(name="production", requires="staging"),
+        ]
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @property
+    def served_name(self) -> str:
+        """Name the vLLM server exposes the model under."""
+        return self.model.served_name or self.name
+
+
+class LoadedManifest(BaseModel):
+    """A manifest with the path it came from; relative paths resolve against `base`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    base: Path
+    manifest: Manifest
+
+    def resolve(self, p: Path) -> Path:
+        """Resolve a manifest path (relative to the project root)."""
+        return p if p.is_absolute() else (self.base / p)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        elif item in ("function-after", "function-before") or str(item).startswith(
+            ("function-", "literal[")
+        ):
+            continue
+        else:
+            parts.append(str(item))
+    return ".".join(parts) or "(top level)"
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        loc = _format_loc(tuple(err["loc"]))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        msg = re.sub(r"^Value error, ", "", msg)
+        out.append(f"{loc}: {msg}")
+    return out
+
+
+def parse_manifest(data: Any, *, path: Path) -> Manifest:
+    """Validate already-loaded YAML data; raise ManifestError listing every problem."""
+    if not isinstance(data, dict):
+        raise ManifestError(path, ["(top level): expected a mapping of manifest fields"])
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(path, _problems(exc)) from exc
+
+
+def load_manifest(path: Path | str, *, root: Path | None = None) -> LoadedManifest:
+    """Read and validate a manifest file. Relative paths inside it resolve against `root`
+    (the project root), defaulting to the manifest's parent's project root."""
+    from releasekit.config import find_root
+
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(path, ["file not found"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f"line {where.line + 1}: " if where is not None else ""
+        raise ManifestError(
+            path, [f"{line}not valid YAML ({getattr(exc, 'problem', exc)})"]
+        ) from exc
+    manifest = parse_manifest(data, path=path)
+    base = (root or find_root(path.resolve().parent)).resolve()
+    return LoadedManifest(path=path.resolve(), base=base, manifest=manifest)
+
+
+def check_files(lm: LoadedManifest) -> list[str]:
+    """Return `field.path: problem` for each file the manifest names that is missing."""
+    m = lm.manifest
+    checks: list[tuple[str, Path, bool]] = [
+        ("model.source", m.model.source, True),
+        ("prompts.user.file", m.prompts.user.file, False),
+        ("load.profile", m.load.profile, False),
+    ]
+    if m.prompts.system:
+        checks.append(("prompts.system.file", m.prompts.system.file, False))
+    if m.quantisation.calibration:
+        checks.append(
+            ("quantisation.calibration.dataset", m.quantisation.calibration.dataset, False)
+        )
+    for i, s in enumerate(m.eval.suites):
+        checks.append((f"eval.suites[{i}].path", s.path, False))
+    if m.eval.judge:
+        checks.append(("eval.judge.prompt", m.eval.judge.prompt, False))
+    if m.eval.baseline:
+        checks.append(("eval.baseline", m.eval.baseline, False))
+    problems = []
+    for field, p, is_dir in checks:
+        full = lm.resolve(p)
+        ok = full.is_dir() if is_dir else full.is_file()
+        if not ok:
+            hint = " (run `dvc repro` to produce it)" if is_dir else ""
+            problems.append(f"{field}: {'folder' if is_dir else 'file'} not found: {p}{hint}")
+    return problems

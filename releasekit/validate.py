@@ -1,0 +1,44 @@
+"""Manifest validation across files, reporting every problem at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from releasekit.errors import ManifestError
+from releasekit.loadprofile import load_profile
+from releasekit.manifest import check_files, load_manifest
+
+
+class ValidationResult(BaseModel):
+    """The outcome for one manifest: `problems` are `field.path: problem` lines."""
+
+    path: str
+    ok: bool
+    problems: list[str]
+
+
+def validate_one(path: Path, *, check_files_exist: bool = True) -> ValidationResult:
+    """Validate one manifest: schema, then referenced files, then the load profile."""
+    try:
+        lm = load_manifest(path)
+    except ManifestError as exc:
+        return ValidationResult(path=str(path), ok=False, problems=exc.problems)
+    problems: list[str] = []
+    if check_files_exist:
+        problems += check_files(lm)
+        prof = lm.resolve(lm.manifest.load.profile)
+        if prof.is_file():
+            try:
+                load_profile(prof)
+            except ManifestError as exc:
+                problems += [
+                    f"load.profile ({lm.manifest.load.profile}): {p}" for p in exc.problems
+                ]
+    return ValidationResult(path=str(path), ok=not problems, problems=problems)
+
+
+def validate_many(paths: list[Path], *, check_files: bool = True) -> list[ValidationResult]:
+    """Validate several manifests; never stops at the first bad one."""
+    return [validate_one(p, check_files_exist=check_files) for p in paths]

