@@ -50,7 +50,7 @@ class TrainConfig:
     num_layers: int = 2
     num_heads: int = 4
     head_dim: int = 32
-    tokenizer_vocab: int = 1024
+    tokenizer_vocab: int = 1152
     steps: int = 500
     batch_size: int = 32
     lr: float = 3e-3
@@ -67,8 +67,8 @@ def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> To
     """
     corpus: list[str] = []
     for country in world.countries:
-        for name in (country.name, country.capital):
-            corpus += [name, " " + name] * 8
+        # Countries follow a space in questions; capitals start an answer.
+        corpus += [" " + country.name, country.capital] * 8
     corpus += [" ".join(str(n) for n in range(100))] * 8
     corpus += [str(n) for n in range(100)] * 8
     corpus += [" ".join(w.COLOURS), "\n".join(w.COLOURS)] * 8
@@ -85,6 +85,9 @@ def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> To
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
+    split = [n for c in world.countries for n in (" " + c.name, c.capital) if len(tokenizer.encode(n).ids) != 1]
+    if split:
+        raise SystemExit(f"train: tokenizer vocab {vocab_size} too small, names split: {split[:5]}")
     return tokenizer
 
 

@@ -40,7 +40,7 @@ def _root(
 
 manifest_cmds.register(app)
 
-for _mod in ("build_cmds", "audit_cmds"):
+for _mod in ("build_cmds", "bench_cmds", "eval_cmds", "audit_cmds"):
     # Command groups that later modules add; each exposes register(app).
     try:
         import importlib

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run the whole test suite (installs first; trains the demo model if missing).
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+.venv/bin/ruff check releasekit tests
+.venv/bin/mypy releasekit
+exec .venv/bin/pytest "$@"

@@ -1,0 +1,119 @@
+"""Manifest validation: every problem reported at once with its field path, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from releasekit.cli import app
+from releasekit.errors import ManifestError
+from releasekit.manifest import load_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "manifests").glob("*.yaml"))
+runner = CliRunner()
+
+
+def _write(tmp_path: Path, data: object, name: str = "m.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def _demo_data() -> dict:
+    return yaml.safe_load((REPO / "manifests" / "demo-bf16.yaml").read_text())
+
+
+def test_example_manifests_cover_the_demo_variants() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {"demo-bf16", "demo-w8a8", "demo-w4a16", "demo-damaged-prompt"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_manifest_schema_is_valid(path: Path) -> None:
+    lm = load_manifest(path, root=REPO)
+    assert lm.manifest.api_version == "releasekit/v1"
+
+
+def test_validate_cli_accepts_examples_when_files_exist() -> None:
+    if not (REPO / "models" / "demo-base" / "config.json").is_file():
+        pytest.skip("demo model not trained yet (dvc repro demo-model)")
+    res = runner.invoke(app, ["validate", *map(str, EXAMPLES)])
+    assert res.exit_code == 0, res.output
+
+
+def test_two_mistakes_are_both_reported_with_field_paths(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["quantisation"] = {"scheme": "W3A16"}  # not a scheme
+    data["serving"]["argz"] = {}  # typo of args
+    p = _write(tmp_path, data)
+    res = runner.invoke(app, ["validate", "--no-files", str(p)])
+    assert res.exit_code == 1
+    assert "quantisation.scheme" in res.output
+    assert "serving.argz: unknown key" in res.output
+    assert f"{p}: " in res.output
+    assert "Traceback" not in res.output
+
+
+def test_nested_list_errors_name_the_index(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["eval"]["suites"][1]["scorer"] = "vibes"
+    data["eval"]["suites"][2].pop("path")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(_write(tmp_path, data))
+    problems = info.value.problems
+    assert any(p.startswith("eval.suites[1].scorer:") for p in problems)
+    assert any(p.startswith("eval.suites[2].path: required field is missing") for p in problems)
+
+
+def test_missing_files_are_problems_not_crashes(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["prompts"]["user"]["file"] = "prompts/nope.txt"
+    p = _write(tmp_path, data)
+    res = runner.invoke(app, ["validate", str(p)])
+    assert res.exit_code == 1
+    assert "prompts.user.file: file not found: prompts/nope.txt" in res.output
+
+
+def test_malformed_yaml_is_one_clear_line(tmp_path: Path) -> None:
+    p = _write(tmp_path, "apiVersion: releasekit/v1\nname: [unclosed\n")
+    res = runner.invoke(app, ["validate", str(p)])
+    assert res.exit_code == 1
+    assert "not valid YAML" in res.output and "line" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_wrong_api_version_is_rejected(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["apiVersion"] = "releasekit/v0"
+    with pytest.raises(ManifestError) as info:
+        load_manifest(_write(tmp_path, data))
+    assert any(p.startswith("apiVersion:") for p in info.value.problems)
+
+
+def test_gptq_without_calibration_is_an_error(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["quantisation"] = {"scheme": "W4A16", "method": "gptq"}
+    with pytest.raises(ManifestError) as info:
+        load_manifest(_write(tmp_path, data))
+    assert any("calibration" in p for p in info.value.problems)
+
+
+def test_serving_args_may_not_override_owned_flags(tmp_path: Path) -> None:
+    data = _demo_data()
+    data["serving"]["args"]["port"] = 9000
+    with pytest.raises(ManifestError) as info:
+        load_manifest(_write(tmp_path, data))
+    assert any(p.startswith("serving.args:") and "port" in p for p in info.value.problems)
+
+
+def test_defaults_fill_what_users_expect(tmp_path: Path) -> None:
+    data = _demo_data()
+    del data["quantisation"], data["gates"], data["watch"]
+    m = load_manifest(_write(tmp_path, data)).manifest
+    assert m.quantisation.scheme == "none"
+    assert [e.name for e in m.environments] == ["staging", "production"]
+    assert m.served_name == "demo"
