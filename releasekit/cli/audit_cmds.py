@@ -1,0 +1,417 @@
+"""CLI: register releases in MLflow, assign them to environments, and answer auditors
+(status, history, at, show, diff, ledger verify)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from releasekit import audit
+from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.ledger import Ledger, LedgerRecord
+
+ledger_app = typer.Typer(help="The hash-chained event ledger.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("register")(register_cmd)
+    app.command("assign")(assign_cmd)
+    app.command("status")(status_cmd)
+    app.command("history")(history_cmd)
+    app.command("at")(at_cmd)
+    app.command("show")(show_cmd)
+    app.command("diff")(diff_cmd)
+    app.add_typer(ledger_app, name="ledger")
+
+
+def _time(value: str) -> dt.datetime:
+    try:
+        return audit.parse_time(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+_KEEP = {"release", "from", "to", "seq", "time", "since", "environment", "env", "metric"}
+_MIN = {"type": 8, "by": 8, "reason": 10, "event": 8, "model": 8}
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A rich table whose id, time and name columns never wrap (ids must stay copyable)."""
+    t = Table(title=title)
+    for c in columns:
+        if c in _KEEP:
+            t.add_column(c, no_wrap=True)
+        else:
+            t.add_column(c, overflow="fold", min_width=_MIN.get(c))
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    out.print(t)
+
+
+_KEY_METRIC = re.compile(
+    r"^(eval\.[^.]+\.(pass_rate|n)"
+    r"|bench\.knee\.(load|ttft_p95_s|tpot_p95_s|e2e_p95_s|output_token_throughput|goodput)"
+    r"|quantise\.size_after_bytes"
+    r"|compare\.[^.]+\.(delta|ci_low|ci_high))$"
+)
+
+
+def _key_metrics(metrics: dict[str, float]) -> list[tuple[str, str]]:
+    """The figures gates use, for tables (--json has every metric)."""
+    return [(k, f"{v:.4g}") for k, v in metrics.items() if _KEY_METRIC.match(k)]
+
+
+def _nonempty(value: str) -> str:
+    if not value.strip():
+        raise typer.BadParameter("must not be empty")
+    return value
+
+
+def _short(rid: str | None) -> str:
+    return rid[:12] if rid else "-"
+
+
+def _when(t: dt.datetime | None) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
+
+
+def _who(actor: str) -> str:
+    """The actor's name for tables (JSON and CSV keep `name <email>`)."""
+    return actor.split(" <", 1)[0] if " <" in actor else actor
+
+
+def _ledger() -> Ledger:
+    s = State.settings()
+    return Ledger(s.ledger_url or "", actor=s.actor)
+
+
+@handle_errors
+def register_cmd(
+    manifest: Annotated[
+        Path, typer.Argument(help="manifest of a locked release", show_default=False)
+    ],
+    json_: JsonOpt = False,
+) -> None:
+    """Register a locked release in MLflow (run, model version, prompts) and the ledger."""
+    from releasekit import registry
+
+    with err.status("registering") as spinner:
+        res = registry.register_release(
+            State.settings(), manifest, progress=lambda msg: spinner.update(msg)
+        )
+    if json_:
+        emit_json(res)
+        return
+    verb = "registered" if res.created else "already registered"
+    out.print(
+        f"[green]{verb}[/green] {res.model_name} version {res.version} "
+        f"(release {_short(res.release_id)}) run {res.run_id}",
+        highlight=False,
+    )
+    if res.prompt_uri:
+        out.print(f"  prompt {res.prompt_uri}  model {res.model_uri}", highlight=False)
+
+
+@handle_errors
+def assign_cmd(
+    release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
+    env: Annotated[str, typer.Option("--env", "-e", help="environment, e.g. production")],
+    reason: Annotated[
+        str,
+        typer.Option("--reason", "-r", callback=_nonempty, help="why (recorded in the ledger)"),
+    ],
+    force: Annotated[bool, typer.Option(help="record an event even if already live")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Record that ENV now runs RELEASE: move the MLflow alias and append the event."""
+    from releasekit import registry
+
+    res = registry.assign(State.settings(), release, env=env, reason=reason, force=force)
+    if json_:
+        emit_json(res)
+        return
+    what = f"{res.model_name} v{res.version} (release {_short(res.release_id)})"
+    if not res.changed:
+        out.print(f"{env} already runs {what}; nothing recorded", highlight=False)
+        return
+    was = f" (was {_short(res.previous_release_id)})" if res.previous_release_id else ""
+    seq = f"; event #{res.record.seq}" if res.record else ""
+    out.print(f"[green]{env}[/green] -> {what}{was}{seq}", highlight=False)
+
+
+@handle_errors
+def status_cmd(json_: JsonOpt = False) -> None:
+    """What is live in each environment, since when, and who put it there."""
+    rep = audit.status(State.settings())
+    if json_:
+        emit_json(rep)
+        return
+    if not rep.environments:
+        out.print("no environment has a release yet (see `releasekit assign`)")
+        return
+    table(
+        "live releases",
+        ["environment", "release", "model", "since", "by", "event", "reason"],
+        [
+            (
+                e.environment,
+                _short(e.release_id),
+                f"{e.model_name} v{e.model_version}" if e.model_name else "-",
+                _when(e.since),
+                _who(e.actor),
+                f"#{e.seq} {e.event_type}",
+                e.reason,
+            )
+            for e in rep.environments
+        ],
+    )
+
+
+def _events_table(title: str, events: list[LedgerRecord]) -> None:
+    table(
+        title,
+        ["seq", "time", "type", "env", "from", "to", "by", "reason"],
+        [
+            (
+                e.seq,
+                _when(e.time),
+                e.type,
+                e.environment or "",
+                _short(e.from_release) if e.from_release else "",
+                _short(e.to_release) if e.to_release else "",
+                _who(e.actor),
+                e.reason,
+            )
+            for e in events
+        ],
+    )
+
+
+@handle_errors
+def history_cmd(
+    env: Annotated[str | None, typer.Option("--env", "-e", help="only this environment")] = None,
+    release: Annotated[
+        str | None, typer.Option("--release", help="only events naming this release")
+    ] = None,
+    since: Annotated[
+        dt.datetime | None, typer.Option(parser=_time, help="from this time (inclusive)")
+    ] = None,
+    until: Annotated[
+        dt.datetime | None, typer.Option(parser=_time, help="up to this time (inclusive)")
+    ] = None,
+    type_: Annotated[
+        list[str] | None, typer.Option("--type", help="only these event types (repeatable)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="only the newest N events", min=0)] = None,
+    json_: JsonOpt = False,
+    csv_: Annotated[bool, typer.Option("--csv", help="print CSV")] = False,
+) -> None:
+    """The ledger's events, oldest first, filtered by environment, release and time."""
+    if json_ and csv_:
+        err.print("[red]error:[/red] choose one of --json and --csv")
+        raise typer.Exit(2)
+    rep = audit.history(
+        State.settings(),
+        env=env,
+        release=release,
+        since=since,
+        until=until,
+        types=type_,
+        limit=limit,
+    )
+    if json_:
+        emit_json(rep)
+    elif csv_:
+        sys.stdout.write(rep.to_csv())
+    elif not rep.events:
+        out.print("no events match")
+    else:
+        _events_table(f"history ({len(rep.events)} events)", rep.events)
+
+
+@handle_errors
+def at_cmd(
+    env: Annotated[str, typer.Argument(help="environment")],
+    time: Annotated[
+        dt.datetime,
+        typer.Argument(parser=_time, help="ISO 8601 time (UTC if no zone), or '2h ago'"),
+    ],
+    json_: JsonOpt = False,
+) -> None:
+    """The release live in ENV at TIME, the event that put it there, and its evidence."""
+    res = audit.at(State.settings(), env, time)
+    if json_:
+        emit_json(res)
+        return
+    if res.record is None:
+        out.print(f"nothing was live in {env} at {_when(res.time)}")
+        return
+    r = res.record
+    out.print(
+        f"[bold]{env}[/bold] at {_when(res.time)}: release {res.release_id}",
+        highlight=False,
+    )
+    out.print(f"  model     {res.model_name} v{res.model_version}", highlight=False)
+    out.print(
+        f"  since     {_when(r.time)} (event #{r.seq} {r.type}, by {r.actor})", highlight=False
+    )
+    out.print(f"  reason    {r.reason}", highlight=False)
+    if r.from_release:
+        out.print(f"  replaced  {r.from_release}", highlight=False)
+    for k, v in sorted(res.evidence.items()):
+        if k == "reports" and isinstance(v, dict):
+            shown = f"{len(v)} files with sha256 (see --json)"
+        else:
+            shown = json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v
+        out.print(f"  evidence  {k}: {shown}", highlight=False)
+    if res.metrics:
+        table(
+            "evidence (key figures; --json for all)", ["metric", "value"], _key_metrics(res.metrics)
+        )
+
+
+def _kv(title: str, rows: list[tuple[str, Any]]) -> None:
+    rows = [(k, v) for k, v in rows if v not in (None, "", [], {})]
+    if rows:
+        table(title, ["field", "value"], rows)
+
+
+@handle_errors
+def show_cmd(
+    release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
+    json_: JsonOpt = False,
+) -> None:
+    """One release in full: manifest, digests, provenance, MLflow links, evidence, events."""
+    d = audit.show(State.settings(), release)
+    if json_:
+        emit_json(d)
+        return
+    out.print(f"[bold]release {d.release_id}[/bold]  {d.name or ''}", highlight=False)
+    p = d.provenance
+    _kv(
+        "release",
+        [
+            ("manifest", d.manifest_source),
+            ("locked at", d.locked_at),
+            ("git commit", p.commit if p else None),
+            ("git branch", p.branch if p else None),
+            ("dirty", str(p.dirty).lower() if p and p.dirty is not None else None),
+            ("author", p.author if p else None),
+            ("live in", ", ".join(d.live_in)),
+        ],
+    )
+    if d.registry:
+        r = d.registry
+        _kv(
+            "MLflow",
+            [
+                ("model", r.model_uri),
+                ("run", r.run_id),
+                ("prompt", r.prompt_uri),
+                ("tracking", r.tracking_uri),
+                ("run url", r.run_url),
+                ("model url", r.model_url),
+            ],
+        )
+    if d.inputs:
+        table("lock digests", ["input", "sha256"], sorted(d.inputs.items()))
+    if d.metrics:
+        table(
+            "evidence (key figures; --json for all)", ["metric", "value"], _key_metrics(d.metrics)
+        )
+    if d.missing:
+        out.print(f"[dim]not built yet: {', '.join(d.missing)}[/dim]")
+    for n in d.notes:
+        out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    if d.events:
+        _events_table("events", d.events)
+
+
+@handle_errors
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="release A (id/prefix, name@version or manifest)")],
+    b: Annotated[str, typer.Argument(help="release B")],
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="exit 1 when the releases differ (for CI)")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """What differs between two releases: prompts, quantisation, serving, model, metrics."""
+    d = audit.diff(State.settings(), a, b)
+    if json_:
+        emit_json(d)
+    else:
+        out.print(
+            f"a: {d.a.short_id} {d.a.name or ''}  b: {d.b.short_id} {d.b.name or ''}",
+            highlight=False,
+        )
+        if not d.differs:
+            out.print("[green]same release[/green]")
+        for pd in d.prompts:
+            if pd.same:
+                continue
+            out.print(f"[bold]prompt {pd.role}[/bold] {pd.note or ''}", highlight=False)
+            if pd.diff:
+                out.print(pd.diff.rstrip("\n"), markup=False, highlight=False)
+        for title, changes in (
+            ("quantisation", d.quantisation),
+            ("serving", d.serving),
+            ("model digests", d.model),
+            ("other inputs", d.inputs),
+        ):
+            if changes:
+                rows_ = [(c.key, _val(c.a), _val(c.b)) for c in changes]
+                table(title, ["key", "a", "b"], rows_)
+        rows = [
+            (m.name, _num(m.a), _num(m.b), _num(m.delta, signed=True))
+            for m in d.metrics
+            if m.a != m.b and _KEY_METRIC.match(m.name)
+        ]
+        if rows:
+            table("metrics (key figures; --json for all)", ["metric", "a", "b", "b - a"], rows)
+        for n in d.notes:
+            out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    if exit_code and d.differs:
+        raise typer.Exit(1)
+
+
+def _val(v: Any) -> str:
+    """A setting for a table: digests shortened to 12 digits (--json has them whole)."""
+    if isinstance(v, str) and len(v) == 64 and all(ch in "0123456789abcdef" for ch in v):
+        return v[:12]
+    return "" if v is None else str(v)
+
+
+def _num(v: float | None, *, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.4g}" if signed else f"{v:.4g}"
+
+
+@ledger_app.command("verify")
+@handle_errors
+def verify_cmd(json_: JsonOpt = False) -> None:
+    """Walk the hash chain; name the first edited, deleted or reordered record (exit 1)."""
+    res = _ledger().verify()
+    if json_:
+        emit_json(res)
+    elif res.ok:
+        head = f", head #{res.head_seq} {res.head_hash[:12]}" if res.head_hash else ""
+        out.print(f"[green]ok[/green] {res.records} records, chain intact{head}", highlight=False)
+    else:
+        err.print(f"[red]ledger broken:[/red] {res.problem}", highlight=False)
+        err.print(
+            "  [dim]hint: restore the ledger from a backup; the named record was edited, "
+            "deleted or reordered[/dim]"
+        )
+    if not res.ok:
+        raise typer.Exit(1)
