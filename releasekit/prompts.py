@@ -33,10 +33,18 @@ def render(template: str, variables: Mapping[str, str], *, strict: bool = False)
 
 
 def read_template(path: Path) -> str:
-    """Read a prompt file (UTF-8), raising InputMissingError if absent."""
+    """Read a prompt file (UTF-8), raising InputMissingError if absent.
+
+    The file's final line break is an editor convention, not part of the prompt: exactly
+    one trailing newline is dropped, so `Answer:` is sent as written, not `Answer:\n`.
+    """
     if not path.is_file():
         raise InputMissingError(path, what="prompt file")
-    return path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    for ending in ("\r\n", "\n"):
+        if text.endswith(ending):
+            return text[: -len(ending)]
+    return text
 
 
 class ChatPrompt:

@@ -1,0 +1,479 @@
+"""The streaming load generator: seeded request shapes, closed-loop concurrency and open-loop
+Poisson arrivals, and one raw record per request (send time, every chunk's arrival, tokens,
+status, error).
+
+The hot path does as little as possible, because the client shares the CPU with the server
+it measures: per network read it stores `(time.perf_counter(), bytes)` and nothing else. The
+SSE stream is split and parsed only after the load point has ended (`parse_stream`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+from pydantic import BaseModel, Field
+
+from releasekit.errors import BenchError, ServerUnreachableError
+from releasekit.loadprofile import LengthDist, LoadProfile
+
+Status = Literal["ok", "error", "timeout"]
+
+# Plain words for synthetic prompts; the token count per word is calibrated against the
+# server's tokenizer (`tokens_per_word`), so prompt lengths follow the profile.
+# fmt: off
+_WORDS: tuple[str, ...] = (
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
+    "from", "his", "her", "an", "which", "are", "be", "this", "were", "had", "have", "not", "but",
+    "or", "one", "all", "their", "they", "he", "she", "we", "you", "it", "been", "more", "when",
+    "who", "will", "no", "there", "can", "if", "so", "time", "two", "about", "than", "into",
+    "them", "some", "could", "other", "only", "new", "after", "first", "also", "these", "may",
+    "what", "year", "any", "over", "where", "most", "out", "many", "then", "such", "made",
+    "through", "people", "would", "our", "years", "its", "like", "way", "before", "between",
+    "now", "down", "great", "well", "should", "because", "each", "just", "those", "how", "long",
+    "day", "being", "under", "three", "world", "life", "while", "back", "still", "state", "water",
+    "last", "own", "high", "work", "small", "without", "part", "large", "city", "place", "around",
+    "number", "same", "another", "during", "house", "several", "country", "found", "against",
+    "since", "both", "river", "north", "south", "early", "music", "school", "group", "line",
+    "name", "left", "right", "point", "family", "form", "sea", "land", "light", "word", "body",
+    "order", "book", "side", "head", "power", "war", "end", "field", "story", "game", "market",
+    "road", "paper",
+)
+# fmt: on
+_KEEPALIVE_S = 2.0
+_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+
+class RequestRecord(BaseModel):
+    """One request as the client saw it. Times are seconds; `sent_s` is relative to the
+    start of the bench run, `chunk_s` and `end_s` are relative to `sent_s`."""
+
+    point: int = Field(description="index of the load point (-1 for warm-up)")
+    index: int = Field(description="index of the request within its point")
+    warmup: bool = False
+    sent_s: float
+    scheduled_s: float | None = Field(
+        None, description="open loop: planned arrival time, relative to the run start"
+    )
+    chunk_s: list[float] = Field(
+        default_factory=list, description="arrival of every content chunk, after sending"
+    )
+    end_s: float | None = Field(None, description="arrival of the last chunk, after sending")
+    prompt_words: int
+    max_tokens: int
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    tokens_from: Literal["usage", "chunks"] = "usage"
+    status: Status
+    http_status: int | None = None
+    error: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Request sent to first content chunk."""
+        return self.chunk_s[0] if self.chunk_s else None
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Request sent to last chunk."""
+        return self.end_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT) / (output tokens - 1); undefined for fewer than two tokens."""
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if ttft is None or e2e is None or self.output_tokens < 2:
+            return None
+        return (e2e - ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps between consecutive content chunks."""
+        c = self.chunk_s
+        return [b - a for a, b in pairwise(c)]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A request to send: its pre-encoded JSON body and the shape it was drawn with."""
+
+    index: int
+    body: bytes
+    prompt_words: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class RawResult:
+    """What the hot path keeps for one request; turned into a RequestRecord afterwards."""
+
+    spec: RequestSpec
+    sent: float
+    scheduled: float | None = None
+    end: float | None = None
+    reads: list[tuple[float, bytes]] = field(default_factory=list)
+    status: Status = "ok"
+    http_status: int | None = None
+    error: str | None = None
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw `n` token lengths (>= 1) from a profile's length distribution."""
+    if dist.dist == "fixed":
+        return np.full(n, int(dist.value or 1), dtype=np.int64)
+    if dist.dist == "uniform":
+        return rng.integers(int(dist.min or 1), int(dist.max or 1), size=n, endpoint=True)
+    draws = rng.normal(float(dist.mean or 1.0), float(dist.std or 0.0), size=n)
+    return np.clip(np.rint(draws), 1, None).astype(np.int64)
+
+
+def iter_specs(
+    profile: LoadProfile,
+    model: str,
+    *,
+    key: int,
+    tokens_per_word: float = 1.0,
+    batch: int = 64,
+) -> Iterator[RequestSpec]:
+    """An endless, seeded stream of request specs for one load point (`key` keeps the
+    prompts of different points apart, so the prefix cache does not favour later points)."""
+    rng = np.random.default_rng([profile.seed, key])
+    tpw = max(tokens_per_word, 1e-3)
+    index = 0
+    while True:
+        prompt_lens = sample_lengths(profile.prompt_tokens, batch, rng)
+        out_lens = sample_lengths(profile.output_tokens, batch, rng)
+        for p_len, o_len in zip(prompt_lens, out_lens, strict=True):
+            words = max(1, round(int(p_len) / tpw))
+            text = " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=words))
+            yield RequestSpec(
+                index=index,
+                body=request_body(profile, model, text, int(o_len)),
+                prompt_words=words,
+                max_tokens=int(o_len),
+            )
+            index += 1
+
+
+def request_body(profile: LoadProfile, model: str, text: str, max_tokens: int) -> bytes:
+    """The JSON body of one streaming request (greedy, fixed length when ignore_eos)."""
+    payload: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": profile.ignore_eos,
+    }
+    if profile.api == "chat":
+        payload["messages"] = [{"role": "user", "content": text}]
+    else:
+        payload["prompt"] = text
+    return json.dumps(payload).encode()
+
+
+def api_path(profile: LoadProfile) -> str:
+    """The OpenAI-compatible endpoint a profile targets."""
+    return "/v1/chat/completions" if profile.api == "chat" else "/v1/completions"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The Authorization header for a server started with --api-key (none without a key)."""
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def make_client(
+    base_url: str, *, max_connections: int, timeout_s: float, api_key: str | None = None
+) -> httpx.AsyncClient:
+    """One pooled client for the whole run, sized so requests never wait for a connection.
+
+    Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive timeout closes
+    them: reusing a connection the server is closing at that instant fails the request
+    (ReadError) through no fault of the server.
+    """
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=auth_headers(api_key),
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=_KEEPALIVE_S,
+        ),
+        timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0), pool=None),
+    )
+
+
+async def send_one(
+    client: httpx.AsyncClient,
+    path: str,
+    spec: RequestSpec,
+    *,
+    timeout_s: float,
+    scheduled: float | None = None,
+) -> RawResult:
+    """Send one streaming request; never raises for a failed request (that is data)."""
+    clock = time.perf_counter
+    raw = RawResult(spec=spec, sent=clock(), scheduled=scheduled)
+    reads = raw.reads
+    append = reads.append
+    try:
+        async with (
+            asyncio.timeout(timeout_s),
+            client.stream("POST", path, content=spec.body, headers=_HEADERS) as resp,
+        ):
+            raw.http_status = resp.status_code
+            if resp.status_code != 200:
+                body = await resp.aread()
+                raw.status = "error"
+                raw.error = f"HTTP {resp.status_code}: {_snippet(body)}"
+            else:
+                async for data in resp.aiter_raw():
+                    append((clock(), data))
+    except (TimeoutError, httpx.TimeoutException):
+        raw.status = "timeout"
+        raw.error = f"no complete answer within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        raw.status = "error"
+        raw.error = _describe(exc)
+    raw.end = clock()
+    return raw
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message`, falling back to the underlying cause when httpx says nothing."""
+    detail = str(exc) or repr(exc.__cause__ or exc.__context__ or "")
+    return f"{type(exc).__name__}: {detail}" if detail and detail != "''" else type(exc).__name__
+
+
+def _snippet(body: bytes, limit: int = 200) -> str:
+    text = body.decode(errors="replace").strip().replace("\n", " ")
+    return text[:limit]
+
+
+ProgressFn = Callable[[], None]
+
+
+async def run_closed_loop(
+    client: httpx.AsyncClient,
+    path: str,
+    specs: Iterable[RequestSpec],
+    *,
+    concurrency: int,
+    requests: int | None,
+    duration_s: float | None,
+    timeout_s: float,
+    on_done: ProgressFn | None = None,
+) -> list[RawResult]:
+    """`concurrency` workers each send their next request as soon as the previous one ends,
+    until `requests` were sent or `duration_s` has passed (whichever comes first)."""
+    results: list[RawResult] = []
+    it = iter(specs)
+    issued = 0
+    stop_at = time.perf_counter() + duration_s if duration_s is not None else None
+
+    async def worker() -> None:
+        nonlocal issued
+        while True:
+            if requests is not None and issued >= requests:
+                return
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return
+            issued += 1
+            spec = next(it)
+            results.append(await send_one(client, path, spec, timeout_s=timeout_s))
+            if on_done is not None:
+                on_done()
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    return results
+
+
+async def run_open_loop(
+    client: httpx.AsyncClient,
+    path: str,
+    specs: Iterable[RequestSpec],
+    *,
+    rate: float,
+    rng: np.random.Generator,
+    requests: int | None,
+    duration_s: float | None,
+    max_in_flight: int,
+    timeout_s: float,
+    on_done: ProgressFn | None = None,
+) -> list[RawResult]:
+    """Poisson arrivals at `rate` requests/s, independent of how fast answers come back,
+    capped at `max_in_flight` outstanding requests (an arrival beyond it waits)."""
+    results: list[RawResult] = []
+    gate = asyncio.Semaphore(max_in_flight)
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter()
+    arrival = start
+
+    async def fire(spec: RequestSpec, scheduled: float) -> None:
+        try:
+            results.append(
+                await send_one(client, path, spec, timeout_s=timeout_s, scheduled=scheduled)
+            )
+        finally:
+            gate.release()
+        if on_done is not None:
+            on_done()
+
+    for i, spec in enumerate(specs):
+        if requests is not None and i >= requests:
+            break
+        if i > 0:
+            arrival += float(rng.exponential(1.0 / rate))
+        if duration_s is not None and arrival - start > duration_s:
+            break
+        delay = arrival - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await gate.acquire()
+        tasks.append(asyncio.create_task(fire(spec, arrival)))
+    if tasks:
+        await asyncio.gather(*tasks)
+    return results
+
+
+@dataclass(slots=True)
+class ParsedStream:
+    """What an SSE stream said, with the arrival time of each event."""
+
+    chunk_times: list[float] = field(default_factory=list)
+    last_time: float | None = None
+    done: bool = False
+    usage_output_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    error: str | None = None
+
+
+def parse_stream(reads: list[tuple[float, bytes]], *, chat: bool) -> ParsedStream:
+    """Split raw reads into SSE `data:` events; an event is timed by the read that completed
+    it. Content chunks are events whose choice carries non-empty text."""
+    parsed = ParsedStream()
+    buf = b""
+    for t, data in reads:
+        buf += data
+        if b"\n" not in data:
+            continue
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            parsed.last_time = t
+            if payload == b"[DONE]":
+                parsed.done = True
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                parsed.error = f"unparseable stream event: {_snippet(payload, 120)}"
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("error"):
+                err = event["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                parsed.error = f"server error in stream: {_snippet(str(msg).encode(), 160)}"
+                continue
+            choices = event.get("choices") or []
+            if choices and isinstance(choices[0], dict):
+                choice = choices[0]
+                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                if text:
+                    parsed.chunk_times.append(t)
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                if usage.get("completion_tokens") is not None:
+                    parsed.usage_output_tokens = int(usage["completion_tokens"])
+                if usage.get("prompt_tokens") is not None:
+                    parsed.usage_prompt_tokens = int(usage["prompt_tokens"])
+    return parsed
+
+
+def to_record(raw: RawResult, *, point: int, run_start: float, chat: bool) -> RequestRecord:
+    """Turn a raw result into a RequestRecord (parses the stream; call after the point)."""
+    parsed = parse_stream(raw.reads, chat=chat)
+    status, error = raw.status, raw.error
+    if status == "ok":
+        if parsed.error is not None:
+            status, error = "error", parsed.error
+        elif not parsed.done:
+            status, error = "error", "stream ended before [DONE]"
+        elif not parsed.chunk_times:
+            status, error = "error", "stream carried no content"
+    tokens_from: Literal["usage", "chunks"] = "usage"
+    if parsed.usage_output_tokens is not None:
+        out_tokens = parsed.usage_output_tokens
+    else:
+        out_tokens, tokens_from = len(parsed.chunk_times), "chunks"
+    sent = raw.sent
+    return RequestRecord(
+        point=point,
+        index=raw.spec.index,
+        warmup=point < 0,
+        sent_s=round(sent - run_start, 6),
+        scheduled_s=None if raw.scheduled is None else round(raw.scheduled - run_start, 6),
+        chunk_s=[round(t - sent, 6) for t in parsed.chunk_times],
+        end_s=None if parsed.last_time is None else round(parsed.last_time - sent, 6),
+        prompt_words=raw.spec.prompt_words,
+        max_tokens=raw.spec.max_tokens,
+        prompt_tokens=parsed.usage_prompt_tokens,
+        output_tokens=out_tokens,
+        tokens_from=tokens_from,
+        status=status,
+        http_status=raw.http_status,
+        error=error,
+    )
+
+
+async def check_server(client: httpx.AsyncClient, model: str) -> None:
+    """Check that the server answers /health and serves `model`; translate httpx errors."""
+    base = str(client.base_url).rstrip("/")
+    try:
+        health = await client.get("/health")
+        if health.status_code != 200:
+            raise ServerUnreachableError(f"{base}/health answered HTTP {health.status_code}")
+        models = await client.get("/v1/models")
+    except httpx.HTTPError as exc:
+        raise ServerUnreachableError(f"cannot reach {base}: {exc}") from exc
+    if models.status_code == 401:
+        raise BenchError(
+            f"{base}/v1/models answered HTTP 401: the server wants an API key",
+            remedy="pass --api-key (or set VLLM_API_KEY) with the server's key",
+        )
+    if models.status_code != 200:
+        raise ServerUnreachableError(f"{base}/v1/models answered HTTP {models.status_code}")
+    try:
+        served = [str(m.get("id")) for m in models.json().get("data", [])]
+    except (ValueError, AttributeError) as exc:
+        raise ServerUnreachableError(f"{base}/v1/models answered unparseable JSON") from exc
+    if model not in served:
+        raise BenchError(
+            f"{base} does not serve model '{model}' (it serves: {', '.join(served) or 'none'})",
+            remedy="pass the served model name (`--model`), as listed by GET /v1/models",
+        )
+
+
+async def tokens_per_word(client: httpx.AsyncClient, model: str) -> float:
+    """How many tokens one prompt word costs on this server's tokenizer (vLLM's /tokenize);
+    1.0 when the server cannot tell."""
+    sample = " ".join(_WORDS)
+    try:
+        resp = await client.post(
+            "/tokenize", json={"model": model, "prompt": sample, "add_special_tokens": False}
+        )
+        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        count = 0
+    return count / len(_WORDS) if count > 0 else 1.0

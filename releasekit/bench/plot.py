@@ -1,0 +1,99 @@
+"""The sweep plot: output-token throughput against TTFT and E2E percentiles, knee marked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from releasekit.bench.runner import BenchResult
+    from releasekit.bench.stats import LatencySummary, PointResult
+
+_PCTS: tuple[tuple[str, str, str], ...] = (
+    ("p50", "p50", "-"),
+    ("p95", "p95", "--"),
+    ("p99", "p99", ":"),
+)
+
+
+def _load_label(p: PointResult) -> str:
+    return f"c={p.load:g}" if p.mode == "concurrency" else f"{p.load:g} req/s"
+
+
+def _panel(
+    ax: Axes,
+    points: Sequence[PointResult],
+    metric: str,
+    title: str,
+    slo: float | None,
+    knee: PointResult | None,
+) -> None:
+    plotted = False
+    for key, label, style in _PCTS:
+        xs: list[float] = []
+        ys: list[float] = []
+        for p in points:
+            summary: LatencySummary = getattr(p, metric)
+            v = getattr(summary, key)
+            if v is not None:
+                xs.append(p.output_token_throughput)
+                ys.append(v)
+        if xs:
+            ax.plot(xs, ys, style, marker="o", markersize=4, label=f"{title} {label}")
+            plotted = plotted or min(ys) > 0
+    for p in points:
+        v = getattr(p, metric).p95
+        if v is not None:
+            ax.annotate(
+                _load_label(p),
+                (p.output_token_throughput, v),
+                textcoords="offset points",
+                xytext=(4, 6),
+                fontsize=8,
+                color="dimgray",
+            )
+    if slo is not None:
+        ax.axhline(slo, color="tab:red", linewidth=1, alpha=0.7, label=f"SLO {slo:g} s")
+    if knee is not None:
+        v = getattr(knee, metric).p95
+        ax.axvline(knee.output_token_throughput, color="tab:green", linewidth=1, alpha=0.6)
+        if v is not None:
+            ax.plot(
+                [knee.output_token_throughput],
+                [v],
+                marker="*",
+                markersize=16,
+                color="tab:green",
+                linestyle="none",
+                label=f"knee ({_load_label(knee)})",
+            )
+    ax.set_xlabel("output throughput (tokens/s, client)")
+    ax.set_ylabel(f"{title} (s, log scale)")
+    # Latencies span orders of magnitude across a sweep: a log axis keeps the low-load
+    # points apart instead of flattening them against zero.
+    if plotted:
+        ax.set_yscale("log")
+    ax.set_title(f"{title} vs throughput")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_sweep(result: BenchResult, path: Path) -> None:
+    """Write a PNG with two panels (TTFT, E2E) across the sweep; the knee is starred."""
+    points = sorted(result.points, key=lambda p: p.load)
+    fig = Figure(figsize=(12, 5), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_ttft, ax_e2e = fig.subplots(1, 2)
+    _panel(ax_ttft, points, "ttft", "TTFT", result.slo.ttft_s, result.knee)
+    _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
+    who = result.release_id[:12] if result.release_id else result.model
+    knee = f"knee at {_load_label(result.knee)}" if result.knee else "no point meets the SLOs"
+    fig.suptitle(f"{result.profile_name} on {who}: {knee}", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")

@@ -1,0 +1,407 @@
+"""Run a load profile against a server (warm-up, then each point bracketed by /metrics
+scrapes), assemble the BenchResult, write and read its outputs, and bench a locked release
+on its own vLLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+from pydantic import BaseModel, Field, ValidationError
+
+from releasekit.bench.loadgen import (
+    RawResult,
+    RequestRecord,
+    RequestSpec,
+    api_path,
+    auth_headers,
+    check_server,
+    iter_specs,
+    make_client,
+    run_closed_loop,
+    run_open_loop,
+    to_record,
+    tokens_per_word,
+)
+from releasekit.bench.plot import plot_sweep
+from releasekit.bench.scrape import Scrape, fetch, server_delta
+from releasekit.bench.stats import PointResult, find_knee, point_result
+from releasekit.config import Settings
+from releasekit.errors import BenchError
+from releasekit.loadprofile import SLO, LoadProfile, load_profile
+from releasekit.lock import locked_release, serving_args, write_atomic
+from releasekit.server import serve_release, sigterm_as_interrupt
+
+ProgressCallback = Callable[[str, int, int], None]
+PointCallback = Callable[[PointResult], None]
+
+BENCH_JSON = "bench.json"
+BENCH_PNG = "bench.png"
+REQUESTS_JSONL = "requests.jsonl"
+_WARMUP_KEY = 1_000_003
+_WARMUP_CONCURRENCY = 4
+_SETTLE_S = 0.1  # lets the server's stats logger count the last step before the scrape
+
+
+class BenchResult(BaseModel):
+    """A load-test result: one PointResult per load point and the knee. `requests` (the raw
+    per-request records) is written to requests.jsonl, not into bench.json."""
+
+    release_id: str | None = None
+    profile_digest: str | None = None
+    profile_name: str
+    model: str
+    base_url: str
+    api: Literal["chat", "completions"]
+    mode: Literal["concurrency", "rate"]
+    slo: SLO
+    started_at: str
+    tokens_per_word: float = Field(description="prompt tokens per synthetic word (calibrated)")
+    warmup_requests: int = 0
+    warmup_ok: int = 0
+    points: list[PointResult]
+    knee: PointResult | None = None
+    requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+
+
+def point_label(mode: str, load: float) -> str:
+    """How a load point is named in progress and tables."""
+    return f"concurrency {load:g}" if mode == "concurrency" else f"rate {load:g} req/s"
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    # uvloop (a vLLM dependency) makes the client cheaper per chunk; plain asyncio works.
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _run_async(coro: Coroutine[Any, Any, BenchResult]) -> BenchResult:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(coro)
+
+
+def run_bench(
+    base_url: str,
+    model: str,
+    profile: LoadProfile,
+    *,
+    release_id: str | None = None,
+    profile_digest: str | None = None,
+    progress: ProgressCallback | None = None,
+    on_point: PointCallback | None = None,
+    gauge_interval_s: float | None = 0.5,
+    api_key: str | None = None,
+) -> BenchResult:
+    """Run `profile` against the OpenAI-compatible server at `base_url` serving `model`.
+
+    Warm-up requests run first and are excluded from statistics; every load point is then
+    bracketed by /metrics scrapes (server deltas) and gauges are sampled every
+    `gauge_interval_s` during it (None: no sampling). `progress(label, done, total)` is
+    called as requests finish (total 0 when the point is bounded by time only);
+    `on_point` receives each point's result as soon as it is computed. `api_key` is sent as
+    a bearer token, for servers started with --api-key.
+
+    Raises ServerUnreachableError if the server does not answer, BenchError if it does not
+    serve `model` or if no request of the whole sweep completed.
+    """
+    return _run_async(
+        _bench(
+            base_url.rstrip("/"),
+            model,
+            profile,
+            release_id=release_id,
+            profile_digest=profile_digest,
+            progress=progress,
+            on_point=on_point,
+            gauge_interval_s=gauge_interval_s,
+            api_key=api_key,
+        )
+    )
+
+
+async def _sample_gauges(client: httpx.AsyncClient, every_s: float, out: list[Scrape]) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        s = await fetch(client)
+        if s is not None:
+            out.append(s)
+
+
+async def _bench(
+    base_url: str,
+    model: str,
+    profile: LoadProfile,
+    *,
+    release_id: str | None,
+    profile_digest: str | None,
+    progress: ProgressCallback | None,
+    on_point: PointCallback | None,
+    gauge_interval_s: float | None,
+    api_key: str | None,
+) -> BenchResult:
+    sweep = profile.sweep
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    run_start = time.perf_counter()
+    chat = profile.api == "chat"
+    path = api_path(profile)
+    pool = int(max(sweep.points)) if sweep.mode == "concurrency" else sweep.max_in_flight
+    pool = max(pool, _WARMUP_CONCURRENCY)
+    records: list[RequestRecord] = []
+    points: list[PointResult] = []
+    async with (
+        make_client(
+            base_url, max_connections=pool, timeout_s=profile.request_timeout_s, api_key=api_key
+        ) as client,
+        httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=auth_headers(api_key)) as meta,
+    ):
+        await check_server(meta, model)
+        tpw = await tokens_per_word(meta, model)
+
+        def ticker(label: str, total: int) -> Callable[[], None] | None:
+            if progress is None:
+                return None
+            done = 0
+            progress(label, 0, total)
+
+            def tick() -> None:
+                nonlocal done
+                done += 1
+                progress(label, done, total)
+
+            return tick
+
+        warm_n = profile.warmup_requests
+        warm_ok = 0
+        if warm_n:
+            raws = await run_closed_loop(
+                client,
+                path,
+                iter_specs(profile, model, key=_WARMUP_KEY, tokens_per_word=tpw),
+                concurrency=min(warm_n, _WARMUP_CONCURRENCY),
+                requests=warm_n,
+                duration_s=None,
+                timeout_s=profile.request_timeout_s,
+                on_done=ticker("warm-up", warm_n),
+            )
+            warm = [to_record(r, point=-1, run_start=run_start, chat=chat) for r in raws]
+            warm_ok = sum(1 for r in warm if r.status == "ok")
+            records.extend(warm)
+
+        for idx, load in enumerate(sweep.points):
+            specs: Iterable[RequestSpec] = iter_specs(profile, model, key=idx, tokens_per_word=tpw)
+            if sweep.requests_per_point is not None:
+                # Build every body before the clock starts.
+                specs = list(islice(specs, sweep.requests_per_point))
+            tick = ticker(point_label(sweep.mode, load), sweep.requests_per_point or 0)
+            before = await fetch(meta)
+            samples: list[Scrape] = []
+            sampler = (
+                asyncio.create_task(_sample_gauges(meta, gauge_interval_s, samples))
+                if gauge_interval_s and before is not None
+                else None
+            )
+            cpu0 = time.process_time()
+            raws = await _run_point(client, path, specs, profile, idx, load, tick)
+            cpu = time.process_time() - cpu0
+            if progress is not None:  # closes time-bound bars, whose total was unknown
+                progress(point_label(sweep.mode, load), len(raws), len(raws))
+            if sampler is not None:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+            await asyncio.sleep(_SETTLE_S)
+            after = await fetch(meta)
+            point_records = [to_record(r, point=idx, run_start=run_start, chat=chat) for r in raws]
+            records.extend(point_records)
+            duration = _wall(raws)
+            delta = (
+                server_delta(before, after, samples)
+                if before is not None and after is not None
+                else None
+            )
+            result = point_result(
+                point_records,
+                load=load,
+                mode=sweep.mode,
+                duration_s=duration,
+                slo=profile.slo,
+                server=delta,
+                client_cpu_s=cpu,
+            )
+            points.append(result)
+            if on_point is not None:
+                on_point(result)
+
+    if not any(p.ok for p in points):
+        failures = [r.error for r in records if r.error and not r.warmup]
+        first = failures[0] if failures else "no requests were sent"
+        raise BenchError(f"no request of the sweep completed against {base_url}: {first}")
+    return BenchResult(
+        release_id=release_id,
+        profile_digest=profile_digest,
+        profile_name=profile.name,
+        model=model,
+        base_url=base_url,
+        api=profile.api,
+        mode=sweep.mode,
+        slo=profile.slo,
+        started_at=started_at,
+        tokens_per_word=round(tpw, 4),
+        warmup_requests=warm_n,
+        warmup_ok=warm_ok,
+        points=points,
+        knee=find_knee(points),
+        requests=records,
+    )
+
+
+async def _run_point(
+    client: httpx.AsyncClient,
+    path: str,
+    specs: Iterable[RequestSpec],
+    profile: LoadProfile,
+    idx: int,
+    load: float,
+    tick: Callable[[], None] | None,
+) -> list[RawResult]:
+    sweep = profile.sweep
+    if sweep.mode == "concurrency":
+        return await run_closed_loop(
+            client,
+            path,
+            specs,
+            concurrency=int(load),
+            requests=sweep.requests_per_point,
+            duration_s=sweep.duration_s,
+            timeout_s=profile.request_timeout_s,
+            on_done=tick,
+        )
+    return await run_open_loop(
+        client,
+        path,
+        specs,
+        rate=load,
+        rng=np.random.default_rng([profile.seed, idx, 7]),
+        requests=sweep.requests_per_point,
+        duration_s=sweep.duration_s,
+        max_in_flight=sweep.max_in_flight,
+        timeout_s=profile.request_timeout_s,
+        on_done=tick,
+    )
+
+
+def _wall(raws: list[RawResult]) -> float:
+    """First request sent to last request finished."""
+    if not raws:
+        return 0.0
+    start = min(r.sent for r in raws)
+    end = max(r.end if r.end is not None else r.sent for r in raws)
+    return end - start
+
+
+def write_outputs(result: BenchResult, out_dir: Path) -> None:
+    """Write bench.json, requests.jsonl and bench.png into `out_dir` (each atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / BENCH_JSON, (result.model_dump_json(indent=2) + "\n").encode())
+    lines = "".join(r.model_dump_json() + "\n" for r in result.requests)
+    write_atomic(out_dir / REQUESTS_JSONL, lines.encode())
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{BENCH_PNG}.", suffix=".png")
+    os.close(fd)
+    try:
+        plot_sweep(result, Path(tmp))
+        os.replace(tmp, out_dir / BENCH_PNG)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for name in (BENCH_JSON, REQUESTS_JSONL, BENCH_PNG):
+        # Temp files are created 0600; evidence is for reviewers to read.
+        (out_dir / name).chmod(0o644)
+
+
+def load_bench(path: Path) -> BenchResult:
+    """Read a bench result (a bench folder or its bench.json), with its request records when
+    requests.jsonl sits beside it. BenchError if missing or unreadable."""
+    file = path / BENCH_JSON if path.is_dir() else path
+    if not file.is_file():
+        raise BenchError(f"no bench result at {file}", remedy="run `releasekit bench` first")
+    try:
+        result = BenchResult.model_validate_json(file.read_bytes())
+        jsonl = file.parent / REQUESTS_JSONL
+        if jsonl.is_file():
+            result.requests = [
+                RequestRecord.model_validate_json(line)
+                for line in jsonl.read_text(encoding="utf-8").splitlines()
+                if line.strip()
+            ]
+    except (ValidationError, ValueError, OSError) as exc:
+        raise BenchError(f"unreadable bench result {file}: {exc}") from exc
+    return result
+
+
+def bench_release(
+    manifest_path: Path | str,
+    *,
+    settings: Settings,
+    out_dir: Path | None = None,
+    port: int | None = None,
+    progress: ProgressCallback | None = None,
+    on_point: PointCallback | None = None,
+) -> tuple[BenchResult, Path]:
+    """Lock a manifest, serve its release (`releasekit.server.serve_release`: the quantised
+    model under results/<release_id>/ once built, else model.source; its exact engine
+    arguments and environment), run its load profile, write the outputs (default
+    results/<release_id>/bench) and stop the server, also on Ctrl-C or SIGTERM. The server
+    listens on `port`, or on a free one.
+
+    Raises ReleaseNotBuiltError for a quantised release that was not built yet.
+
+    Returns the result and the folder it was written to.
+    """
+    lm, lk = locked_release(manifest_path, root=settings.root)
+    m = lm.manifest
+    profile = load_profile(lm.resolve(m.load.profile))
+    out = out_dir or settings.release_dir(lk.release_id) / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    args = serving_args(m)
+    # A release served with --api-key (flag or vLLM's env) is benched with that key.
+    api_key = args.get("api-key") or m.serving.env.get("VLLM_API_KEY") or None
+    server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
+    guard = (
+        sigterm_as_interrupt()
+        if threading.current_thread() is threading.main_thread()
+        else contextlib.nullcontext()
+    )
+    with guard:
+        if progress is not None:
+            progress("starting vLLM", 0, 0)
+        with server:
+            if progress is not None:
+                progress("starting vLLM", 1, 1)
+            result = run_bench(
+                server.base_url,
+                m.served_name,
+                profile,
+                release_id=lk.release_id,
+                profile_digest=lk.inputs.get("load/profile"),
+                progress=progress,
+                on_point=on_point,
+                api_key=api_key,
+            )
+            # A server that died during the sweep left errors, not evidence.
+            server.check_alive()
+    write_outputs(result, out)
+    return result, out

@@ -1,0 +1,224 @@
+"""`releasekit bench`: load-test a running server, or a manifest's release on its own server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from releasekit.bench import (
+    BenchResult,
+    PointResult,
+    bench_release,
+    point_label,
+    run_bench,
+    write_outputs,
+)
+from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.errors import BenchError
+from releasekit.loadprofile import load_profile
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `bench` command to the root app."""
+    app.command("bench")(bench)
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    ms = v * 1000
+    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"
+
+
+def _num(v: float | None, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def point_table(p: PointResult) -> Table:
+    """One load point: requests, client vs server token rate, latencies, SLOs, server."""
+    t = Table(title=point_label(p.mode, p.load), show_header=True, title_justify="left")
+    for col in ("metric", "value"):
+        t.add_column(col)
+    s = p.server
+    rows: list[tuple[str, str]] = [
+        ("requests ok / errors / timeouts", f"{p.ok} / {p.errors} / {p.timeouts}"),
+        ("wall time (s)", f"{p.duration_s:.2f}"),
+        ("requests/s", f"{p.request_throughput:.2f}"),
+        ("client output tok/s", f"{p.output_token_throughput:.1f}"),
+        ("server generation tok/s", _num(p.server_generation_tokens_per_s)),
+        ("client / server ratio", _num(p.token_rate_ratio, ".3f")),
+        ("TTFT p50 / p95 / p99 (ms)", f"{_ms(p.ttft.p50)} / {_ms(p.ttft.p95)} / {_ms(p.ttft.p99)}"),
+        ("TPOT p50 / p95 (ms)", f"{_ms(p.tpot.p50)} / {_ms(p.tpot.p95)}"),
+        ("ITL p50 / p95 (ms)", f"{_ms(p.itl.p50)} / {_ms(p.itl.p95)}"),
+        ("E2E p50 / p95 / p99 (ms)", f"{_ms(p.e2e.p50)} / {_ms(p.e2e.p95)} / {_ms(p.e2e.p99)}"),
+        ("goodput (req/s)", f"{p.goodput:.2f}"),
+        ("SLO attainment", f"{p.slo_attainment:.1%} ({'holds' if p.slo_ok else 'broken'})"),
+        ("client CPU share", _num(p.client_cpu_share, ".0%")),
+    ]
+    if s is not None:
+        rows += [
+            (
+                "server queue / prefill / decode mean (ms)",
+                f"{_ms(s.queue_time_mean_s)} / {_ms(s.prefill_time_mean_s)} / "
+                f"{_ms(s.decode_time_mean_s)}",
+            ),
+            ("server preemptions", _num(s.preemptions, ".0f")),
+            ("server KV-cache peak", _num(s.kv_cache_usage_peak, ".1%")),
+            (
+                "server running / waiting peak",
+                f"{_num(s.running_peak, '.0f')} / {_num(s.waiting_peak, '.0f')}",
+            ),
+        ]
+    for name, count in p.top_errors.items():
+        rows.append((f"failure x{count}", name))
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def summary_table(result: BenchResult) -> Table:
+    """One row per point, the knee marked; narrow enough for an 80-column terminal."""
+    t = Table(
+        title=f"{result.profile_name}: sweep (latencies in ms)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in (
+        "load", "ok/n", "client\ntok/s", "server\ntok/s", "ratio",
+        "TTFT\np95", "E2E\np95", "goodput\nreq/s", "SLO",
+    ):  # fmt: skip
+        t.add_column(col, no_wrap=True)
+    knee = result.knee
+    for p in result.points:
+        is_knee = knee is not None and p.load == knee.load
+        t.add_row(
+            f"c={p.load:g}" if p.mode == "concurrency" else f"{p.load:g}/s",
+            f"{p.ok}/{p.n}",
+            f"{p.output_token_throughput:.0f}",
+            _num(p.server_generation_tokens_per_s, ".0f"),
+            _num(p.token_rate_ratio, ".3f"),
+            _ms(p.ttft.p95),
+            _ms(p.e2e.p95),
+            f"{p.goodput:.1f}",
+            "[bold green]knee[/bold green]" if is_knee else ("ok" if p.slo_ok else "broken"),
+        )
+    return t
+
+
+class _Bars:
+    """Turns progress(label, done, total) callbacks into one rich bar per label."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, TaskID] = {}
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        task = self.tasks.get(label)
+        if task is None:
+            task = self.progress.add_task(label, total=total or None)
+            self.tasks[label] = task
+        self.progress.update(task, completed=done, total=total or None)
+
+
+@handle_errors
+def bench(
+    manifest: Annotated[
+        Path | None,
+        typer.Argument(help="manifest: lock it, serve its release and run its load profile"),
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="base URL of a running server (no /v1)")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="served model name")] = None,
+    profile: Annotated[Path | None, typer.Option("--profile", help="load profile YAML")] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="output folder (default with a manifest: results/<release_id>/bench; "
+            "with --url nothing is written unless set)",
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", help="with a manifest: port to serve on (default: a free one)"),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="VLLM_API_KEY", help="bearer token for --url servers"),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Load-test a server: a sweep of load points, latency percentiles, goodput, the knee."""
+    by_url = url is not None or model is not None or profile is not None
+    complete = url is not None and model is not None and profile is not None
+    if (manifest is not None and by_url) or (manifest is None and not complete):
+        raise BenchError(
+            "give either MANIFEST, or --url, --model and --profile",
+            remedy="e.g. `releasekit bench manifests/demo-bf16.yaml` or "
+            "`releasekit bench --url http://127.0.0.1:8000 --model demo "
+            "--profile pipelines/load/demo.yaml`",
+        )
+    console: Console = err if json_out else out
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    bars = _Bars(progress)
+
+    def on_point(p: PointResult) -> None:
+        if not json_out:
+            progress.console.print(point_table(p))
+
+    written: Path | None = None
+    with progress:
+        if manifest is not None:
+            result, written = bench_release(
+                manifest,
+                settings=State.settings(),
+                out_dir=out_dir,
+                port=port,
+                progress=bars,
+                on_point=on_point,
+            )
+        else:
+            result = run_bench(
+                str(url),
+                str(model),
+                load_profile(Path(str(profile))),
+                progress=bars,
+                on_point=on_point,
+            )
+            written = out_dir
+            if out_dir is not None:
+                write_outputs(result, out_dir)
+    if json_out:
+        emit_json(result)
+        return
+    out.print(summary_table(result))
+    if result.knee is None:
+        out.print("[yellow]no load point meets the SLOs: no knee[/yellow]")
+    else:
+        out.print(f"knee: [bold]{point_label(result.knee.mode, result.knee.load)}[/bold]")
+    if written is not None:
+        out.print(f"wrote {written}/bench.json, bench.png, requests.jsonl")

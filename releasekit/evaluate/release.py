@@ -1,0 +1,185 @@
+"""Evaluate a release end to end: lock its manifest, serve it (or use a given server), run
+its suites, write its eval results, and compare with its baseline's results if they exist."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from releasekit.config import Settings
+from releasekit.errors import InputMissingError
+from releasekit.evaluate.compare import Comparison, compare
+from releasekit.evaluate.report import write_report
+from releasekit.evaluate.runner import (
+    EVAL_JSON,
+    EvalResult,
+    Progress,
+    load_result,
+    run_eval,
+    write_outputs,
+)
+from releasekit.lock import compute_inputs, locked_release, release_id_of, serving_args
+from releasekit.manifest import load_manifest
+from releasekit.server import VLLMServer, check_reachable, sigterm_as_interrupt
+
+
+class EvalRun(BaseModel):
+    """What `evaluate_release` did: where the results went and what they say."""
+
+    release_id: str
+    manifest: str
+    base_url: str
+    served: bool = Field(description="True if releasekit started (and stopped) the server")
+    eval_dir: str
+    report_dir: str | None = None
+    baseline_release_id: str | None = None
+    baseline_note: str | None = Field(None, description="why there is no comparison, if none")
+    result: EvalResult
+    comparison: Comparison | None = None
+
+
+class Baseline(BaseModel):
+    """Where a baseline's eval results are (they may not exist yet)."""
+
+    eval_dir: Path
+    release_id: str | None = None
+
+
+def find_baseline(ref: Path, settings: Settings) -> Baseline:
+    """Locate a baseline's eval folder from a manifest (its current release id's
+    results/<id>/eval) or a folder (an eval folder, or a release folder holding eval/).
+    InputMissingError if `ref` is neither."""
+    if ref.is_dir():
+        eval_dir = ref if (ref / EVAL_JSON).is_file() else ref / "eval"
+        return Baseline(eval_dir=eval_dir)
+    if ref.is_file():
+        blm = load_manifest(ref, root=settings.root)
+        rid = release_id_of(compute_inputs(blm))
+        return Baseline(eval_dir=settings.release_dir(rid) / "eval", release_id=rid)
+    raise InputMissingError(ref, what="baseline (manifest or results folder)")
+
+
+def evaluate_release(
+    manifest_path: Path | str,
+    *,
+    settings: Settings,
+    url: str | None = None,
+    baseline: Path | None = None,
+    out_dir: Path | None = None,
+    noise_runs: int = 2,
+    concurrency: int = 16,
+    progress: Progress | None = None,
+) -> EvalRun:
+    """Lock `manifest_path` and evaluate its release.
+
+    Without `url`, serve the release on its own vLLM (results/<release_id>/model if built,
+    else model.source; the manifest's engine arguments and environment), stopped afterwards
+    also on Ctrl-C or SIGTERM. Results go to `out_dir` (default results/<release_id>/eval).
+    The baseline (`baseline`, else the manifest's eval.baseline) is compared with when its
+    results exist; the report goes to results/<release_id>/report (with `out_dir`:
+    `out_dir`/report). An explicitly given baseline without results is an error; the
+    manifest's is noted and skipped.
+    """
+    lm, lk = locked_release(manifest_path, root=settings.root)
+    m = lm.manifest
+    release_dir = settings.release_dir(lk.release_id)
+    eval_dir = out_dir or release_dir / "eval"
+    report_dir = out_dir / "report" if out_dir else release_dir / "report"
+    eval_dir.mkdir(parents=True, exist_ok=True)
+
+    if url is not None:
+        check_reachable(url)
+        result = run_eval(
+            url,
+            m.served_name,
+            lm,
+            release_id=lk.release_id,
+            noise_runs=noise_runs,
+            concurrency=concurrency,
+            progress=progress,
+        )
+        base_url = url
+    else:
+        built = release_dir / "model"
+        server = VLLMServer(
+            built if built.is_dir() else lm.resolve(m.model.source),
+            served_name=m.served_name,
+            engine_args=serving_args(m),
+            env=m.serving.env,
+            python=settings.python,
+            log_path=eval_dir / "server.log",
+            host=settings.server_host,
+            start_timeout_s=settings.server_start_timeout_s,
+            stop_grace_s=settings.server_stop_grace_s,
+        )
+        guard = (
+            sigterm_as_interrupt()
+            if threading.current_thread() is threading.main_thread()
+            else contextlib.nullcontext()
+        )
+        with guard:
+            if progress is not None:
+                progress("starting vLLM", 0, 0)
+            with server:
+                base_url = server.base_url
+                result = run_eval(
+                    base_url,
+                    m.served_name,
+                    lm,
+                    release_id=lk.release_id,
+                    noise_runs=noise_runs,
+                    concurrency=concurrency,
+                    progress=progress,
+                )
+    write_outputs(result, eval_dir)
+
+    run = EvalRun(
+        release_id=lk.release_id,
+        manifest=lk.manifest,
+        base_url=base_url,
+        served=url is None,
+        eval_dir=str(eval_dir),
+        result=result,
+    )
+    ref = baseline or (lm.resolve(m.eval.baseline) if m.eval.baseline else None)
+    if ref is None:
+        return run.model_copy(update={"baseline_note": "no baseline configured"})
+    found = find_baseline(ref, settings)
+    if found.release_id == lk.release_id:
+        return run.model_copy(update={"baseline_note": "the baseline is this release"})
+    if not (found.eval_dir / EVAL_JSON).is_file():
+        if baseline is not None:
+            raise InputMissingError(
+                found.eval_dir / EVAL_JSON, what=f"eval results of baseline {ref}"
+            )
+        return run.model_copy(
+            update={
+                "baseline_release_id": found.release_id,
+                "baseline_note": f"baseline {ref} has no eval results yet "
+                f"({found.eval_dir}); build it first to compare",
+            }
+        )
+    base_result = load_result(found.eval_dir)
+    comparison = compare(result, base_result, lm)
+    bench_c = release_dir / "bench" / "bench.json"
+    bench_b = (
+        settings.release_dir(base_result.release_id) / "bench" / "bench.json"
+        if base_result.release_id
+        else None
+    )
+    write_report(
+        comparison,
+        report_dir,
+        candidate_bench=bench_c if bench_c.is_file() else None,
+        baseline_bench=bench_b if bench_b is not None and bench_b.is_file() else None,
+    )
+    return run.model_copy(
+        update={
+            "baseline_release_id": base_result.release_id,
+            "report_dir": str(report_dir),
+            "comparison": comparison,
+        }
+    )

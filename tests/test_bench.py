@@ -1,0 +1,385 @@
+"""Load-test statistics on hand-built records (the design.md definitions, goodput, the knee),
+stream parsing, Prometheus deltas, seeded request shapes, the plot; and one slow sweep on
+the real demo model checking that client and server agree on the token rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from releasekit.bench import BenchResult, PointResult, RequestRecord, find_knee, run_bench
+from releasekit.bench.loadgen import iter_specs, parse_stream, sample_lengths
+from releasekit.bench.plot import plot_sweep
+from releasekit.bench.scrape import Scrape, histogram_quantiles, server_delta
+from releasekit.bench.stats import meets_slo, point_result, summarize
+from releasekit.loadprofile import SLO, LengthDist, LoadProfile, Sweep
+
+
+def rec(
+    chunks: list[float],
+    *,
+    end: float | None = None,
+    tokens: int | None = None,
+    status: str = "ok",
+    warmup: bool = False,
+) -> RequestRecord:
+    """A request record: content chunks at `chunks` seconds after sending."""
+    return RequestRecord(
+        point=-1 if warmup else 0,
+        index=0,
+        warmup=warmup,
+        sent_s=0.0,
+        chunk_s=chunks,
+        end_s=end if end is not None else (chunks[-1] if chunks else None),
+        prompt_words=8,
+        max_tokens=tokens or len(chunks),
+        output_tokens=tokens if tokens is not None else len(chunks),
+        status=status,  # type: ignore[arg-type]
+    )
+
+
+# --- metric definitions -------------------------------------------------------------------
+
+
+def test_ttft_e2e_itl_follow_the_design_definitions() -> None:
+    r = rec([0.2, 0.3, 0.45, 0.5], end=0.55)
+    assert r.ttft_s == 0.2  # sent -> first content chunk
+    assert r.e2e_s == 0.55  # sent -> last chunk (the usage/[DONE] event)
+    assert r.itl_s == pytest.approx([0.1, 0.15, 0.05])
+
+
+def test_tpot_is_decode_time_per_token_after_the_first() -> None:
+    r = rec([0.2, 0.3, 0.4], end=0.6, tokens=5)  # usage says 5 tokens in 3 chunks
+    assert r.tpot_s == pytest.approx((0.6 - 0.2) / 4)
+
+
+def test_tpot_is_undefined_for_one_output_token_and_its_slo_does_not_apply() -> None:
+    one = rec([0.3], end=0.3, tokens=1)
+    assert one.tpot_s is None
+    assert meets_slo(one, SLO(ttft_s=1.0, tpot_s=0.001))
+    assert not meets_slo(one, SLO(ttft_s=0.1, tpot_s=0.001))
+    p = point_result([one], load=1, mode="concurrency", duration_s=1.0, slo=SLO(tpot_s=0.01))
+    assert p.tpot.n == 0 and p.tpot.p50 is None
+    assert p.slo_attainment == 1.0
+
+
+def test_a_failed_request_never_meets_the_slo() -> None:
+    assert not meets_slo(rec([0.1, 0.2], status="timeout"), SLO())
+    assert not meets_slo(rec([], status="error"), SLO())
+    assert meets_slo(rec([0.1, 0.2]), SLO())
+
+
+def test_summary_uses_numpy_percentiles() -> None:
+    xs = [0.5, 0.1, 0.9, 0.3, 0.7, 0.2]
+    s = summarize(xs)
+    assert s.n == 6
+    assert s.p50 == pytest.approx(float(np.percentile(xs, 50)))
+    assert s.p99 == pytest.approx(float(np.percentile(xs, 99)))
+    assert s.mean == pytest.approx(float(np.mean(xs)))
+    assert summarize([]).p95 is None
+
+
+# --- goodput, SLOs, knee ------------------------------------------------------------------
+
+
+def test_goodput_counts_only_requests_meeting_every_slo() -> None:
+    slo = SLO(ttft_s=0.5, e2e_s=2.0, attainment=0.9, max_error_rate=0.2)
+    recs = (
+        [rec([0.1, 0.2, 0.3]) for _ in range(6)]  # good
+        + [rec([0.8, 0.9])]  # TTFT too slow
+        + [rec([0.1, 2.5])]  # E2E too slow
+        + [rec([0.1], status="error")]
+        + [rec([], status="timeout")]
+        + [rec([0.1, 0.2], warmup=True)]  # excluded
+    )
+    p = point_result(recs, load=4, mode="concurrency", duration_s=2.0, slo=slo)
+    assert (p.n, p.ok, p.errors, p.timeouts) == (10, 8, 1, 1)
+    assert p.goodput == pytest.approx(6 / 2.0)
+    assert p.slo_attainment == pytest.approx(0.6)
+    assert p.request_throughput == pytest.approx(8 / 2.0)
+    assert p.output_token_throughput == pytest.approx((6 * 3 + 2 + 2) / 2.0)
+    assert p.slo_ok is False
+
+
+def test_slo_holds_only_with_enough_attainment_and_few_errors() -> None:
+    slo = SLO(ttft_s=1.0, attainment=0.9, max_error_rate=0.01)
+    fine = [rec([0.1, 0.2])] * 95 + [rec([1.5, 1.6])] * 5
+    assert point_result(fine, load=1, mode="concurrency", duration_s=1, slo=slo).slo_ok
+    # 95% attainment but 5% errors: the error budget breaks it.
+    errs = [rec([0.1, 0.2])] * 95 + [rec([], status="error")] * 5
+    assert not point_result(errs, load=1, mode="concurrency", duration_s=1, slo=slo).slo_ok
+    slow = [rec([0.1, 0.2])] * 85 + [rec([1.5, 1.6])] * 15
+    assert not point_result(slow, load=1, mode="concurrency", duration_s=1, slo=slo).slo_ok
+    assert not point_result([], load=1, mode="concurrency", duration_s=1, slo=slo).slo_ok
+
+
+def _point(load: float, ok: bool) -> PointResult:
+    recs = [rec([0.1, 0.2])] if ok else [rec([], status="error")]
+    return point_result(recs, load=load, mode="concurrency", duration_s=1.0, slo=SLO())
+
+
+def test_knee_is_the_highest_load_whose_slos_hold() -> None:
+    pts = [_point(1, True), _point(4, True), _point(16, False), _point(48, False)]
+    knee = find_knee(pts)
+    assert knee is not None and knee.load == 4
+    # Points need not come sorted.
+    pts = [_point(16, True), _point(1, True), _point(48, False), _point(4, True)]
+    knee = find_knee(pts)
+    assert knee is not None and knee.load == 16
+
+
+def test_a_lucky_point_past_a_broken_one_is_not_the_knee() -> None:
+    pts = [_point(1, True), _point(4, False), _point(16, True), _point(48, False)]
+    knee = find_knee(pts)
+    assert knee is not None and knee.load == 1
+    assert find_knee([_point(1, False), _point(2, False)]) is None
+
+
+def test_token_rate_ratio_compares_client_and_server_over_the_same_interval() -> None:
+    from releasekit.bench.scrape import ServerDelta
+
+    server = ServerDelta(interval_s=2.2, generation_tokens=100)
+    p = point_result(
+        [rec([0.1] * 9, tokens=45)] * 2,
+        load=2,
+        mode="concurrency",
+        duration_s=2.0,
+        slo=SLO(),
+        server=server,
+    )
+    assert p.output_token_throughput == pytest.approx(45.0)
+    assert p.server_generation_tokens_per_s == pytest.approx(50.0)
+    assert p.token_rate_ratio == pytest.approx(0.9)
+    assert p.chunks_per_token == pytest.approx(9 / 45)
+
+
+# --- stream parsing -----------------------------------------------------------------------
+
+
+def _ev(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def test_stream_events_are_timed_by_the_read_that_completes_them() -> None:
+    a, b = _ev({"choices": [{"text": "x"}]}), _ev({"choices": [{"text": "y"}]})
+    usage = _ev({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    reads = [
+        (1.0, a[:10]),  # half an event
+        (2.0, a[10:] + b),  # the rest of it and a whole one
+        (3.0, _ev({"choices": [{"text": ""}]})),  # empty text is not content
+        (4.0, _ev({"choices": [{"text": "z", "finish_reason": "length"}]}) + usage),
+        (5.0, b"data: [DONE]\n\n"),
+    ]
+    parsed = parse_stream(reads, chat=False)
+    assert parsed.chunk_times == [2.0, 2.0, 4.0]
+    assert parsed.usage_output_tokens == 3 and parsed.usage_prompt_tokens == 7
+    assert parsed.done and parsed.last_time == 5.0 and parsed.error is None
+
+
+def test_chat_stream_role_chunk_is_not_content() -> None:
+    reads = [
+        (1.0, _ev({"choices": [{"delta": {"role": "assistant", "content": ""}}]})),
+        (2.0, _ev({"choices": [{"delta": {"content": "hi"}}]})),
+        (3.0, b"data: [DONE]\r\n\r\n"),
+    ]
+    parsed = parse_stream(reads, chat=True)
+    assert parsed.chunk_times == [2.0] and parsed.done
+    assert parsed.usage_output_tokens is None
+
+
+def test_garbage_in_the_stream_is_reported() -> None:
+    parsed = parse_stream([(1.0, b"data: {not json\n\n")], chat=False)
+    assert parsed.error is not None and "unparseable" in parsed.error
+
+
+# --- Prometheus deltas --------------------------------------------------------------------
+
+
+def test_histogram_quantiles_interpolate_within_buckets() -> None:
+    inf = float("inf")
+    bounds, cum = [0.1, 0.5, 1.0, inf], [10, 20, 20, 20]
+    p50, p90, p99 = histogram_quantiles(bounds, cum, [0.5, 0.9, 0.99])
+    assert p50 == pytest.approx(0.1)
+    assert p90 == pytest.approx(0.1 + 0.8 * 0.4)
+    assert p99 == pytest.approx(0.1 + 0.98 * 0.4)
+    # A rank in the +Inf bucket reports the highest finite bound, as Prometheus does.
+    assert histogram_quantiles(bounds, [5, 5, 5, 10], [0.9]) == [1.0]
+    assert histogram_quantiles(bounds, [0, 0, 0, 0], [0.5]) == [None]
+
+
+def _registry() -> tuple[CollectorRegistry, dict[str, Any]]:
+    reg = CollectorRegistry()
+    m: dict[str, Any] = {
+        "gen": Counter("vllm:generation_tokens", "", ["model_name"], registry=reg),
+        "pre": Counter("vllm:num_preemptions", "", ["model_name"], registry=reg),
+        "ok": Counter(
+            "vllm:request_success", "", ["model_name", "finished_reason"], registry=reg
+        ),
+        "kv": Gauge("vllm:kv_cache_usage_perc", "", ["model_name"], registry=reg),
+        "queue": Histogram(
+            "vllm:request_queue_time_seconds", "", ["model_name"], buckets=(0.1, 1.0),
+            registry=reg,
+        ),
+    }  # fmt: skip
+    return reg, m
+
+
+def _scrape(reg: CollectorRegistry, t: float) -> Scrape:
+    return Scrape(t=t, text=generate_latest(reg).decode())
+
+
+def test_server_delta_from_two_scrapes_and_gauge_samples() -> None:
+    reg, m = _registry()
+    m["gen"].labels("demo").inc(1000)
+    m["ok"].labels("demo", "length").inc(10)
+    m["queue"].labels("demo").observe(5.0)
+    m["kv"].labels("demo").set(0.1)
+    before = _scrape(reg, 10.0)
+    m["gen"].labels("demo").inc(480)
+    m["pre"].labels("demo").inc(2)
+    m["ok"].labels("demo", "length").inc(9)
+    m["ok"].labels("demo", "abort").inc(1)
+    for v in (0.05, 0.05, 0.5, 0.5):
+        m["queue"].labels("demo").observe(v)
+    m["kv"].labels("demo").set(0.7)
+    mid = _scrape(reg, 11.0)
+    m["kv"].labels("demo").set(0.2)
+    after = _scrape(reg, 12.5)
+    d = server_delta(before, after, [mid])
+    assert d.interval_s == pytest.approx(2.5)
+    assert d.generation_tokens == 480
+    assert d.preemptions == 2
+    assert d.requests_succeeded == 9  # an abort is not a success
+    assert d.requests_by_reason == {"abort": 1, "length": 9}
+    q = d.histograms["queue"]
+    assert q.count == 4 and d.queue_time_mean_s == pytest.approx(0.275)
+    # Windowed: the 5 s observation before the point does not show in the percentiles.
+    assert q.p50 == pytest.approx(0.1) and q.p99 is not None and q.p99 <= 1.0
+    assert d.kv_cache_usage_peak == pytest.approx(0.7) and d.kv_cache_usage_after == 0.2
+    assert d.gauge_samples == 1
+    assert "vllm:prompt_tokens_total" in d.missing
+    assert "vllm:request_prefill_time_seconds" in d.missing
+    assert d.prefill_time_mean_s is None
+
+
+def test_a_counter_reset_between_scrapes_counts_from_zero() -> None:
+    reg, m = _registry()
+    m["gen"].labels("demo").inc(500)
+    before = _scrape(reg, 0.0)
+    reg2, m2 = _registry()
+    m2["gen"].labels("demo").inc(40)
+    assert server_delta(before, _scrape(reg2, 1.0)).generation_tokens == 40
+
+
+# --- request shapes -----------------------------------------------------------------------
+
+
+def _profile(**kw: Any) -> LoadProfile:
+    base: dict[str, Any] = {
+        "name": "p",
+        "seed": 11,
+        "prompt_tokens": LengthDist(dist="uniform", min=10, max=20),
+        "output_tokens": LengthDist(dist="normal", mean=8, std=20),
+        "sweep": Sweep(points=[1]),
+    }
+    base.update(kw)
+    return LoadProfile(**base)
+
+
+def _take(it: Any, n: int) -> list[Any]:
+    return [next(it) for _ in range(n)]
+
+
+def test_request_shapes_are_seeded_and_differ_between_points() -> None:
+    prof = _profile()
+    a = _take(iter_specs(prof, "m", key=0), 100)
+    b = _take(iter_specs(prof, "m", key=0), 100)
+    c = _take(iter_specs(prof, "m", key=1), 100)
+    assert [s.body for s in a] == [s.body for s in b]
+    assert [s.body for s in a] != [s.body for s in c]
+    assert [s.body for s in a] != [
+        s.body for s in _take(iter_specs(_profile(seed=12), "m", key=0), 100)
+    ]
+    assert all(10 <= s.prompt_words <= 20 for s in a)
+    assert all(s.max_tokens >= 1 for s in a)  # normal draws are clipped at 1
+    assert len({s.max_tokens for s in a}) > 5
+
+
+def test_prompt_words_follow_the_calibrated_tokens_per_word() -> None:
+    prof = _profile(prompt_tokens=LengthDist(dist="fixed", value=30))
+    spec = next(iter_specs(prof, "m", key=0, tokens_per_word=1.5))
+    assert spec.prompt_words == 20
+    assert len(json.loads(spec.body)["prompt"].split()) == 20
+
+
+def test_sample_lengths_distributions() -> None:
+    rng = np.random.default_rng(0)
+    assert set(sample_lengths(LengthDist(dist="fixed", value=5), 10, rng)) == {5}
+    u = sample_lengths(LengthDist(dist="uniform", min=3, max=4), 200, rng)
+    assert set(u) == {3, 4}
+    n = sample_lengths(LengthDist(dist="normal", mean=2, std=5), 500, rng)
+    assert n.min() == 1
+
+
+# --- plot ---------------------------------------------------------------------------------
+
+
+def test_plot_copes_with_a_point_where_everything_failed(tmp_path: Path) -> None:
+    pts = [_point(1, True), _point(2, False)]
+    result = BenchResult(
+        profile_name="p",
+        model="m",
+        base_url="http://x",
+        api="completions",
+        mode="concurrency",
+        slo=SLO(ttft_s=0.5, e2e_s=2.0),
+        started_at="now",
+        tokens_per_word=1.0,
+        points=pts,
+        knee=find_knee(pts),
+    )
+    plot_sweep(result, tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- the real thing -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_demo_sweep_client_and_server_token_rates_agree(vllm_server: Any, tmp_path: Path) -> None:
+    """On the demo model, client output tok/s and the server's generation_tokens delta agree
+    within 10% at every load up to the knee, and the server deltas are all there."""
+    prof = LoadProfile(
+        name="slow-test",
+        seed=5,
+        prompt_tokens=LengthDist(dist="uniform", min=16, max=48),
+        output_tokens=LengthDist(dist="fixed", value=32),
+        warmup_requests=2,
+        request_timeout_s=60,
+        sweep=Sweep(points=[1, 4, 16], requests_per_point=16),
+        slo=SLO(ttft_s=2.0, tpot_s=0.5, attainment=0.9, max_error_rate=0.01),
+    )
+    result = run_bench(vllm_server.base_url, vllm_server.model, prof)
+    assert result.knee is not None, [(p.load, p.slo_attainment) for p in result.points]
+    assert result.tokens_per_word > 0
+    for p in result.points:
+        assert p.ok == p.n == 16, p.top_errors
+        assert p.output_tokens == 16 * 32  # ignore_eos: exactly max_tokens each
+        s = p.server
+        assert s is not None
+        assert s.generation_tokens is not None and s.generation_tokens > 0
+        assert s.requests_succeeded == 16
+        for short in ("ttft", "itl", "e2e", "queue", "prefill", "decode"):
+            assert short in s.histograms, short
+        assert s.queue_time_mean_s is not None and s.decode_time_mean_s is not None
+        assert s.kv_cache_usage_peak is not None and s.running_peak is not None
+        # The prompt calibration keeps prompts near the profile's 16..48 tokens.
+        assert p.prompt_tokens_mean is not None and 12 <= p.prompt_tokens_mean <= 64
+        if p.load <= result.knee.load:
+            assert p.token_rate_ratio is not None
+            assert 0.9 <= p.token_rate_ratio <= 1.1, (p.load, p.token_rate_ratio)
