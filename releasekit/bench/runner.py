@@ -34,7 +34,6 @@ from releasekit.bench.loadgen import (
     to_record,
     tokens_per_word,
 )
-from releasekit.bench.plot import plot_sweep
 from releasekit.bench.scrape import Scrape, fetch, server_delta
 from releasekit.bench.stats import PointResult, find_knee, point_result
 from releasekit.config import Settings
@@ -315,6 +314,8 @@ def _wall(raws: list[RawResult]) -> float:
 
 def write_outputs(result: BenchResult, out_dir: Path) -> None:
     """Write bench.json, requests.jsonl and bench.png into `out_dir` (each atomically)."""
+    from releasekit.bench.plot import plot_sweep  # matplotlib: only when writing
+
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / BENCH_JSON, (result.model_dump_json(indent=2) + "\n").encode())
     lines = "".join(r.model_dump_json() + "\n" for r in result.requests)
