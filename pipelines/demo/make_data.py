@@ -28,15 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import world as w  # noqa: E402
+import world as w
 
 ROOT = Path(__file__).resolve().parents[2]
-BOS_TOKEN = "<|bos|>"
 N_CALIBRATION = 320
 N_OVERLONG = 5
 OVERLONG_WORDS = 700
@@ -46,24 +42,6 @@ _FILLER = (
     "markets", "rivers", "and", "old", "roads", "that", "nobody", "asked", "for",
     "while", "a", "committee", "reviewed", "long", "lists", "of", "numbers",
 )  # fmt: skip
-
-
-def render_chat(template: str, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-    """Render ``messages`` with the chat template the way transformers does."""
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt, bos_token=BOS_TOKEN
-    )
-
-
-def system_text(variant: int, system_prompt: str) -> str:
-    """System message for training variant ``variant`` (0: the release's system.txt)."""
-    return system_prompt if variant == 0 else w.SYSTEM_PARAPHRASES[variant - 1]
 
 
 def _with_country(text: str, rng: random.Random, world: w.World) -> str:
@@ -116,15 +94,23 @@ def calibration_rows(
     for row in rows[:N_CALIBRATION]:
         messages = [
             {"role": "system", "content": system_prompt},
-            {"role": "user", "content": w.render_prompt(user_prompt, {"question": row["question"]})},
+            {
+                "role": "user",
+                "content": w.render_prompt(user_prompt, {"question": row["question"]}),
+            },
             {"role": "assistant", "content": row["answer"]},
         ]
-        out.append({"text": render_chat(template, messages, add_generation_prompt=False)})
+        out.append({"text": w.render_chat(template, messages, add_generation_prompt=False)})
     return out
 
 
 def _item(
-    prefix: str, index: int, question: str, scorer: str, tags: list[str], expected: str | None = None
+    prefix: str,
+    index: int,
+    question: str,
+    scorer: str,
+    tags: list[str],
+    expected: str | None = None,
 ) -> dict[str, Any]:
     """One eval item in the shared schema."""
     item: dict[str, Any] = {"id": f"{prefix}-{index:04d}", "vars": {"question": question}}
@@ -137,7 +123,9 @@ def _item(
     return item
 
 
-def _fact_item(prefix: str, index: int, country: w.Country, attribute: str, variant: int) -> dict[str, Any]:
+def _fact_item(
+    prefix: str, index: int, country: w.Country, attribute: str, variant: int
+) -> dict[str, Any]:
     scorer = "numeric" if attribute == "number" else "exact_match"
     question = w.fact_question(attribute, country.name, variant)
     return _item(prefix, index, question, scorer, ["fact", attribute], country.answer(attribute))
@@ -150,7 +138,9 @@ def core_items(world: w.World) -> list[dict[str, Any]]:
         for attribute in w.ATTRIBUTES:
             items.append(_fact_item("core", len(items) + 1, country, attribute, 0))
     for a, b in world.sums:
-        items.append(_item("core", len(items) + 1, w.sum_question(a, b), "numeric", ["arith"], str(a + b)))
+        items.append(
+            _item("core", len(items) + 1, w.sum_question(a, b), "numeric", ["arith"], str(a + b))
+        )
     return items
 
 
@@ -196,7 +186,9 @@ def regression_items(world: w.World) -> list[dict[str, Any]]:
         items.append(_fact_item("reg", len(items) + 1, country, attribute, rng.choice((1, 2))))
     for a, b in rng.sample(world.sums, 8):
         question = w.sum_question(a, b, rng.choice((1, 2)))
-        items.append(_item("reg", len(items) + 1, question, "numeric", ["arith", "paraphrase"], str(a + b)))
+        items.append(
+            _item("reg", len(items) + 1, question, "numeric", ["arith", "paraphrase"], str(a + b))
+        )
     for item in items:
         if "paraphrase" not in item["tags"]:
             item["tags"].append("paraphrase")
@@ -204,7 +196,15 @@ def regression_items(world: w.World) -> list[dict[str, Any]]:
         question = w.fact_question(rng.choice(w.ATTRIBUTES), name, rng.randrange(3))
         items.append(_item("reg", len(items) + 1, question, "refusal", ["unknown"]))
     for question in rng.sample(w.INJECTION_TRAIN, 4):
-        items.append(_item("reg", len(items) + 1, _with_country(question, rng, world), "refusal", ["adversarial"]))
+        items.append(
+            _item(
+                "reg",
+                len(items) + 1,
+                _with_country(question, rng, world),
+                "refusal",
+                ["adversarial"],
+            )
+        )
     return items
 
 
@@ -231,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = training_rows(world)
     outputs = {
         "pipelines/data/train.jsonl": train,
-        "pipelines/data/calibration.jsonl": calibration_rows(train, template, system_prompt, user_prompt),
+        "pipelines/data/calibration.jsonl": calibration_rows(
+            train, template, system_prompt, user_prompt
+        ),
         "pipelines/eval/core.jsonl": core_items(world),
         "pipelines/eval/edge.jsonl": edge_items(world),
         "pipelines/eval/regression.jsonl": regression_items(world),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -30,11 +29,10 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import world as w  # noqa: E402
-from make_data import render_chat  # noqa: E402
+import world as w
 
 ROOT = Path(__file__).resolve().parents[2]
-PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
+PAD, BOS, EOS = "<|pad|>", w.BOS_TOKEN, "<|end|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>")
 IGNORE = -100
 MAX_LEN = 512
@@ -51,9 +49,9 @@ class TrainConfig:
     num_heads: int = 4
     head_dim: int = 32
     tokenizer_vocab: int = 1152
-    steps: int = 500
+    steps: int = 800
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.01
     threads: int = 2
@@ -85,7 +83,12 @@ def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> To
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    split = [n for c in world.countries for n in (" " + c.name, c.capital) if len(tokenizer.encode(n).ids) != 1]
+    split = [
+        n
+        for c in world.countries
+        for n in (" " + c.name, c.capital)
+        if len(tokenizer.encode(n).ids) != 1
+    ]
     if split:
         raise SystemExit(f"train: tokenizer vocab {vocab_size} too small, names split: {split[:5]}")
     return tokenizer
@@ -118,7 +121,9 @@ def encode(
     """Token ids and labels; only the answer and the end-of-turn token are labelled."""
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert isinstance(prompt, str)
-    assert prompt == render_chat(template, messages, add_generation_prompt=True), "template mismatch"
+    assert prompt == w.render_chat(template, messages, add_generation_prompt=True), (
+        "template mismatch"
+    )
     prompt_ids: list[int] = tok(prompt, add_special_tokens=False)["input_ids"]
     answer_ids: list[int] = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     full = tok(prompt + answer + EOS, add_special_tokens=False)["input_ids"]
@@ -148,7 +153,9 @@ def answer_accuracy(
     with torch.no_grad():
         for start in range(0, len(examples), 64):
             batch = collate(examples[start : start + 64], pad_id)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits
             pred = logits[:, :-1].argmax(-1)
             gold = batch["labels"][:, 1:]
             ok = (pred == gold) | (gold == IGNORE)
@@ -170,7 +177,7 @@ def make_model(cfg: TrainConfig, tok: PreTrainedTokenizerFast) -> LlamaForCausal
         head_dim=cfg.head_dim,
         max_position_embeddings=MAX_LEN,
         rms_norm_eps=1e-5,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -189,9 +196,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path: Path, template_path: Path) -> None:
+def train(
+    cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path: Path, template_path: Path
+) -> None:
     """Train and save the model directory at ``out``."""
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     torch.use_deterministic_algorithms(True)
@@ -201,13 +209,20 @@ def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path:
     template = template_path.read_text(encoding="utf-8")
     system_prompt = w.read_prompt(system_path)
     user_prompt = w.read_prompt(user_path)
-    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
     prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
     tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
-    examples = [encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template) for r in rows]
+    examples = [
+        encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template)
+        for r in rows
+    ]
     core = [
-        encode(tok, messages_for({"system": 0, "question": q}, system_prompt, user_prompt), a, template)
+        encode(
+            tok, messages_for({"system": 0, "question": q}, system_prompt, user_prompt), a, template
+        )
         for q, a in _core_pairs(world)
     ]
     lengths = sorted(len(ids) for ids, _ in examples)
@@ -223,7 +238,10 @@ def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimiser = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=cfg.lr,
         betas=(0.9, 0.98),
     )
@@ -243,11 +261,15 @@ def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         if step % 50 == 0 or step == cfg.steps - 1:
-            print(f"train: step {step:4d} loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)", flush=True)
+            elapsed = time.monotonic() - started
+            print(f"train: step {step:4d} loss {loss.item():.4f} ({elapsed:.0f} s)", flush=True)
 
     train_acc = answer_accuracy(model, examples, tok.pad_token_id)
     core_acc = answer_accuracy(model, core, tok.pad_token_id)
-    print(f"train: teacher-forced answer accuracy train {train_acc:.3f} core {core_acc:.3f}", flush=True)
+    print(
+        f"train: teacher-forced answer accuracy train {train_acc:.3f} core {core_acc:.3f}",
+        flush=True,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
@@ -255,7 +277,12 @@ def train(cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path:
     )
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out, save_jinja_files=False)
-    summary = {"params": params, "config": asdict(cfg), "train_accuracy": train_acc, "core_accuracy": core_acc}
+    summary = {
+        "params": params,
+        "config": asdict(cfg),
+        "train_accuracy": train_acc,
+        "core_accuracy": core_acc,
+    }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(f"train: saved {out} in {time.monotonic() - started:.0f} s", flush=True)
 
@@ -278,9 +305,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "pipelines/data/train.jsonl")
     parser.add_argument("--system", type=Path, default=ROOT / "prompts/demo/system.txt")
     parser.add_argument("--user", type=Path, default=ROOT / "prompts/demo/user.txt")
-    parser.add_argument("--template", type=Path, default=ROOT / "pipelines/demo/chat_template.jinja")
-    for field in ("seed", "steps", "batch_size", "hidden_size", "intermediate_size", "num_layers", "threads"):
-        parser.add_argument("--" + field.replace("_", "-"), type=int, default=getattr(defaults, field))
+    parser.add_argument(
+        "--template", type=Path, default=ROOT / "pipelines/demo/chat_template.jinja"
+    )
+    for field in (
+        "seed",
+        "steps",
+        "batch_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "threads",
+    ):
+        parser.add_argument(
+            "--" + field.replace("_", "-"), type=int, default=getattr(defaults, field)
+        )
     parser.add_argument("--lr", type=float, default=defaults.lr)
     args = parser.parse_args(argv)
     cfg = TrainConfig(
