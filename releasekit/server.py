@@ -5,20 +5,46 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import json
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import BaseModel
 
-from releasekit.errors import ServerStartError, ServerUnreachableError
+from releasekit.errors import ServerError, ServerStartError, ServerUnreachableError
+
+if TYPE_CHECKING:
+    from releasekit.config import Settings
+    from releasekit.lock import Lock
+    from releasekit.manifest import LoadedManifest
+
+PORT_RANGE_ENV = "RELEASEKIT_PORT_RANGE"
+"""`LOW-HIGH`: pick servers' ports from this range (shared machines); default: any free port."""
+
+PIDDIR_ENV = "RELEASEKIT_SERVER_PIDDIR"
+"""A folder where every server started in this process tree leaves `<pid>` (its process
+group) while it runs, so a parent (a build) can reap servers whose owner was killed."""
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
+_PR_SET_PDEATHSIG = 1
+_BIND_ERRORS = ("Address already in use", "[Errno 98]")
+
+
+class ReleaseNotBuiltError(ServerError):
+    """Raised when a quantised release is served before `releasekit build` made its model."""
+
+    remedy = "run `releasekit build MANIFEST` first"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -26,6 +52,32 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(host: str = "127.0.0.1", *, avoid: set[int] | None = None) -> int:
+    """A free port: from RELEASEKIT_PORT_RANGE (`LOW-HIGH`) when set, else any free one."""
+    spec = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not spec:
+        return free_port(host)
+    try:
+        low, high = (int(x) for x in spec.split("-", 1))
+    except ValueError as exc:
+        raise ServerError(f"{PORT_RANGE_ENV}={spec!r} is not LOW-HIGH") from exc
+    ports = [p for p in range(low, high + 1) if p not in (avoid or set())]
+    random.shuffle(ports)  # concurrent starters rarely pick the same port
+    for port in ports:
+        if _port_free(host, port):
+            return port
+    raise ServerError(f"no free port in {PORT_RANGE_ENV}={spec}")
 
 
 def engine_argv(args: Mapping[str, str]) -> list[str]:
@@ -58,11 +110,59 @@ def tail(path: Path, lines: int = 25) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def last_error_line(text: str) -> str | None:
+    """The last line of a log that reads like the cause of a failure (argparse's `error:`, a
+    Python exception), trimmed; None if there is none."""
+    pattern = re.compile(r"(\berror\b|Error\b|Exception\b)", re.IGNORECASE)
+    for line in reversed(text.splitlines()):
+        if pattern.search(line):
+            line = line.strip()
+            return line if len(line) <= 300 else line[:297] + "..."
+    return None
+
+
+def die_with_parent_hook() -> Callable[[], None]:
+    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies, so a
+    SIGKILLed owner cannot leave vLLM behind. Resolved before fork: the child only calls."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return hook
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while cleanup runs (a second Ctrl-C must not cut a stop short);
+    a signal that came in meanwhile is raised as KeyboardInterrupt afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def _hold(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    old = {s: signal.signal(s, _hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        raise KeyboardInterrupt
+
+
 class VLLMServer:
     """One vLLM OpenAI-compatible server process.
 
     Use as a context manager; the process runs in its own process group so that
-    stopping it also stops its engine workers.
+    stopping it also stops its engine workers. With `die_with_parent` (the default) the
+    kernel also stops it if the process that started it dies without cleaning up.
     """
 
     def __init__(
@@ -78,6 +178,7 @@ class VLLMServer:
         port: int | None = None,
         start_timeout_s: float = 300.0,
         stop_grace_s: float = 10.0,
+        die_with_parent: bool = True,
     ) -> None:
         self.model_dir = model_dir
         self.served_name = served_name
@@ -86,10 +187,13 @@ class VLLMServer:
         self.python = python
         self.log_path = log_path
         self.host = host
-        self.port = port or free_port(host)
+        self._auto_port = port is None
+        self.port = port or pick_port(host)
         self.start_timeout_s = start_timeout_s
         self.stop_grace_s = stop_grace_s
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
+        self._pidfile: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -115,9 +219,26 @@ class VLLMServer:
         ]
 
     def start(self) -> ServerInfo:
-        """Start the server and block until /health and /v1/models answer."""
+        """Start the server and block until /health and /v1/models answer.
+
+        Raises ServerStartError (quoting the log's last lines) if vLLM exits or is not
+        healthy within `start_timeout_s`; the process group is stopped either way. A port
+        lost to a concurrent starter is retried on another port when the port was not given.
+        """
         if not self.model_dir.is_dir():
             raise ServerStartError(f"model folder not found: {self.model_dir}")
+        tried: set[int] = set()
+        while True:
+            try:
+                return self._start_once()
+            except ServerStartError as exc:
+                tried.add(self.port)
+                lost_port = any(m in exc.log_tail for m in _BIND_ERRORS)
+                if not (self._auto_port and lost_port and len(tried) < 3):
+                    raise
+                self.port = pick_port(self.host, avoid=tried)
+
+    def _start_once(self) -> ServerInfo:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
@@ -127,20 +248,29 @@ class VLLMServer:
             "DO_NOT_TRACK": "1",
             **self.env,
         }
-        log = self.log_path.open("wb")
+        env.pop(PIDDIR_ENV, None)
+        hook = (
+            die_with_parent_hook()
+            if self.die_with_parent and threading.current_thread() is threading.main_thread()
+            else None
+        )
         try:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            log.close()
-        _LIVE.add(self.proc)
-        try:
+            with deferred_signals():  # no window where the process runs unregistered
+                log = self.log_path.open("wb")
+                try:
+                    proc = self.proc = subprocess.Popen(
+                        self.command(),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                        stdin=subprocess.DEVNULL,
+                        preexec_fn=hook,
+                    )
+                finally:
+                    log.close()
+                _LIVE.add(proc)
+                self._register(proc.pid)
             version = self._wait_ready()
         except BaseException:
             self.stop()
@@ -148,25 +278,39 @@ class VLLMServer:
         return ServerInfo(
             base_url=self.base_url,
             model=self.served_name,
-            pid=self.proc.pid,
+            pid=proc.pid,
             port=self.port,
             log_path=str(self.log_path),
             version=version,
         )
 
+    def _register(self, pid: int) -> None:
+        piddir = os.environ.get(PIDDIR_ENV)
+        if not piddir:
+            return
+        with contextlib.suppress(OSError):
+            Path(piddir).mkdir(parents=True, exist_ok=True)
+            self._pidfile = Path(piddir) / str(pid)
+            self._pidfile.write_text(json.dumps({"pid": pid, "log": str(self.log_path)}))
+
+    def _died(self, rc: int, when: str) -> ServerStartError:
+        cause = last_error_line(tail(self.log_path, 200))
+        return ServerStartError(
+            f"vLLM exited with code {rc} {when}{': ' + cause if cause else ''} "
+            f"(log: {self.log_path})",
+            log_tail=tail(self.log_path),
+            log_path=self.log_path,
+        )
+
     def _wait_ready(self) -> str | None:
-        assert self.proc is not None
+        if self.proc is None:
+            raise ServerStartError("server was not started")
         deadline = time.monotonic() + self.start_timeout_s
         with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 rc = self.proc.poll()
                 if rc is not None:
-                    raise ServerStartError(
-                        f"vLLM exited with code {rc} before becoming healthy "
-                        f"(log: {self.log_path})",
-                        log_tail=tail(self.log_path),
-                        log_path=self.log_path,
-                    )
+                    raise self._died(rc, "before becoming healthy")
                 try:
                     if client.get("/health").status_code == 200:
                         models = client.get("/v1/models")
@@ -185,14 +329,34 @@ class VLLMServer:
             log_path=self.log_path,
         )
 
+    def check_alive(self) -> None:
+        """Raise ServerStartError (quoting the log) if the server has died since start."""
+        if self.proc is None:
+            raise ServerStartError("server is not running")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise self._died(rc, "while serving")
+
+    def wait(self, *, poll_s: float = 0.5) -> None:
+        """Block while the server runs (foreground serving); raise ServerStartError quoting
+        its log if it exits on its own. Ctrl-C surfaces as KeyboardInterrupt."""
+        while True:
+            self.check_alive()
+            time.sleep(poll_s)
+
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after the grace period; idempotent."""
+        """SIGTERM the process group, SIGKILL it after the grace period; idempotent and not
+        interruptible by a second Ctrl-C."""
         proc = self.proc
         if proc is None:
             return
-        stop_process_group(proc, self.stop_grace_s)
-        _LIVE.discard(proc)
-        self.proc = None
+        with deferred_signals():
+            stop_process_group(proc, self.stop_grace_s)
+            _LIVE.discard(proc)
+            self.proc = None
+            if self._pidfile is not None:
+                self._pidfile.unlink(missing_ok=True)
+                self._pidfile = None
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -202,7 +366,7 @@ class VLLMServer:
         self.stop()
 
 
-def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+def stop_process_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
     """Terminate a process started with start_new_session=True, and all its children."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -214,6 +378,60 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`, read from /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # pragma: no cover - not Linux: ask the kernel about the group
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    out = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any live (non-zombie) process of process group `pgid` exists."""
+    return bool(group_members(pgid))
+
+
+def reap_registered(piddir: Path, *, grace_s: float = 10.0) -> list[int]:
+    """Stop every server group still registered in `piddir` (its owner died or was killed
+    before stopping it): SIGTERM, then SIGKILL after the grace period. Returns the pids."""
+    if not piddir.is_dir():
+        return []
+    pgids = []
+    for f in sorted(piddir.iterdir()):
+        if f.name.isdigit():
+            pgids.append(int(f.name))
+    live = [g for g in pgids if group_alive(g)]
+    for g in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(group_alive(g) for g in live) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for g in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGKILL)
+    for g in pgids:
+        (piddir / str(g)).unlink(missing_ok=True)
+    return live
 
 
 @atexit.register
@@ -249,3 +467,89 @@ def check_reachable(base_url: str, *, timeout_s: float = 5.0) -> str | None:
             return v.json().get("version") if v.status_code == 200 else None
     except httpx.HTTPError as exc:
         raise ServerUnreachableError(f"cannot reach {base_url}: {exc}") from exc
+
+
+def release_model_dir(settings: Settings, lm: LoadedManifest, lock: Lock) -> Path:
+    """The folder a release serves: its quantised model (results/<release_id>/model, as
+    recorded in quantise.json) or, for `scheme: none`, the manifest's model source.
+
+    Raises ReleaseNotBuiltError if the release is quantised but not built yet.
+    """
+    release_dir = settings.release_dir(lock.release_id)
+    record = release_dir / "quantise.json"
+    if record.is_file():
+        try:
+            recorded = json.loads(record.read_text(encoding="utf-8")).get("model_dir")
+        except ValueError:
+            recorded = None
+        if isinstance(recorded, str) and recorded:
+            p = Path(recorded)
+            p = p if p.is_absolute() else settings.root / p
+            if p.is_dir():
+                return p
+    if lm.manifest.quantisation.scheme == "none":
+        return lm.resolve(lm.manifest.model.source)
+    built = release_dir / "model"
+    if built.is_dir():
+        return built
+    raise ReleaseNotBuiltError(
+        f"release {lock.short_id} ({lm.manifest.name}) is quantised "
+        f"({lm.manifest.quantisation.scheme}) but not built: {built} is missing"
+    )
+
+
+def serve_release(
+    settings: Settings,
+    lm: LoadedManifest,
+    lock: Lock,
+    *,
+    port: int | None = None,
+    log_path: Path | None = None,
+) -> VLLMServer:
+    """A (not yet started) server for a release: its model folder, the lock's exact engine
+    arguments (`serving_args`) and the manifest's environment. Use it as a context manager.
+
+    The log defaults to <state_dir>/logs/serve-<name>-<release>.log.
+    """
+    from releasekit.lock import serving_args
+
+    m = lm.manifest
+    model_dir = release_model_dir(settings, lm, lock)
+    log = log_path or settings.state_dir / "logs" / f"serve-{m.name}-{lock.short_id}.log"
+    return VLLMServer(
+        model_dir,
+        served_name=m.served_name,
+        engine_args=serving_args(m),
+        env=m.serving.env,
+        python=settings.python,
+        log_path=log,
+        host=settings.server_host,
+        port=port,
+        start_timeout_s=settings.server_start_timeout_s,
+        stop_grace_s=settings.server_stop_grace_s,
+    )
+
+
+def serve_manifest(
+    settings: Settings,
+    manifest_path: Path | str,
+    *,
+    port: int | None = None,
+    on_ready: Callable[[ServerInfo, Lock], None] | None = None,
+) -> None:
+    """Lock a manifest and serve its release in the foreground until the server exits
+    (ServerStartError quoting its log) or the caller is interrupted (Ctrl-C or SIGTERM,
+    re-raised as KeyboardInterrupt after the server stopped). The log goes to
+    <state_dir>/logs/serve-<name>-<release>.log."""
+    from releasekit.lock import locked_release
+
+    lm, lk = locked_release(manifest_path, root=settings.root)
+    server = serve_release(settings, lm, lk, port=port)
+    with sigterm_as_interrupt():
+        try:
+            info = server.start()
+            if on_ready is not None:
+                on_ready(info, lk)
+            server.wait()
+        finally:
+            server.stop()

@@ -72,7 +72,8 @@ def test_register_logs_run_version_prompts_and_ledger_event(mlproj: Proj) -> Non
     # Prompts: in MLflow's prompt registry, linked to the run and the version's model.
     assert res.prompt_uri == "prompts:/demo-bf16.chat/1" == mv.tags["prompt_uri"]
     pv = c.get_prompt_version("demo-bf16.chat", 1)
-    user = (mlproj.root / "prompts/demo/user.txt").read_text()
+    # The text the release sends: the file without its final newline.
+    user = (mlproj.root / "prompts/demo/user.txt").read_text().removesuffix("\n")
     assert pv.template[-1] == {"role": "user", "content": user}
     linked = json.loads(c.get_logged_model(mv.tags["logged_model_id"]).tags["mlflow.linkedPrompts"])
     assert linked == [{"name": "demo-bf16.chat", "version": "1"}]

@@ -1,0 +1,208 @@
+"""CLI: build releases through DVC, serve a release in the foreground, and the internal
+`stage` commands that dvc.yaml runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from releasekit import build as buildmod
+from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.lock import Lock
+from releasekit.server import ServerInfo, serve_manifest, sigterm_as_interrupt
+
+ProgressFn = Callable[[str, int, int], None]
+
+stage_app = typer.Typer(
+    help="Internal: one build stage of a locked release (the commands dvc.yaml runs).",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `build`, `serve` and the hidden `stage` group to the root app."""
+    app.command("build")(build)
+    app.command("serve")(serve)
+    app.add_typer(stage_app, name="stage", hidden=True)
+
+
+@contextmanager
+def rich_progress(*, enabled: bool = True) -> Iterator[ProgressFn]:
+    """A progress(label, done, total) callback drawn as rich bars on stderr: one row per
+    label prefix (the text before ':'), total 0 meaning "no known total"."""
+    if not enabled:
+        yield lambda label, done, total: None
+        return
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def update(label: str, done: int, total: int) -> None:
+        key = label.split(":", 1)[0]
+        if key not in tasks:
+            tasks[key] = bars.add_task(label, total=total or None)
+        bars.update(tasks[key], description=label, completed=done, total=total or None)
+
+    with bars:
+        yield update
+
+
+@handle_errors
+def build(
+    manifests: Annotated[list[Path], typer.Argument(help="manifest files", show_default=False)],
+    push: Annotated[bool, typer.Option("--push", help="dvc push the outputs afterwards")] = False,
+    register_: Annotated[
+        bool,
+        typer.Option("--register/--no-register", help="register the release in MLflow"),
+    ] = True,
+    json_: JsonOpt = False,
+) -> None:
+    """Build releases: lock, quantise, load-test, evaluate and report, as cached DVC stages.
+
+    A manifest whose inputs did not change is not rebuilt ("up to date, nothing rebuilt").
+    """
+    settings = State.settings()
+    results = []
+    with sigterm_as_interrupt():
+        for manifest in manifests:
+            with rich_progress(enabled=not json_) as progress:
+                res = buildmod.build(
+                    settings, manifest, progress=progress, push=push, register=register_
+                )
+            results.append(res)
+            if not json_:
+                pushed = ", pushed to the DVC remote" if res.pushed else ""
+                registered = (
+                    f", registered as {res.registered.get('model_uri')}" if res.registered else ""
+                )
+                out.print(
+                    f"[bold]{res.name}[/bold] release {res.release_id[:12]}: "
+                    f"{'[green]' if res.up_to_date else ''}{res.summary}"
+                    f"{'[/green]' if res.up_to_date else ''}{pushed}{registered} "
+                    f"({res.seconds:.0f} s) -> {res.release_dir}/",
+                    highlight=False,
+                )
+    if json_:
+        emit_json(results)
+
+
+@handle_errors
+def serve(
+    manifest: Annotated[Path, typer.Argument(help="manifest file", show_default=False)],
+    port: Annotated[int | None, typer.Option("--port", help="port (default: a free one)")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Serve a release with vLLM in the foreground (its exact engine arguments); Ctrl-C stops it."""
+
+    def ready(info: ServerInfo, lock: Lock) -> None:
+        if json_:
+            data = {**info.model_dump(), "release_id": lock.release_id}
+            sys.stdout.write(json.dumps(data) + "\n")
+            sys.stdout.flush()
+        else:
+            out.print(
+                f"serving [bold]{lock.name}[/bold] release {lock.short_id} as "
+                f"'{info.model}' at {info.base_url}/v1 (log: {info.log_path}); Ctrl-C stops",
+                highlight=False,
+            )
+
+    if not json_:
+        err.print("starting vLLM ...")
+    try:
+        serve_manifest(State.settings(), manifest, port=port, on_ready=ready)
+    except KeyboardInterrupt:
+        if not json_:
+            out.print("stopped")
+
+
+def _stage_progress() -> tuple[ProgressFn, Callable[[], None]]:
+    if os.environ.get(buildmod.PROGRESS_ENV) == "lines":
+
+        def emit(label: str, done: int, total: int) -> None:
+            sys.stdout.write(buildmod.PROGRESS_MARK + json.dumps([label, done, total]) + "\n")
+            sys.stdout.flush()
+
+        return emit, lambda: None
+    cm = rich_progress()
+
+    def close() -> None:
+        cm.__exit__(None, None, None)
+
+    return cm.__enter__(), close
+
+
+def _run_stage(
+    kind: buildmod.StageKind, manifest: Path, release: str, baseline: str | None
+) -> None:
+    progress, close = _stage_progress()
+    try:
+        where = buildmod.run_stage(
+            State.settings(),
+            kind,
+            manifest,
+            release_id=release,
+            baseline_release_id=baseline,
+            progress=progress,
+        )
+    finally:
+        close()
+    err.print(f"{kind}: wrote {where}", highlight=False)
+
+
+ManifestArg = Annotated[Path, typer.Argument(help="manifest file", show_default=False)]
+ReleaseOpt = Annotated[str, typer.Option("--release", help="release id dvc.yaml expects")]
+
+
+@stage_app.command("quantise")
+@handle_errors
+def stage_quantise(manifest: ManifestArg, release: ReleaseOpt) -> None:
+    """Quantise the release's model (results/<release>/model, quantise.json)."""
+    _run_stage("quantise", manifest, release, None)
+
+
+@stage_app.command("bench")
+@handle_errors
+def stage_bench(manifest: ManifestArg, release: ReleaseOpt) -> None:
+    """Serve the release and run its load profile (results/<release>/bench)."""
+    _run_stage("bench", manifest, release, None)
+
+
+@stage_app.command("eval")
+@handle_errors
+def stage_eval(manifest: ManifestArg, release: ReleaseOpt) -> None:
+    """Serve the release and run its eval suites (results/<release>/eval)."""
+    _run_stage("eval", manifest, release, None)
+
+
+@stage_app.command("report")
+@handle_errors
+def stage_report(
+    manifest: ManifestArg,
+    release: ReleaseOpt,
+    baseline: Annotated[str, typer.Option("--baseline", help="baseline release id")],
+) -> None:
+    """Compare the release's eval with its baseline's (results/<release>/report)."""
+    _run_stage("report", manifest, release, baseline)

@@ -1,0 +1,415 @@
+"""Quantisation: llm-compressor's `oneshot` from a manifest's recipe (GPTQ or round-to-nearest,
+W8A8 or W4A16), reproducibly, saved in compressed-tensors format, recorded in quantise.json.
+
+llm-compressor is heavy and configures global state (loguru, torch threads) on import, so it
+runs in a child Python process (`python -m releasekit.quantise SPEC.json`); this module only
+imports it inside that child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit.config import Settings
+from releasekit.errors import QuantiseError
+from releasekit.lock import Lock, digest_obj, model_files, sha256_bytes, sha256_file, write_atomic
+from releasekit.manifest import LoadedManifest, Quantisation
+from releasekit.server import deferred_signals, die_with_parent_hook, tail
+
+Progress = Callable[[str, int, int], None]
+
+QUANTISE_JSON = "quantise.json"
+MODEL_DIR = "model"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+THREADS_ENV = "RELEASEKIT_QUANTISE_THREADS"
+_PROGRESS = "@@quantise-progress "
+
+
+class QuantiseResult(BaseModel):
+    """What quantisation did (written as results/<release_id>/quantise.json)."""
+
+    scheme: Literal["none", "W8A8", "W4A16"]
+    method: Literal["gptq", "rtn"]
+    size_before_bytes: int = Field(description="bytes of the source model's weight files")
+    size_after_bytes: int = Field(description="bytes of the served model's weight files")
+    seconds: float = Field(description="wall time of quantisation (0 for scheme none)")
+    recipe_digest: str = Field(
+        description="sha256 of the recipe.yaml llm-compressor wrote (bytes); for scheme "
+        "none, the lock's quantisation/recipe digest"
+    )
+    model_dir: str = Field(
+        description="folder vLLM serves, relative to the project root when inside it"
+    )
+    weights_digest: str = Field(description="sha256 over the served weight files' sha256s")
+    release_id: str | None = None
+    calibration_samples: int | None = Field(None, description="samples actually used")
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a model folder (safetensors/bin shards and their indexes)."""
+    return [
+        p
+        for p in model_files(folder)
+        if p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json")
+    ]
+
+
+def weights_size(folder: Path) -> int:
+    """Total bytes of a model folder's weight files."""
+    return sum(p.stat().st_size for p in weight_files(folder))
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 of the canonical {relative path: sha256} map of a folder's weight files: equal
+    digests mean byte-identical weights."""
+    return digest_obj(
+        {p.relative_to(folder).as_posix(): sha256_file(p) for p in weight_files(folder)}
+    )
+
+
+def read_calibration(path: Path, samples: int) -> list[str]:
+    """The first `samples` `text` fields of a JSONL calibration file (file order: the
+    calibration set is part of the lock, so no sampling happens here)."""
+    texts: list[str] = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise QuantiseError(f"{path}:{n}: not valid JSON ({exc})") from exc
+                text = row.get("text") if isinstance(row, dict) else None
+                if not isinstance(text, str) or not text:
+                    raise QuantiseError(f"{path}:{n}: expected an object with a `text` string")
+                texts.append(text)
+                if len(texts) >= samples:
+                    break
+    except OSError as exc:
+        raise QuantiseError(f"cannot read calibration set {path}: {exc}") from exc
+    if not texts:
+        raise QuantiseError(f"calibration set {path} has no samples")
+    return texts
+
+
+def _rel(p: Path, root: Path) -> str:
+    """`p` relative to the project root (symlinks inside the project kept), else absolute."""
+    absolute = p if p.is_absolute() else Path.cwd() / p
+    for base in (root, root.resolve()):
+        with contextlib.suppress(ValueError):
+            return absolute.relative_to(base).as_posix()
+    return absolute.as_posix()
+
+
+def quantise_release(
+    settings: Settings,
+    lm: LoadedManifest,
+    lock: Lock,
+    *,
+    progress: Progress | None = None,
+) -> QuantiseResult:
+    """Quantise a locked release into results/<release_id>/model and write quantise.json.
+
+    `scheme: none` copies nothing: quantise.json points `model_dir` at the model source.
+    Raises QuantiseError (quoting llm-compressor's log) if quantisation fails.
+    """
+    m = lm.manifest
+    q = m.quantisation
+    src = lm.resolve(m.model.source)
+    out_root = settings.release_dir(lock.release_id)
+    out_root.mkdir(parents=True, exist_ok=True)
+    if q.scheme == "none":
+        result = QuantiseResult(
+            scheme=q.scheme,
+            method=q.method,
+            size_before_bytes=weights_size(src),
+            size_after_bytes=weights_size(src),
+            seconds=0.0,
+            recipe_digest=lock.inputs.get("quantisation/recipe", ""),
+            model_dir=_rel(src, settings.root),
+            weights_digest=weights_digest(src),
+            release_id=lock.release_id,
+        )
+    else:
+        calibration = lm.resolve(q.calibration.dataset) if q.calibration else None
+        log_path = settings.state_dir / "logs" / f"quantise-{m.name}-{lock.short_id}.log"
+        result = quantise_model(
+            src,
+            out_root / MODEL_DIR,
+            q,
+            calibration=calibration,
+            dtype=m.model.dtype,
+            python=settings.python,
+            log_path=log_path,
+            progress=progress,
+        )
+        result.model_dir = _rel(out_root / MODEL_DIR, settings.root)
+        result.release_id = lock.release_id
+    write_atomic(out_root / QUANTISE_JSON, (result.model_dump_json(indent=2) + "\n").encode())
+    return result
+
+
+def quantise_model(
+    src: Path,
+    out: Path,
+    q: Quantisation,
+    *,
+    calibration: Path | None,
+    dtype: str = "bfloat16",
+    python: Path | None = None,
+    log_path: Path,
+    progress: Progress | None = None,
+) -> QuantiseResult:
+    """Quantise the model folder `src` into `out` (replaced atomically) in a child process.
+
+    Same inputs give byte-identical weights: the seed is fixed and calibration samples are
+    taken in file order (llm-compressor would otherwise shuffle with an unseeded sampler).
+    """
+    if q.scheme == "none":
+        raise QuantiseError("scheme none has nothing to quantise")
+    if not (src / "config.json").is_file():
+        raise QuantiseError(f"not a model folder (no config.json): {src}")
+    needs_data = q.method == "gptq"
+    if needs_data and (q.calibration is None or calibration is None):
+        raise QuantiseError("gptq needs a calibration set (quantisation.calibration)")
+    if needs_data and calibration is not None and q.calibration is not None:
+        read_calibration(calibration, q.calibration.samples)  # fail fast, before the import
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    spec = {
+        "src": str(src),
+        "out": str(work / "model"),
+        "result": str(work / "result.json"),
+        "scheme": q.scheme,
+        "method": q.method,
+        "ignore": list(q.ignore),
+        "seed": q.seed,
+        "dampening_frac": q.dampening_frac,
+        "dtype": dtype,
+        "calibration": str(calibration) if needs_data and calibration else None,
+        "samples": q.calibration.samples if q.calibration else 0,
+        "max_seq_length": q.calibration.max_seq_length if q.calibration else 0,
+    }
+    (work / "spec.json").write_text(json.dumps(spec, indent=2))
+    try:
+        _run_worker(python or Path(sys.executable), work / "spec.json", log_path, progress)
+        try:
+            data = json.loads((work / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise QuantiseError(
+                f"quantisation wrote no result ({exc}); log: {log_path}\n{tail(log_path)}"
+            ) from exc
+        if "error" in data:
+            raise QuantiseError(
+                f"llm-compressor failed: {data['error']} (log: {log_path})\n{tail(log_path)}"
+            )
+        result = QuantiseResult.model_validate(data)
+        with deferred_signals():  # never leave a half-replaced model folder
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(work / "model", out)
+        result.model_dir = str(out)
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | None) -> None:
+    """Run the quantisation child; stream its log to `log_path` and its progress markers to
+    `progress`. The child dies with us (Ctrl-C, SIGTERM, or our death)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc: subprocess.Popen[str] | None = None
+    with log_path.open("w", encoding="utf-8") as log:
+        try:
+            with deferred_signals():  # no window where the child runs and nobody stops it
+                proc = subprocess.Popen(
+                    [str(python), "-m", "releasekit.quantise", str(spec)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    text=True,
+                    errors="replace",
+                    preexec_fn=die_with_parent_hook(),
+                )
+            for line in proc.stdout or ():
+                if line.startswith(_PROGRESS):
+                    with contextlib.suppress(ValueError, TypeError):
+                        label, done, total = json.loads(line[len(_PROGRESS) :])
+                        if progress is not None:
+                            progress(str(label), int(done), int(total))
+                    continue
+                log.write(line)
+                log.flush()
+            rc = proc.wait()
+        finally:
+            if proc is not None and proc.poll() is None:
+                with deferred_signals():
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+    if rc != 0 and not Path(json.loads(spec.read_text())["result"]).is_file():
+        raise QuantiseError(
+            f"quantisation process exited with code {rc} (log: {log_path})\n{tail(log_path)}"
+        )
+
+
+# ---- the child process ------------------------------------------------------------------
+
+
+def _emit(label: str, done: int, total: int) -> None:
+    print(_PROGRESS + json.dumps([label, done, total]), flush=True)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str] = {}
+    for dist in ("llmcompressor", "compressed-tensors", "transformers", "torch"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[dist] = version(dist)
+    return out
+
+
+def _copy_side_files(src: Path, out: Path) -> None:
+    """Tokenizer files, chat template and generation config, verbatim from the source, so
+    the quantised release formats prompts and samples exactly as the source does."""
+    weights = {p.resolve() for p in weight_files(src)}
+    for f in model_files(src):
+        rel = f.relative_to(src)
+        if f.resolve() in weights or rel.as_posix() in ("config.json", "recipe.yaml"):
+            continue
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dst)
+
+
+def _child(spec_path: Path) -> int:  # pragma: no cover - runs in the worker process
+    spec: dict[str, Any] = json.loads(spec_path.read_text())
+    result_path = Path(spec["result"])
+    try:
+        result = _quantise_in_process(spec)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        result_path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    result_path.write_text(result.model_dump_json())
+    return 0
+
+
+def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
+    """Load, calibrate, quantise and save; heavy imports happen here only."""
+    from releasekit.lock import chat_template_of
+
+    src, out = Path(spec["src"]), Path(spec["out"])
+    _emit("quantise: load", 0, 4)
+    import torch
+
+    threads = int(os.environ.get(THREADS_ENV) or min(4, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    torch.manual_seed(int(spec["seed"]))
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()  # time taken by quantisation itself, imports excluded
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype.get(spec["dtype"], "auto"))
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    modifier: Any
+    if spec["method"] == "gptq":
+        modifier = GPTQModifier(
+            targets="Linear",
+            scheme=spec["scheme"],
+            ignore=spec["ignore"],
+            dampening_frac=spec["dampening_frac"],
+        )
+    else:
+        modifier = QuantizationModifier(
+            targets="Linear", scheme=spec["scheme"], ignore=spec["ignore"]
+        )
+    kwargs: dict[str, Any] = {}
+    used: int | None = None
+    if spec["calibration"]:
+        from datasets import Dataset
+
+        texts = read_calibration(Path(spec["calibration"]), int(spec["samples"]))
+        bos = tokenizer.bos_token
+        rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
+        for text in texts:
+            enc = tokenizer(
+                text,
+                truncation=True,
+                max_length=int(spec["max_seq_length"]),
+                # Calibration text that already starts with BOS (chat-formatted) keeps it once.
+                add_special_tokens=not (bos and text.startswith(bos)),
+            )
+            rows["input_ids"].append(list(enc["input_ids"]))
+            rows["attention_mask"].append(list(enc["attention_mask"]))
+        used = len(texts)
+        kwargs = {
+            "dataset": Dataset.from_dict(rows),
+            "num_calibration_samples": used,
+            "max_seq_length": int(spec["max_seq_length"]),
+            "shuffle_calibration_samples": False,
+        }
+    _emit("quantise: calibrate", 1, 4)
+    torch.manual_seed(int(spec["seed"]))
+    oneshot(model=model, tokenizer=tokenizer, recipe=modifier, **kwargs)
+    _emit("quantise: save", 2, 4)
+    model.save_pretrained(out, save_compressed=True)
+    _copy_side_files(src, out)
+    _emit("quantise: check", 3, 4)
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    if "quantization_config" not in config:
+        raise QuantiseError(f"llm-compressor wrote no quantization_config in {out}/config.json")
+    if chat_template_of(out) != chat_template_of(src):
+        raise QuantiseError("the quantised model's chat template differs from the source's")
+    recipe = out / "recipe.yaml"
+    # recipe.yaml holds !!python/tuple tags that yaml.safe_load refuses: digest its bytes.
+    recipe_digest = sha256_bytes(recipe.read_bytes()) if recipe.is_file() else ""
+    result = QuantiseResult(
+        scheme=spec["scheme"],
+        method=spec["method"],
+        size_before_bytes=weights_size(src),
+        size_after_bytes=weights_size(out),
+        seconds=round(time.monotonic() - started, 3),
+        recipe_digest=recipe_digest,
+        model_dir=str(out),
+        weights_digest=weights_digest(out),
+        calibration_samples=used,
+        versions=_versions(),
+    )
+    _emit("quantise: done", 4, 4)
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_child(Path(sys.argv[1])))
