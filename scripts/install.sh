@@ -9,7 +9,7 @@ PINS=requirements/stack.txt
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
-stamp_of() { cat "$PINS" pyproject.toml | sha256sum | cut -c1-64; }
+stamp_of() { cat "$PINS" pyproject.toml scripts/install.sh | sha256sum | cut -c1-64; }
 STAMP_FILE=$VENV/.releasekit-installed
 want=$(stamp_of)
 if [[ -x $VENV/bin/python && -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$want" ]]; then
@@ -39,7 +39,9 @@ for s in serving quantise tools; do
 done
 mapfile -t gone < <(stage remove)
 "${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
-"${PIP[@]}" install -q --no-deps -e . 
+if ! "${PIP[@]}" install -q --no-deps -e . >"$LOG" 2>&1; then
+  tail -20 "$LOG" >&2; echo "install: installing releasekit itself failed (log above)" >&2; exit 1
+fi
 "$VENV/bin/python" -c "import vllm, llmcompressor, mlflow, dvc, releasekit" >/dev/null 2>&1 \
   || { echo "install: import check failed; rerun scripts/install.sh" >&2; exit 1; }
 echo "$want" > "$STAMP_FILE"

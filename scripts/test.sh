@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-.venv/bin/ruff check releasekit tests
+.venv/bin/ruff check releasekit tests pipelines
+.venv/bin/ruff format --check releasekit tests pipelines
 .venv/bin/mypy releasekit
 exec .venv/bin/pytest "$@"

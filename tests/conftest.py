@@ -74,8 +74,13 @@ def project(tmp_path: Path) -> Path:
     (dst / "models").mkdir()
     if DEMO_MODEL.is_dir():
         (dst / "models" / "demo-base").symlink_to(DEMO_MODEL, target_is_directory=True)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "Test",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "Test",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dst, check=True, env=env)
     subprocess.run(["git", "commit", "-qm", "init"], cwd=dst, check=True, env=env)

@@ -36,13 +36,19 @@ def test_toml_then_env_then_flags(clean_env: Path, monkeypatch: pytest.MonkeyPat
         'ledger_url = "sqlite:////tmp/from-toml.db"\nactor = "toml"\nserver_start_timeout_s = 12\n'
     )
     s = load_settings()
-    assert (s.ledger_url, s.actor, s.server_start_timeout_s) == ("sqlite:////tmp/from-toml.db", "toml", 12)
+    assert (s.ledger_url, s.actor, s.server_start_timeout_s) == (
+        "sqlite:////tmp/from-toml.db",
+        "toml",
+        12,
+    )
     monkeypatch.setenv("RELEASEKIT_ACTOR", "env")
     assert load_settings().actor == "env"
     assert load_settings(actor="flag").actor == "flag"
 
 
-def test_mlflow_tracking_uri_convention_is_honoured(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mlflow_tracking_uri_convention_is_honoured(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     assert load_settings().mlflow_tracking_uri == "http://127.0.0.1:5999"
 

@@ -51,9 +51,19 @@ def test_lock_pins_every_input(proj: Path) -> None:
     lk = lockmod.read_lock(proj / "manifests" / "demo-w4a16.lock.json")
     keys = set(lk.inputs)
     for expected in (
-        "model/config.json", "model/model.safetensors", "model/tokenizer.json", "chat_template",
-        "prompt/system", "prompt/user", "quantisation/recipe", "quantisation/calibration",
-        "serving", "eval/core", "eval/edge", "eval/regression", "load/profile",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "chat_template",
+        "prompt/system",
+        "prompt/user",
+        "quantisation/recipe",
+        "quantisation/calibration",
+        "serving",
+        "eval/core",
+        "eval/edge",
+        "eval/regression",
+        "load/profile",
     ):
         assert expected in keys
     assert all(len(v) == 64 for v in lk.inputs.values())
@@ -73,10 +83,16 @@ def test_one_prompt_byte_changes_the_id_and_check_names_it(proj: Path) -> None:
 @pytest.mark.parametrize(
     "mutate, changed",
     [
-        (lambda p: (p / "models/demo-base/model.safetensors").write_bytes(b"x"), "model/model.safetensors"),
+        (
+            lambda p: (p / "models/demo-base/model.safetensors").write_bytes(b"x"),
+            "model/model.safetensors",
+        ),
         (lambda p: _append(p / "pipelines/eval/core.jsonl", b"\n"), "eval/core"),
         (lambda p: _append(p / "pipelines/load/demo.yaml", b"# c\n"), "load/profile"),
-        (lambda p: _sub(p / "manifests/demo-bf16.yaml", "max-num-seqs: 32", "max-num-seqs: 16"), "serving"),
+        (
+            lambda p: _sub(p / "manifests/demo-bf16.yaml", "max-num-seqs: 32", "max-num-seqs: 16"),
+            "serving",
+        ),
     ],
     ids=["weights", "suite", "load-profile", "serving-args"],
 )

@@ -6,12 +6,22 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from releasekit.config import Settings, load_settings
@@ -104,3 +114,55 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for r in rows:
         t.add_row(*("" if v is None else str(v) for v in r))
     out.print(t)
+
+
+class Reporter:
+    """A progress(label, done, total) callback for the core, drawn as rich bars on a
+    terminal (one row per label prefix, the text before ':'; total 0 = unknown) and as
+    one line per step started and finished in logs and CI, where bars don't render.
+    `print` writes above the bars."""
+
+    def __init__(self, console: Console, *, enabled: bool = True) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.bars: Progress | None = None
+        if enabled and console.is_terminal:
+            self.bars = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            )
+        self._tasks: dict[str, TaskID] = {}
+        self._seen: set[tuple[str, bool]] = set()
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bars is None:
+            finished = bool(total) and done >= total
+            if (label, finished) not in self._seen:
+                self._seen.add((label, finished))
+                self.console.print(f"{'done' if finished else '...'}  {label}", highlight=False)
+            return
+        key = label.split(":", 1)[0]
+        if key not in self._tasks:
+            self._tasks[key] = self.bars.add_task(label, total=total or None)
+        self.bars.update(self._tasks[key], description=label, completed=done, total=total or None)
+
+    def print(self, renderable: RenderableType) -> None:
+        """Print a table or line above the bars."""
+        self.console.print(renderable)
+
+
+@contextmanager
+def progress_reporter(console: Console = err, *, enabled: bool = True) -> Iterator[Reporter]:
+    """Progress for long work: a Reporter, live while the block runs."""
+    rep = Reporter(console, enabled=enabled)
+    if rep.bars is None:
+        yield rep
+        return
+    with rep.bars:
+        yield rep

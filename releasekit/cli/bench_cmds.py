@@ -8,15 +8,6 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from releasekit.bench import (
@@ -27,7 +18,15 @@ from releasekit.bench import (
     run_bench,
     write_outputs,
 )
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.cli._common import (
+    JsonOpt,
+    State,
+    emit_json,
+    err,
+    handle_errors,
+    out,
+    progress_reporter,
+)
 from releasekit.errors import BenchError
 from releasekit.loadprofile import load_profile
 
@@ -120,21 +119,6 @@ def summary_table(result: BenchResult) -> Table:
     return t
 
 
-class _Bars:
-    """Turns progress(label, done, total) callbacks into one rich bar per label."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        task = self.tasks.get(label)
-        if task is None:
-            task = self.progress.add_task(label, total=total or None)
-            self.tasks[label] = task
-        self.progress.update(task, completed=done, total=total or None)
-
-
 @handle_errors
 def bench(
     manifest: Annotated[
@@ -175,23 +159,13 @@ def bench(
             "--profile pipelines/load/demo.yaml`",
         )
     console: Console = err if json_out else out
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    bars = _Bars(progress)
-
-    def on_point(p: PointResult) -> None:
-        if not json_out:
-            progress.console.print(point_table(p))
-
     written: Path | None = None
-    with progress:
+    with progress_reporter(console) as bars:
+
+        def on_point(p: PointResult) -> None:
+            if not json_out:
+                bars.print(point_table(p))
+
         if manifest is not None:
             result, written = bench_release(
                 manifest,

@@ -6,24 +6,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from releasekit import build as buildmod
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.cli._common import (
+    JsonOpt,
+    State,
+    emit_json,
+    err,
+    handle_errors,
+    out,
+    progress_reporter,
+)
 from releasekit.lock import Lock
 from releasekit.server import ServerInfo, serve_manifest, sigterm_as_interrupt
 
@@ -40,34 +38,6 @@ def register(app: typer.Typer) -> None:
     app.command("build")(build)
     app.command("serve")(serve)
     app.add_typer(stage_app, name="stage", hidden=True)
-
-
-@contextmanager
-def rich_progress(*, enabled: bool = True) -> Iterator[ProgressFn]:
-    """A progress(label, done, total) callback drawn as rich bars on stderr: one row per
-    label prefix (the text before ':'), total 0 meaning "no known total"."""
-    if not enabled:
-        yield lambda label, done, total: None
-        return
-    bars = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-    )
-    tasks: dict[str, TaskID] = {}
-
-    def update(label: str, done: int, total: int) -> None:
-        key = label.split(":", 1)[0]
-        if key not in tasks:
-            tasks[key] = bars.add_task(label, total=total or None)
-        bars.update(tasks[key], description=label, completed=done, total=total or None)
-
-    with bars:
-        yield update
 
 
 @handle_errors
@@ -88,7 +58,7 @@ def build(
     results = []
     with sigterm_as_interrupt():
         for manifest in manifests:
-            with rich_progress(enabled=not json_) as progress:
+            with progress_reporter(enabled=not json_) as progress:
                 res = buildmod.build(
                     settings, manifest, progress=progress, push=push, register=register_
                 )
@@ -146,7 +116,7 @@ def _stage_progress() -> tuple[ProgressFn, Callable[[], None]]:
             sys.stdout.flush()
 
         return emit, lambda: None
-    cm = rich_progress()
+    cm = progress_reporter()
 
     def close() -> None:
         cm.__exit__(None, None, None)

@@ -7,18 +7,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.cli._common import (
+    JsonOpt,
+    State,
+    emit_json,
+    err,
+    handle_errors,
+    out,
+    progress_reporter,
+)
 from releasekit.evaluate.compare import Comparison
 from releasekit.evaluate.release import EvalRun, evaluate_release
 from releasekit.evaluate.runner import EvalResult
@@ -93,21 +92,6 @@ def comparison_table(c: Comparison) -> Table:
     return t
 
 
-class _Bars:
-    """Turns progress(label, done, total) callbacks into one rich bar per label."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        task = self.tasks.get(label)
-        if task is None:
-            task = self.progress.add_task(label, total=total or None)
-            self.tasks[label] = task
-        self.progress.update(task, completed=done)
-
-
 def _json(run: EvalRun) -> dict[str, object]:
     """The run without per-item records (they are in items.jsonl and compare.json)."""
     data = run.model_dump(mode="json", exclude={"result": {"items"}})
@@ -151,15 +135,7 @@ def eval_(
     """Evaluate a release on its suites (serving it unless --url is given); compare it with
     its baseline and write the report."""
     console: Console = err if json_ else out
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    with progress:
+    with progress_reporter(console) as bars:
         run = evaluate_release(
             manifest,
             settings=State.settings(),
@@ -168,7 +144,7 @@ def eval_(
             out_dir=out_dir,
             noise_runs=noise_runs,
             concurrency=concurrency,
-            progress=_Bars(progress),
+            progress=bars,
         )
     if json_:
         emit_json(_json(run))

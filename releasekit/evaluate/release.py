@@ -21,9 +21,9 @@ from releasekit.evaluate.runner import (
     run_eval,
     write_outputs,
 )
-from releasekit.lock import compute_inputs, locked_release, release_id_of, serving_args
+from releasekit.lock import compute_inputs, locked_release, release_id_of
 from releasekit.manifest import load_manifest
-from releasekit.server import VLLMServer, check_reachable, sigterm_as_interrupt
+from releasekit.server import check_reachable, serve_release, sigterm_as_interrupt
 
 
 class EvalRun(BaseModel):
@@ -103,18 +103,9 @@ def evaluate_release(
         )
         base_url = url
     else:
-        built = release_dir / "model"
-        server = VLLMServer(
-            built if built.is_dir() else lm.resolve(m.model.source),
-            served_name=m.served_name,
-            engine_args=serving_args(m),
-            env=m.serving.env,
-            python=settings.python,
-            log_path=eval_dir / "server.log",
-            host=settings.server_host,
-            start_timeout_s=settings.server_start_timeout_s,
-            stop_grace_s=settings.server_stop_grace_s,
-        )
+        # Same model folder and engine args as bench and serve; refuses a quantised
+        # release that was not built instead of evaluating the base weights.
+        server = serve_release(settings, lm, lk, log_path=eval_dir / "server.log")
         guard = (
             sigterm_as_interrupt()
             if threading.current_thread() is threading.main_thread()
