@@ -40,6 +40,7 @@ from releasekit.lock import Lock, write_atomic
 from releasekit.manifest import LoadedManifest, load_manifest
 from releasekit.server import (
     PIDDIR_ENV,
+    api_key_of,
     deferred_signals,
     group_members,
     reap_registered,
@@ -744,6 +745,7 @@ def _stage_bench(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress
             release_id=lk.release_id,
             profile_digest=lk.inputs.get("load/profile"),
             progress=say,
+            api_key=api_key_of(m),
         )
         server.check_alive()
     write_outputs(result, out)

@@ -27,7 +27,7 @@ from releasekit.errors import ServerError, ServerStartError, ServerUnreachableEr
 if TYPE_CHECKING:
     from releasekit.config import Settings
     from releasekit.lock import Lock
-    from releasekit.manifest import LoadedManifest
+    from releasekit.manifest import LoadedManifest, Manifest
 
 PORT_RANGE_ENV = "RELEASEKIT_PORT_RANGE"
 """`LOW-HIGH`: pick servers' ports from this range (shared machines); default: any free port."""
@@ -496,6 +496,14 @@ def release_model_dir(settings: Settings, lm: LoadedManifest, lock: Lock) -> Pat
         f"release {lock.short_id} ({lm.manifest.name}) is quantised "
         f"({lm.manifest.quantisation.scheme}) but not built: {built} is missing"
     )
+
+
+def api_key_of(manifest: Manifest) -> str | None:
+    """The key a release's server demands on /v1 (`--api-key` in its serving args, or
+    vLLM's VLLM_API_KEY in its environment); bench and eval send it."""
+    from releasekit.lock import serving_args
+
+    return serving_args(manifest).get("api-key") or manifest.serving.env.get("VLLM_API_KEY") or None
 
 
 def serve_release(

@@ -533,6 +533,17 @@ def test_a_judge_api_key_comes_from_the_named_variable(
         assert {r["_auth"] for r in judge.requests} == {"Bearer s3cret"}
 
 
+def test_a_release_served_with_an_api_key_is_evaluated_with_it(
+    fake_model: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = write_project(tmp_path / "p")
+    data = yaml.safe_load(path.read_text())
+    data.setdefault("serving", {}).setdefault("args", {})["api-key"] = "rel-key"
+    path.write_text(yaml.safe_dump(data))
+    run_eval(fake_model.base_url, "demo", load_manifest(path, root=tmp_path / "p"), noise_runs=1)
+    assert {r["_auth"] for r in fake_model.requests} == {"Bearer rel-key"}
+
+
 # ---- the CLI ------------------------------------------------------------------------------
 
 

@@ -39,8 +39,8 @@ from releasekit.bench.stats import PointResult, find_knee, point_result
 from releasekit.config import Settings
 from releasekit.errors import BenchError
 from releasekit.loadprofile import SLO, LoadProfile, load_profile
-from releasekit.lock import locked_release, serving_args, write_atomic
-from releasekit.server import serve_release, sigterm_as_interrupt
+from releasekit.lock import locked_release, write_atomic
+from releasekit.server import api_key_of, serve_release, sigterm_as_interrupt
 
 ProgressCallback = Callable[[str, int, int], None]
 PointCallback = Callable[[PointResult], None]
@@ -377,9 +377,7 @@ def bench_release(
     profile = load_profile(lm.resolve(m.load.profile))
     out = out_dir or settings.release_dir(lk.release_id) / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    args = serving_args(m)
-    # A release served with --api-key (flag or vLLM's env) is benched with that key.
-    api_key = args.get("api-key") or m.serving.env.get("VLLM_API_KEY") or None
+    api_key = api_key_of(m)
     server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
     guard = (
         sigterm_as_interrupt()

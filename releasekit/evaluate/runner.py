@@ -30,6 +30,7 @@ from releasekit.evaluate.suites import EvalItem, Expected, LoadedSuite, load_sui
 from releasekit.lock import write_atomic
 from releasekit.manifest import LoadedManifest, ScorerName, Suite
 from releasekit.prompts import ChatPrompt, read_template, render
+from releasekit.server import api_key_of
 
 Progress = Callable[[str, int, int], None]
 
@@ -369,6 +370,7 @@ async def run_eval_async(
     progress: Progress | None = None,
     concurrency: int = 16,
     timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> EvalResult:
     """Async form of `run_eval`."""
     if noise_runs < 1:
@@ -382,10 +384,15 @@ async def run_eval_async(
     judge = LLMJudge.from_manifest(lm)
     _preflight(suites, prompt, judge)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # A release served with --api-key (or VLLM_API_KEY) is evaluated with that key.
+    key = api_key if api_key is not None else api_key_of(lm.manifest)
     runs: list[list[ItemResult]] = []
     async with (
         httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=timeout_s, limits=limits
+            base_url=base_url.rstrip("/"),
+            timeout=timeout_s,
+            limits=limits,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
         ) as client,
         httpx.AsyncClient(limits=limits) as judge_client,
     ):
@@ -450,6 +457,7 @@ def run_eval(
     progress: Progress | None = None,
     concurrency: int = 16,
     timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> EvalResult:
     """Evaluate a served release on its manifest's suites.
 
@@ -471,6 +479,7 @@ def run_eval(
             progress=progress,
             concurrency=concurrency,
             timeout_s=timeout_s,
+            api_key=api_key,
         )
     )
 
