@@ -59,10 +59,10 @@ class ManifestError(ReleasekitError):
 
     remedy = "fix the fields listed and run `releasekit validate` again"
 
-    def __init__(self, path: Path | str, problems: list[str]) -> None:
+    def __init__(self, path: Path | str, problems: list[str], *, remedy: str | None = None) -> None:
         self.path = Path(path)
         self.problems = problems
-        super().__init__("\n".join(f"{path}: {p}" for p in problems))
+        super().__init__("\n".join(f"{path}: {p}" for p in problems), remedy=remedy)
 
 
 class InputMissingError(ReleasekitError):

@@ -266,7 +266,9 @@ def load_manifest(path: Path | str, *, root: Path | None = None) -> LoadedManife
 
     path = Path(path)
     if not path.is_file():
-        raise ManifestError(path, ["file not found"])
+        raise ManifestError(
+            path, ["file not found"], remedy="check the path; manifests live under manifests/"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
