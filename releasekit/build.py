@@ -40,7 +40,6 @@ from releasekit.lock import Lock, write_atomic
 from releasekit.manifest import LoadedManifest, load_manifest
 from releasekit.server import (
     PIDDIR_ENV,
-    api_key_of,
     deferred_signals,
     group_members,
     reap_registered,
@@ -729,26 +728,14 @@ def _stage_quantise(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
 
 
 def _stage_bench(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
-    from releasekit.bench import run_bench, write_outputs
-    from releasekit.loadprofile import load_profile
+    from releasekit.bench import bench_release
 
-    m = lm.manifest
-    out = settings.release_dir(lk.release_id) / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    profile = load_profile(lm.resolve(m.load.profile))
-    say("starting vLLM", 0, 0)
-    with serve_release(settings, lm, lk, log_path=out / "server.log") as server:
-        result = run_bench(
-            server.base_url,
-            m.served_name,
-            profile,
-            release_id=lk.release_id,
-            profile_digest=lk.inputs.get("load/profile"),
-            progress=say,
-            api_key=api_key_of(m),
-        )
-        server.check_alive()
-    write_outputs(result, out)
+    _, out = bench_release(
+        lm.path,
+        settings=settings,
+        out_dir=settings.release_dir(lk.release_id) / "bench",
+        progress=say,
+    )
     return out
 
 

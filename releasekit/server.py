@@ -444,7 +444,10 @@ def _stop_all() -> None:
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop servers (DVC and CI
-    send SIGTERM)."""
+    send SIGTERM). Off the main thread, where Python allows no signal handlers, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -9,7 +9,6 @@ import contextlib
 import datetime as dt
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from itertools import islice
@@ -379,12 +378,7 @@ def bench_release(
     out.mkdir(parents=True, exist_ok=True)
     api_key = api_key_of(m)
     server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
-    guard = (
-        sigterm_as_interrupt()
-        if threading.current_thread() is threading.main_thread()
-        else contextlib.nullcontext()
-    )
-    with guard:
+    with sigterm_as_interrupt():
         if progress is not None:
             progress("starting vLLM", 0, 0)
         with server:

@@ -3,8 +3,6 @@ its suites, write its eval results, and compare with its baseline's results if t
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -106,12 +104,7 @@ def evaluate_release(
         # Same model folder and engine args as bench and serve; refuses a quantised
         # release that was not built instead of evaluating the base weights.
         server = serve_release(settings, lm, lk, log_path=eval_dir / "server.log")
-        guard = (
-            sigterm_as_interrupt()
-            if threading.current_thread() is threading.main_thread()
-            else contextlib.nullcontext()
-        )
-        with guard:
+        with sigterm_as_interrupt():
             if progress is not None:
                 progress("starting vLLM", 0, 0)
             with server:
