@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,6 +85,24 @@ def project(tmp_path: Path) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=dst, check=True, env=env)
     subprocess.run(["git", "commit", "-qm", "init"], cwd=dst, check=True, env=env)
     return dst
+
+
+def make_stand_in_model(project: Path) -> Path:
+    """Replace the project's demo model link with a small folder of bytes: enough for
+    locking, planning and failing-to-serve tests, which never load weights."""
+    model = project / "models" / "demo-base"
+    if model.is_symlink():
+        model.unlink()
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (model / "model.safetensors").write_bytes(b"\0" * 1024)
+    return model
+
+
+@pytest.fixture
+def stand_in_model() -> Callable[[Path], Path]:
+    """`stand_in_model(project)` -> a stand-in model folder inside `project`."""
+    return make_stand_in_model
 
 
 @pytest.fixture

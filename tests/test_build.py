@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -75,6 +76,8 @@ W8A8 = (
     "{dataset: pipelines/data/calibration.jsonl, samples: 16, max_seq_length: 64}}"
 )
 
+StandIn = Callable[[Path], Path]
+
 
 def tiny_manifests(project: Path) -> None:
     """t-base (bf16) and t-w8 (GPTQ W8A8, baseline t-base) with a few eval items and a
@@ -90,15 +93,6 @@ def tiny_manifests(project: Path) -> None:
     (project / "manifests" / "t-w8.yaml").write_text(
         BASE.format(name="t-w8", quantisation=W8A8, baseline="  baseline: manifests/t-base.yaml\n")
     )
-
-
-def _fake_model(project: Path) -> None:
-    model = project / "models" / "demo-base"
-    if model.is_symlink():
-        model.unlink()
-    model.mkdir(parents=True)
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    (model / "model.safetensors").write_bytes(b"\0" * 1024)
 
 
 @pytest.fixture
@@ -117,11 +111,11 @@ def settings(project: Path, settings_tmp: Settings) -> Settings:
 
 
 def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
-    project: Path, settings: Settings
+    project: Path, settings: Settings, stand_in_model: StandIn
 ) -> None:
     """dvc.yaml gets quantise/bench/eval/report for t-w8 and quantise/bench/eval for its
     baseline; the demo model's stages and their comments stay; rewriting is a no-op."""
-    _fake_model(project)
+    stand_in_model(project)
     tiny_manifests(project)
     (project / "dvc.yaml").write_text(FOREIGN)
     planned = buildmod.plan(settings, project / "manifests" / "t-w8.yaml")
@@ -159,9 +153,11 @@ def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
     assert buildmod.update_dvc_yaml(settings, releases) is False  # deterministic
 
 
-def test_dropping_the_baseline_drops_the_report_stage(project: Path, settings: Settings) -> None:
+def test_dropping_the_baseline_drops_the_report_stage(
+    project: Path, settings: Settings, stand_in_model: StandIn
+) -> None:
     """A stage the manifest no longer has is removed; others' stages are untouched."""
-    _fake_model(project)
+    stand_in_model(project)
     tiny_manifests(project)
     (project / "dvc.yaml").write_text(FOREIGN)
     w8 = project / "manifests" / "t-w8.yaml"
@@ -174,10 +170,10 @@ def test_dropping_the_baseline_drops_the_report_stage(project: Path, settings: S
 
 
 def test_a_foreign_stage_with_our_name_is_not_overwritten(
-    project: Path, settings: Settings
+    project: Path, settings: Settings, stand_in_model: StandIn
 ) -> None:
     """A stage named like ours but not run by releasekit is an error, not overwritten."""
-    _fake_model(project)
+    stand_in_model(project)
     tiny_manifests(project)
     (project / "dvc.yaml").write_text("stages:\n  t-base-eval:\n    cmd: make eval\n")
     with pytest.raises(BuildError, match="not a releasekit stage"):
@@ -186,20 +182,22 @@ def test_a_foreign_stage_with_our_name_is_not_overwritten(
         )
 
 
-def test_inputs_made_by_other_stages_are_found(project: Path, settings: Settings) -> None:
+def test_inputs_made_by_other_stages_are_found(
+    project: Path, settings: Settings, stand_in_model: StandIn
+) -> None:
     """The demo model's training stage is found as the producer of models/demo-base, so a
     build makes it (in a fresh clone) before locking."""
-    _fake_model(project)
+    stand_in_model(project)
     (project / "dvc.yaml").write_text(FOREIGN)
     lm = buildmod.load_manifest(project / "manifests" / "demo-w4a16.yaml", root=project)
     assert buildmod._producers(settings, buildmod._input_paths(lm)) == ["demo-model"]
 
 
 def test_stage_refuses_a_release_id_the_manifest_no_longer_locks_to(
-    project: Path, settings: Settings
+    project: Path, settings: Settings, stand_in_model: StandIn
 ) -> None:
     """A stale dvc.yaml stage fails loudly instead of writing results under the wrong id."""
-    _fake_model(project)
+    stand_in_model(project)
     tiny_manifests(project)
     manifest = project / "manifests" / "t-base.yaml"
     planned = buildmod.plan(settings, manifest)
@@ -212,14 +210,14 @@ def test_stage_refuses_a_release_id_the_manifest_no_longer_locks_to(
 
 
 def test_stage_command_reports_a_stale_stage_as_one_error_line(
-    project: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    project: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch, stand_in_model: StandIn
 ) -> None:
     """`releasekit stage` (what dvc.yaml runs): a bad release id is an error, exit 1."""
     from typer.testing import CliRunner
 
     from releasekit.cli import app
 
-    _fake_model(project)
+    stand_in_model(project)
     tiny_manifests(project)
     buildmod.plan(settings, project / "manifests" / "t-base.yaml")  # locks it
     monkeypatch.chdir(project)

@@ -378,26 +378,30 @@ def test_noise_counts_a_verdict_that_moved_between_runs(tmp_path: Path) -> None:
     assert core.spread == pytest.approx(2 / 6)
 
 
-def test_a_bad_suite_line_stops_the_eval_before_any_request(
-    fake_model: FakeOpenAI, tmp_path: Path
+@pytest.mark.parametrize(
+    "suite, line, error",
+    [
+        (
+            "edge",
+            '{"id": "e9", "vars": {"question": "q"}, "expect_eror": true}',
+            r"edge\.jsonl:5: expect_eror: unknown key",
+        ),
+        (
+            "core",
+            '{"id": "c9", "vars": {"qestion": "q"}, "expected": "x"}',
+            r"core\.jsonl: item c9: .*question",
+        ),
+    ],
+    ids=["bad-suite-line", "missing-prompt-variable"],
+)
+def test_a_bad_item_stops_the_eval_before_any_request(
+    fake_model: FakeOpenAI, tmp_path: Path, suite: str, line: str, error: str
 ) -> None:
     path = write_project(tmp_path / "p")
-    with (tmp_path / "p" / "eval" / "edge.jsonl").open("a") as fh:
-        fh.write('{"id": "e9", "vars": {"question": "q"}, "expect_eror": true}\n')
+    with (tmp_path / "p" / "eval" / f"{suite}.jsonl").open("a") as fh:
+        fh.write(line + "\n")
     lm = load_manifest(path, root=tmp_path / "p")
-    with pytest.raises(EvalError, match=r"edge\.jsonl:5: expect_eror: unknown key"):
-        run_eval(fake_model.base_url, "demo", lm, noise_runs=1)
-    assert fake_model.requests == []
-
-
-def test_an_item_missing_a_prompt_variable_stops_the_eval_before_any_request(
-    fake_model: FakeOpenAI, tmp_path: Path
-) -> None:
-    path = write_project(tmp_path / "p")
-    with (tmp_path / "p" / "eval" / "core.jsonl").open("a") as fh:
-        fh.write('{"id": "c9", "vars": {"qestion": "q"}, "expected": "x"}\n')
-    lm = load_manifest(path, root=tmp_path / "p")
-    with pytest.raises(EvalError, match=r"core\.jsonl: item c9: .*question"):
+    with pytest.raises(EvalError, match=error):
         run_eval(fake_model.base_url, "demo", lm, noise_runs=1)
     assert fake_model.requests == []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,9 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def proj(project: Path) -> Path:
+def proj(project: Path, stand_in_model: Callable[[Path], Path]) -> Path:
     """The project copy with a small stand-in model folder (locking only hashes bytes)."""
-    model = project / "models" / "demo-base"
-    if model.is_symlink():
-        model.unlink()
-    model.mkdir(parents=True)
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    (model / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    model = stand_in_model(project)
     (model / "tokenizer.json").write_text('{"model": {}}')
     (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     return project

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -31,6 +32,8 @@ from releasekit.server import (
 )
 
 BIN = Path(sys.executable).parent
+
+StandIn = Callable[[Path], Path]
 
 
 def group_members(pgid: int) -> list[int]:
@@ -54,16 +57,6 @@ def wait_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
     while (left := group_members(pgid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
-
-
-def _fake_model(project: Path) -> Path:
-    model = project / "models" / "demo-base"
-    if model.is_symlink():
-        model.unlink()
-    model.mkdir(parents=True)
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
-    (model / "model.safetensors").write_bytes(b"\0" * 1024)
-    return model
 
 
 def _settings(settings_tmp: Settings, project: Path) -> Settings:
@@ -104,10 +97,10 @@ def test_reap_registered_stops_an_orphaned_server_group(tmp_path: Path) -> None:
 
 
 def test_release_serves_exactly_its_manifest_engine_args(
-    project: Path, settings_tmp: Settings
+    project: Path, settings_tmp: Settings, stand_in_model: StandIn
 ) -> None:
     """serve_release: the model source for scheme none, the lock's engine args and env."""
-    model = _fake_model(project)
+    model = stand_in_model(project)
     settings = _settings(settings_tmp, project)
     lm, lk = locked_release(project / "manifests" / "demo-bf16.yaml", root=project)
     server = serve_release(settings, lm, lk, port=8455)
@@ -124,10 +117,10 @@ def test_release_serves_exactly_its_manifest_engine_args(
 
 
 def test_quantised_release_needs_a_build_before_serving(
-    project: Path, settings_tmp: Settings
+    project: Path, settings_tmp: Settings, stand_in_model: StandIn
 ) -> None:
     """A quantised release serves results/<id>/model; before the build that is an error."""
-    _fake_model(project)
+    stand_in_model(project)
     settings = _settings(settings_tmp, project)
     lm, lk = locked_release(project / "manifests" / "demo-w4a16.yaml", root=project)
     with pytest.raises(ReleaseNotBuiltError, match="not built"):
