@@ -24,10 +24,10 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from releasekit import audit
 from releasekit.cli import app
 from releasekit.config import load_settings
-from releasekit.ledger import Event, EventType, Ledger
+from releasekit.releases import queries as audit
+from releasekit.stores.ledger import Event, EventType, Ledger
 
 TARGETS_MS = {"history_env": 200.0, "at": 200.0, "verify": 2000.0}
 ENVS = ("dev", "staging", "canary", "production")

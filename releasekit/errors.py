@@ -4,12 +4,15 @@ ReleasekitError                 root; the CLI prints `error: <message>` + remedy
 ├── ConfigError                 releasekit.toml / RELEASEKIT_* settings are invalid
 ├── ManifestError               a manifest is unreadable or invalid (all problems at once)
 ├── InputMissingError           a file the manifest names does not exist
+├── PromptError                 a prompt template cannot be rendered (placeholder without value)
+├── TimeParseError              a time an auditor typed is not a time
 ├── LockError                   a lock file is missing or unreadable
 │   └── LockMismatchError       inputs changed since the lock (`lock --check`)
 ├── GitError                    git provenance could not be read
 ├── ServerError                 a vLLM server could not be started or reached
 │   ├── ServerStartError        the server died or never became healthy (quotes its log)
-│   └── ServerUnreachableError  a running server does not answer
+│   ├── ServerUnreachableError  a running server does not answer
+│   └── ReleaseNotBuiltError    a quantised release is served before its build made the model
 ├── BuildError                  a build stage failed
 │   └── QuantiseError           llm-compressor failed
 ├── BenchError                  a load test could not run or produced no data
@@ -73,6 +76,18 @@ class InputMissingError(ReleasekitError):
     def __init__(self, path: Path | str, *, what: str) -> None:
         self.path = Path(path)
         super().__init__(f"{what} not found: {path}")
+
+
+class PromptError(ReleasekitError):
+    """Raised when a prompt template cannot be rendered: a placeholder has no value."""
+
+    remedy = "give every `{{ name }}` placeholder a value (manifest prompt variables or item vars)"
+
+
+class TimeParseError(ReleasekitError):
+    """Raised when a time given to `at` or `history --since` is not a time."""
+
+    remedy = "use ISO 8601 like 2025-05-01T12:00:00Z, 'now' or a relative time like '2h ago'"
 
 
 class LockError(ReleasekitError):
@@ -182,3 +197,9 @@ class ReleaseNotFoundError(ReleasekitError):
     or more than one release."""
 
     remedy = "run `releasekit history` to list known releases"
+
+
+class ReleaseNotBuiltError(ServerError):
+    """Raised when a quantised release is served before `releasekit build` made its model."""
+
+    remedy = "run `releasekit build MANIFEST` first"

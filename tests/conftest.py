@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from releasekit.config import Settings, load_settings
-from releasekit.server import ServerInfo, VLLMServer
+from releasekit.serving.vllm import ServerInfo, VLLMServer
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL = REPO / "models" / "demo-base"

@@ -17,7 +17,7 @@ from releasekit.bench.loadgen import iter_specs, parse_stream, sample_lengths
 from releasekit.bench.plot import plot_sweep
 from releasekit.bench.scrape import Scrape, histogram_quantiles, server_delta
 from releasekit.bench.stats import meets_slo, point_result, summarize
-from releasekit.loadprofile import SLO, LengthDist, LoadProfile, Sweep
+from releasekit.spec.loadprofile import SLO, LengthDist, LoadProfile, Sweep
 
 
 def rec(

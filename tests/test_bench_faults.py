@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from releasekit.bench import BenchResult, load_bench, run_bench, write_outputs
 from releasekit.cli import app
 from releasekit.errors import BenchError, ServerUnreachableError
-from releasekit.loadprofile import SLO, LengthDist, LoadProfile, Sweep
+from releasekit.spec.loadprofile import SLO, LengthDist, LoadProfile, Sweep
 
 Behaviour = Callable[[int], str]
 
@@ -591,13 +591,13 @@ def release_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RELEASEKIT_ROOT", str(project))
     monkeypatch.setenv("RELEASEKIT_CONFIG", str(project / "releasekit.toml"))
     monkeypatch.chdir(project)
-    monkeypatch.setattr("releasekit.server.VLLMServer", FakeReleaseServer)
+    monkeypatch.setattr("releasekit.serving.vllm.VLLMServer", FakeReleaseServer)
     FakeReleaseServer.instances.clear()
     return project
 
 
 def test_cli_bench_manifest_serves_the_release_with_its_exact_args(release_project: Path) -> None:
-    from releasekit.lock import read_lock
+    from releasekit.spec.lock import read_lock
 
     manifest = release_project / "manifests" / "demo-bf16.yaml"
     res = CliRunner().invoke(app, ["bench", str(manifest), "--port", "8439"])
@@ -621,7 +621,7 @@ def test_cli_bench_manifest_serves_the_release_with_its_exact_args(release_proje
 
 
 def test_cli_bench_manifest_serves_the_built_quantised_model(release_project: Path) -> None:
-    from releasekit.lock import lock
+    from releasekit.spec.lock import lock
 
     manifest = release_project / "manifests" / "demo-w8a8.yaml"
     built = release_project / "results" / lock(manifest).release_id / "model"

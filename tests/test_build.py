@@ -18,9 +18,12 @@ import httpx
 import pytest
 import yaml
 
-from releasekit import build as buildmod
+from releasekit.build.dvc import _producers
+from releasekit.build.pipeline import _input_paths, build, chain, plan, update_dvc_yaml
+from releasekit.build.stages import run_stage
 from releasekit.config import Settings
 from releasekit.errors import BuildError
+from releasekit.spec.manifest import load_manifest
 
 BIN = Path(sys.executable).parent
 
@@ -118,10 +121,10 @@ def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
     stand_in_model(project)
     tiny_manifests(project)
     (project / "dvc.yaml").write_text(FOREIGN)
-    planned = buildmod.plan(settings, project / "manifests" / "t-w8.yaml")
-    releases = buildmod.chain(planned)
+    planned = plan(settings, project / "manifests" / "t-w8.yaml")
+    releases = chain(planned)
     assert [p.lm.manifest.name for p in releases] == ["t-w8", "t-base"]
-    assert buildmod.update_dvc_yaml(settings, releases) is True
+    assert update_dvc_yaml(settings, releases) is True
 
     text = (project / "dvc.yaml").read_text()
     assert text.startswith(FOREIGN.splitlines()[0])
@@ -150,7 +153,7 @@ def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
     assert stages["t-w8-report"]["cmd"].endswith(f"--baseline {bid}")
     assert "t-base-report" not in stages  # no baseline, no report
 
-    assert buildmod.update_dvc_yaml(settings, releases) is False  # deterministic
+    assert update_dvc_yaml(settings, releases) is False  # deterministic
 
 
 def test_dropping_the_baseline_drops_the_report_stage(
@@ -161,9 +164,9 @@ def test_dropping_the_baseline_drops_the_report_stage(
     tiny_manifests(project)
     (project / "dvc.yaml").write_text(FOREIGN)
     w8 = project / "manifests" / "t-w8.yaml"
-    buildmod.update_dvc_yaml(settings, buildmod.chain(buildmod.plan(settings, w8)))
+    update_dvc_yaml(settings, chain(plan(settings, w8)))
     w8.write_text(w8.read_text().replace("  baseline: manifests/t-base.yaml\n", ""))
-    buildmod.update_dvc_yaml(settings, buildmod.chain(buildmod.plan(settings, w8)))
+    update_dvc_yaml(settings, chain(plan(settings, w8)))
     stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
     assert "t-w8-report" not in stages
     assert {"demo-data", "demo-model", "t-w8-eval"} <= set(stages)
@@ -177,9 +180,7 @@ def test_a_foreign_stage_with_our_name_is_not_overwritten(
     tiny_manifests(project)
     (project / "dvc.yaml").write_text("stages:\n  t-base-eval:\n    cmd: make eval\n")
     with pytest.raises(BuildError, match="not a releasekit stage"):
-        buildmod.update_dvc_yaml(
-            settings, [buildmod.plan(settings, project / "manifests" / "t-base.yaml")]
-        )
+        update_dvc_yaml(settings, [plan(settings, project / "manifests" / "t-base.yaml")])
 
 
 def test_inputs_made_by_other_stages_are_found(
@@ -189,8 +190,8 @@ def test_inputs_made_by_other_stages_are_found(
     build makes it (in a fresh clone) before locking."""
     stand_in_model(project)
     (project / "dvc.yaml").write_text(FOREIGN)
-    lm = buildmod.load_manifest(project / "manifests" / "demo-w4a16.yaml", root=project)
-    assert buildmod._producers(settings, buildmod._input_paths(lm)) == ["demo-model"]
+    lm = load_manifest(project / "manifests" / "demo-w4a16.yaml", root=project)
+    assert _producers(settings, _input_paths(lm)) == ["demo-model"]
 
 
 def test_stage_refuses_a_release_id_the_manifest_no_longer_locks_to(
@@ -200,12 +201,12 @@ def test_stage_refuses_a_release_id_the_manifest_no_longer_locks_to(
     stand_in_model(project)
     tiny_manifests(project)
     manifest = project / "manifests" / "t-base.yaml"
-    planned = buildmod.plan(settings, manifest)
+    planned = plan(settings, manifest)
     with pytest.raises(BuildError, match="but this stage is for 000000000000"):
-        buildmod.run_stage(settings, "quantise", manifest, release_id="0" * 64)
+        run_stage(settings, "quantise", manifest, release_id="0" * 64)
     (project / "prompts" / "demo" / "user.txt").write_text("changed {{ question }}\n")
     with pytest.raises(BuildError, match=r"inputs changed since dvc\.yaml was written"):
-        buildmod.run_stage(settings, "quantise", manifest, release_id=planned.lock.release_id)
+        run_stage(settings, "quantise", manifest, release_id=planned.lock.release_id)
     assert not settings.results_dir.exists()
 
 
@@ -219,7 +220,7 @@ def test_stage_command_reports_a_stale_stage_as_one_error_line(
 
     stand_in_model(project)
     tiny_manifests(project)
-    buildmod.plan(settings, project / "manifests" / "t-base.yaml")  # locks it
+    plan(settings, project / "manifests" / "t-base.yaml")  # locks it
     monkeypatch.chdir(project)
     res = CliRunner().invoke(
         app, ["stage", "bench", "manifests/t-base.yaml", "--release", "f" * 64]
@@ -235,7 +236,7 @@ def test_results_outside_the_project_are_refused(
     """DVC outputs must live in the repository."""
     outside = settings.model_copy(update={"results_dir": tmp_path / "elsewhere"})
     with pytest.raises(BuildError, match="outside the project"):
-        buildmod.build(outside, project / "manifests" / "demo-bf16.yaml", register=False)
+        build(outside, project / "manifests" / "demo-bf16.yaml", register=False)
 
 
 # ---- slow: real builds -------------------------------------------------------------------

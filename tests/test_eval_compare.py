@@ -17,7 +17,7 @@ from releasekit.evaluate.compare import (
     paired_bootstrap,
 )
 from releasekit.evaluate.runner import Noise, SuiteNoise, SuiteSummary
-from releasekit.manifest import LoadedManifest, parse_manifest
+from releasekit.spec.manifest import LoadedManifest, parse_manifest
 
 
 def _lm(

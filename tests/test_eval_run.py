@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from releasekit.cli import app
 from releasekit.errors import EvalError, ServerUnreachableError
 from releasekit.evaluate import compare, load_result, run_eval, write_outputs
-from releasekit.manifest import LoadedManifest, load_manifest
+from releasekit.spec.manifest import LoadedManifest, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -615,7 +615,7 @@ def test_a_baseline_is_found_from_an_eval_folder_a_release_folder_or_a_manifest(
     from releasekit.config import load_settings
     from releasekit.errors import InputMissingError
     from releasekit.evaluate.release import find_baseline
-    from releasekit.lock import compute_inputs, release_id_of
+    from releasekit.spec.lock import compute_inputs, release_id_of
 
     manifest = write_project(tmp_path / "p")
     settings = load_settings(root=tmp_path / "p")

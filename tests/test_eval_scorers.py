@@ -11,7 +11,7 @@ from releasekit.evaluate import scorers
 from releasekit.evaluate.judge import chat_url, parse_verdict
 from releasekit.evaluate.scorers import normalise
 from releasekit.evaluate.suites import EvalItem, load_suite, parse_items
-from releasekit.manifest import Suite
+from releasekit.spec.manifest import Suite
 
 SUITE = Suite(name="core", kind="core", path=Path("core.jsonl"), scorer="exact_match")
 

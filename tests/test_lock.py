@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from releasekit import lock as lockmod
 from releasekit.cli import app
 from releasekit.errors import LockMismatchError, ManifestError
+from releasekit.spec import lock as lockmod
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from releasekit.cli import app
 from releasekit.errors import ManifestError
-from releasekit.manifest import load_manifest
+from releasekit.spec.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "manifests").glob("*.yaml"))

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from releasekit.config import Settings
-from releasekit.errors import QuantiseError
-from releasekit.manifest import Calibration, Quantisation
-from releasekit.quantise import (
+from releasekit.build.quantise import (
     quantise_model,
     quantise_release,
     read_calibration,
     weights_digest,
 )
+from releasekit.config import Settings
+from releasekit.errors import QuantiseError
+from releasekit.spec.manifest import Calibration, Quantisation
 
 WORDS = [f"w{i}" for i in range(200)]
 
@@ -159,7 +159,7 @@ def test_gptq_w4a16_packs_4bit_groups_of_128(
 
 def test_scheme_none_passes_the_model_through(project: Path, settings_tmp: Settings) -> None:
     """scheme none copies nothing: quantise.json points at the model source, sizes equal."""
-    from releasekit.lock import locked_release
+    from releasekit.spec.lock import locked_release
 
     model = project / "models" / "demo-base"
     if model.is_symlink():

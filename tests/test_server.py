@@ -17,19 +17,18 @@ from pathlib import Path
 import httpx
 import pytest
 
+from releasekit._support.procs import reap_registered
 from releasekit.config import Settings
-from releasekit.errors import ServerError, ServerStartError
-from releasekit.lock import locked_release
-from releasekit.server import (
+from releasekit.errors import ReleaseNotBuiltError, ServerError, ServerStartError
+from releasekit.serving.vllm import (
     PIDDIR_ENV,
     PORT_RANGE_ENV,
-    ReleaseNotBuiltError,
     VLLMServer,
     pick_port,
-    reap_registered,
     release_model_dir,
     serve_release,
 )
+from releasekit.spec.lock import locked_release
 
 BIN = Path(sys.executable).parent
 
@@ -193,7 +192,7 @@ def test_server_dies_with_its_owner(tmp_path: Path) -> None:
     owner_code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from releasekit.server import VLLMServer
+        from releasekit.serving.vllm import VLLMServer
         VLLMServer(Path({str(tmp_path)!r}), served_name="demo", engine_args={{}},
                    python=Path({str(fake_python)!r}), log_path=Path({str(tmp_path / "s.log")!r}),
                    start_timeout_s=600).start()

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from releasekit.errors import BenchError, ServerUnreachableError
-from releasekit.loadprofile import LengthDist, LoadProfile
+from releasekit.spec.loadprofile import LengthDist, LoadProfile
 
 Status = Literal["ok", "error", "timeout"]
 

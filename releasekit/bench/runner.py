@@ -19,6 +19,9 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
+from releasekit._support.files import write_atomic
+from releasekit._support.procs import sigterm_as_interrupt
+from releasekit._support.progress import Progress
 from releasekit.bench.loadgen import (
     RawResult,
     RequestRecord,
@@ -37,11 +40,10 @@ from releasekit.bench.scrape import Scrape, fetch, server_delta
 from releasekit.bench.stats import PointResult, find_knee, point_result
 from releasekit.config import Settings
 from releasekit.errors import BenchError
-from releasekit.loadprofile import SLO, LoadProfile, load_profile
-from releasekit.lock import locked_release, write_atomic
-from releasekit.server import api_key_of, serve_release, sigterm_as_interrupt
+from releasekit.serving.vllm import api_key_of, serve_release
+from releasekit.spec.loadprofile import SLO, LoadProfile, load_profile
+from releasekit.spec.lock import locked_release
 
-ProgressCallback = Callable[[str, int, int], None]
 PointCallback = Callable[[PointResult], None]
 
 BENCH_JSON = "bench.json"
@@ -99,7 +101,7 @@ def run_bench(
     *,
     release_id: str | None = None,
     profile_digest: str | None = None,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     on_point: PointCallback | None = None,
     gauge_interval_s: float | None = 0.5,
     api_key: str | None = None,
@@ -146,7 +148,7 @@ async def _bench(
     *,
     release_id: str | None,
     profile_digest: str | None,
-    progress: ProgressCallback | None,
+    progress: Progress | None,
     on_point: PointCallback | None,
     gauge_interval_s: float | None,
     api_key: str | None,
@@ -358,7 +360,7 @@ def bench_release(
     settings: Settings,
     out_dir: Path | None = None,
     port: int | None = None,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     on_point: PointCallback | None = None,
 ) -> tuple[BenchResult, Path]:
     """Lock a manifest, serve its release (`releasekit.server.serve_release`: the quantised

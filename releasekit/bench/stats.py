@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from releasekit.bench.loadgen import RequestRecord
 from releasekit.bench.scrape import ServerDelta
-from releasekit.loadprofile import SLO
+from releasekit.spec.loadprofile import SLO
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 

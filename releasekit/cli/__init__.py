@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from releasekit import __version__
-from releasekit.cli import manifest_cmds
+from releasekit.cli import audit_cmds, bench_cmds, build_cmds, eval_cmds, manifest_cmds
 from releasekit.cli._common import State
 
 app = typer.Typer(
@@ -38,17 +38,8 @@ def _root(
     State.traceback = traceback
 
 
-manifest_cmds.register(app)
-
-for _mod in ("build_cmds", "bench_cmds", "eval_cmds", "audit_cmds"):
-    # Command groups that later modules add; each exposes register(app).
-    try:
-        import importlib
-
-        importlib.import_module(f"releasekit.cli.{_mod}").register(app)
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"releasekit.cli.{_mod}":
-            raise
+for _group in (manifest_cmds, build_cmds, bench_cmds, eval_cmds, audit_cmds):
+    _group.register(app)
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,9 +13,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from releasekit import audit
 from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
-from releasekit.ledger import Ledger, LedgerRecord
+from releasekit.errors import TimeParseError
+from releasekit.promote.metrics import is_key_metric, key_metrics
+from releasekit.releases.queries import at, diff, history, show, status
+from releasekit.releases.resolve import parse_time
+from releasekit.stores.ledger import Ledger, LedgerRecord
 
 ledger_app = typer.Typer(help="The hash-chained event ledger.", no_args_is_help=True)
 
@@ -35,8 +37,8 @@ def register(app: typer.Typer) -> None:
 
 def _time(value: str) -> dt.datetime:
     try:
-        return audit.parse_time(value)
-    except ValueError as exc:
+        return parse_time(value)
+    except TimeParseError as exc:
         raise typer.BadParameter(str(exc)) from None
 
 
@@ -57,17 +59,9 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     out.print(t)
 
 
-_KEY_METRIC = re.compile(
-    r"^(eval\.[^.]+\.(pass_rate|n)"
-    r"|bench\.knee\.(load|ttft_p95_s|tpot_p95_s|e2e_p95_s|output_token_throughput|goodput)"
-    r"|quantise\.size_after_bytes"
-    r"|compare\.[^.]+\.(delta|ci_low|ci_high))$"
-)
-
-
 def _key_metrics(metrics: dict[str, float]) -> list[tuple[str, str]]:
     """The figures gates use, for tables (--json has every metric)."""
-    return [(k, f"{v:.4g}") for k, v in metrics.items() if _KEY_METRIC.match(k)]
+    return [(k, f"{v:.4g}") for k, v in key_metrics(metrics).items()]
 
 
 def _nonempty(value: str) -> str:
@@ -102,12 +96,10 @@ def register_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Register a locked release in MLflow (run, model version, prompts) and the ledger."""
-    from releasekit import registry
+    from releasekit.releases.register import register_release
 
     with err.status("registering") as spinner:
-        res = registry.register_release(
-            State.settings(), manifest, progress=lambda msg: spinner.update(msg)
-        )
+        res = register_release(State.settings(), manifest, progress=lambda msg: spinner.update(msg))
     if json_:
         emit_json(res)
         return
@@ -133,9 +125,9 @@ def assign_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Record that ENV now runs RELEASE: move the MLflow alias and append the event."""
-    from releasekit import registry
+    from releasekit.releases.assign import assign
 
-    res = registry.assign(State.settings(), release, env=env, reason=reason, force=force)
+    res = assign(State.settings(), release, env=env, reason=reason, force=force)
     if json_:
         emit_json(res)
         return
@@ -151,7 +143,7 @@ def assign_cmd(
 @handle_errors
 def status_cmd(json_: JsonOpt = False) -> None:
     """What is live in each environment, since when, and who put it there."""
-    rep = audit.status(State.settings())
+    rep = status(State.settings())
     if json_:
         emit_json(rep)
         return
@@ -219,7 +211,7 @@ def history_cmd(
     if json_ and csv_:
         err.print("[red]error:[/red] choose one of --json and --csv")
         raise typer.Exit(2)
-    rep = audit.history(
+    rep = history(
         State.settings(),
         env=env,
         release=release,
@@ -248,7 +240,7 @@ def at_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """The release live in ENV at TIME, the event that put it there, and its evidence."""
-    res = audit.at(State.settings(), env, time)
+    res = at(State.settings(), env, time)
     if json_:
         emit_json(res)
         return
@@ -291,7 +283,7 @@ def show_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """One release in full: manifest, digests, provenance, MLflow links, evidence, events."""
-    d = audit.show(State.settings(), release)
+    d = show(State.settings(), release)
     if json_:
         emit_json(d)
         return
@@ -346,7 +338,7 @@ def diff_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """What differs between two releases: prompts, quantisation, serving, model, metrics."""
-    d = audit.diff(State.settings(), a, b)
+    d = diff(State.settings(), a, b)
     if json_:
         emit_json(d)
     else:
@@ -374,7 +366,7 @@ def diff_cmd(
         rows = [
             (m.name, _num(m.a), _num(m.b), _num(m.delta, signed=True))
             for m in d.metrics
-            if m.a != m.b and _KEY_METRIC.match(m.name)
+            if m.a != m.b and is_key_metric(m.name)
         ]
         if rows:
             table("metrics (key figures; --json for all)", ["metric", "a", "b", "b - a"], rows)

@@ -28,7 +28,7 @@ from releasekit.cli._common import (
     progress_reporter,
 )
 from releasekit.errors import BenchError
-from releasekit.loadprofile import load_profile
+from releasekit.spec.loadprofile import load_profile
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,14 @@ from typing import Annotated
 
 import typer
 
-from releasekit import build as buildmod
+from releasekit._support.procs import sigterm_as_interrupt
+from releasekit._support.progress import (
+    PROGRESS_ENV,
+    Progress,
+    emit_marker,
+)
+from releasekit.build import pipeline
+from releasekit.build.stages import StageKind, run_stage
 from releasekit.cli._common import (
     JsonOpt,
     State,
@@ -22,10 +29,8 @@ from releasekit.cli._common import (
     out,
     progress_reporter,
 )
-from releasekit.lock import Lock
-from releasekit.server import ServerInfo, serve_manifest, sigterm_as_interrupt
-
-ProgressFn = Callable[[str, int, int], None]
+from releasekit.serving.vllm import ServerInfo, serve_manifest
+from releasekit.spec.lock import Lock
 
 stage_app = typer.Typer(
     help="Internal: one build stage of a locked release (the commands dvc.yaml runs).",
@@ -59,7 +64,7 @@ def build(
     with sigterm_as_interrupt():
         for manifest in manifests:
             with progress_reporter(enabled=not json_) as progress:
-                res = buildmod.build(
+                res = pipeline.build(
                     settings, manifest, progress=progress, push=push, register=register_
                 )
             results.append(res)
@@ -108,14 +113,9 @@ def serve(
             out.print("stopped")
 
 
-def _stage_progress() -> tuple[ProgressFn, Callable[[], None]]:
-    if os.environ.get(buildmod.PROGRESS_ENV) == "lines":
-
-        def emit(label: str, done: int, total: int) -> None:
-            sys.stdout.write(buildmod.PROGRESS_MARK + json.dumps([label, done, total]) + "\n")
-            sys.stdout.flush()
-
-        return emit, lambda: None
+def _stage_progress() -> tuple[Progress, Callable[[], None]]:
+    if os.environ.get(PROGRESS_ENV) == "lines":
+        return emit_marker, lambda: None
     cm = progress_reporter()
 
     def close() -> None:
@@ -124,12 +124,10 @@ def _stage_progress() -> tuple[ProgressFn, Callable[[], None]]:
     return cm.__enter__(), close
 
 
-def _run_stage(
-    kind: buildmod.StageKind, manifest: Path, release: str, baseline: str | None
-) -> None:
+def _run_stage(kind: StageKind, manifest: Path, release: str, baseline: str | None) -> None:
     progress, close = _stage_progress()
     try:
-        where = buildmod.run_stage(
+        where = run_stage(
             State.settings(),
             kind,
             manifest,

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from releasekit import lock as lockmod
 from releasekit.cli._common import JsonOpt, emit_json, err, handle_errors, out, report_error
 from releasekit.errors import LockMismatchError, ManifestError
-from releasekit.validate import validate_many
+from releasekit.spec import lock as lockmod
+from releasekit.spec.validate import validate_many
 
 
 def register(app: typer.Typer) -> None:

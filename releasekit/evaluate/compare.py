@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from releasekit.evaluate.runner import EvalResult, ItemResult, SuiteNoise
 from releasekit.evaluate.suites import Expected
-from releasekit.manifest import LoadedManifest
+from releasekit.spec.manifest import LoadedManifest
 
 Verdict = Literal["non-inferior", "inferior", "inconclusive"]
 

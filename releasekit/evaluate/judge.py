@@ -29,8 +29,8 @@ import httpx
 from pydantic import BaseModel
 
 from releasekit.errors import EvalError, JudgeError
-from releasekit.manifest import LoadedManifest
-from releasekit.prompts import read_template, render
+from releasekit.spec.manifest import LoadedManifest
+from releasekit.spec.prompts import read_template, render
 
 
 class JudgeIdentity(BaseModel):
@@ -184,7 +184,7 @@ class LLMJudge:
         expected: str | None,
         variables: Mapping[str, str],
     ) -> str:
-        """The judge prompt for one item; EvalError if a placeholder has no value."""
+        """The judge prompt for one item; PromptError if a placeholder has no value."""
         values = {
             **variables,
             "rubric": self.identity.rubric,

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.procs import sigterm_as_interrupt
+from releasekit._support.progress import (
+    Progress,
+)
 from releasekit.config import Settings
 from releasekit.errors import InputMissingError
 from releasekit.evaluate.compare import Comparison, compare
@@ -14,14 +18,13 @@ from releasekit.evaluate.report import write_report
 from releasekit.evaluate.runner import (
     EVAL_JSON,
     EvalResult,
-    Progress,
     load_result,
     run_eval,
     write_outputs,
 )
-from releasekit.lock import compute_inputs, locked_release, release_id_of
-from releasekit.manifest import load_manifest
-from releasekit.server import check_reachable, serve_release, sigterm_as_interrupt
+from releasekit.serving.vllm import check_reachable, serve_release
+from releasekit.spec.lock import compute_inputs, locked_release, release_id_of
+from releasekit.spec.manifest import load_manifest
 
 
 class EvalRun(BaseModel):

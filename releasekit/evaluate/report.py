@@ -12,9 +12,9 @@ from typing import Any
 import jinja2
 from pydantic import BaseModel
 
+from releasekit._support.files import write_atomic
 from releasekit.errors import EvalError, InputMissingError
 from releasekit.evaluate.compare import Comparison, SuiteComparison
-from releasekit.lock import write_atomic
 
 MAX_FLIPS_SHOWN = 25
 """Flipped items listed per suite and direction; compare.json holds them all."""

@@ -15,24 +15,25 @@ import asyncio
 import datetime as dt
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
 
-from releasekit.errors import EvalError, InputMissingError, ServerUnreachableError
+from releasekit._support.files import write_atomic
+from releasekit._support.progress import (
+    Progress,
+)
+from releasekit.errors import EvalError, InputMissingError, PromptError, ServerUnreachableError
 from releasekit.evaluate import scorers
 from releasekit.evaluate.judge import JudgeIdentity, LLMJudge
 from releasekit.evaluate.scorers import Outcome, Score
 from releasekit.evaluate.suites import EvalItem, Expected, LoadedSuite, load_suite
-from releasekit.lock import write_atomic
-from releasekit.manifest import LoadedManifest, ScorerName, Suite
-from releasekit.prompts import ChatPrompt, read_template, render
-from releasekit.server import api_key_of
-
-Progress = Callable[[str, int, int], None]
+from releasekit.serving.vllm import api_key_of
+from releasekit.spec.manifest import LoadedManifest, ScorerName, Suite
+from releasekit.spec.prompts import ChatPrompt, read_template, render
 
 _REJECTED = (400, 413, 422)
 
@@ -343,7 +344,7 @@ def _preflight(suites: Sequence[LoadedSuite], prompt: ChatPrompt, judge: LLMJudg
             where = f"{ls.path}: item {item.id}"
             try:
                 messages = prompt.messages(item.vars)
-            except EvalError as exc:
+            except PromptError as exc:
                 raise EvalError(f"{where}: {exc.message}") from exc
             if item.scorer_for(ls.suite) != "judge":
                 continue
@@ -356,7 +357,7 @@ def _preflight(suites: Sequence[LoadedSuite], prompt: ChatPrompt, judge: LLMJudg
                     expected=None,
                     variables=item.vars,
                 )
-            except EvalError as exc:
+            except PromptError as exc:
                 raise EvalError(f"{where}: judge prompt: {exc.message}") from exc
 
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from releasekit.errors import JudgeError
 from releasekit.evaluate.judge import LLMJudge
 from releasekit.evaluate.suites import EvalItem, expected_number
-from releasekit.manifest import ScorerName
+from releasekit.spec.manifest import ScorerName
 
 Outcome = Literal["pass", "fail", "error"]
 

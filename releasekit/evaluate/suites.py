@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from releasekit.errors import EvalError, InputMissingError
-from releasekit.manifest import ScorerName, Suite
+from releasekit.spec.manifest import ScorerName, Suite
 
 Expected = str | int | float | list[str] | dict[str, Any] | None
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from releasekit.errors import ManifestError
-from releasekit.loadprofile import load_profile
-from releasekit.manifest import check_files, load_manifest
+from releasekit.spec.loadprofile import load_profile
+from releasekit.spec.manifest import check_files, load_manifest
 
 
 class ValidationResult(BaseModel):

@@ -8,342 +8,33 @@ import datetime as dt
 import difflib
 import io
 import json
-import re
 import urllib.parse
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, Field
 
+from releasekit._support.digests import sha256_bytes
+from releasekit._support.text import flatten
 from releasekit.config import Settings
-from releasekit.errors import (
-    LockError,
-    ManifestError,
-    RegistryError,
-    ReleasekitError,
-    ReleaseNotFoundError,
+from releasekit.releases.context import _Context, _context, _prompt_texts, _recipe, _serving
+from releasekit.releases.resolve import _open_ledger, resolve_release
+from releasekit.spec.lock import (
+    SHORT,
 )
-from releasekit.evidence import (
+from releasekit.spec.provenance import Provenance
+from releasekit.stores.evidence import (
     BenchPoint,
     CompareSummary,
     EvalSummary,
-    Evidence,
     QuantiseSummary,
     read_evidence,
 )
-from releasekit.ledger import EventType, Ledger, LedgerRecord
-from releasekit.lock import (
-    SHORT,
-    Lock,
-    digest_obj,
-    lock_path_for,
-    quantisation_recipe,
-    read_lock,
-    serving_args,
-    sha256_bytes,
-    sha256_file,
-)
-from releasekit.manifest import LoadedManifest, Manifest, parse_manifest
-from releasekit.prompts import read_template, render
-from releasekit.provenance import Provenance
-
-_HEX = re.compile(r"^[0-9a-f]{1,64}$")
-_REL_TIME = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])(?:\s+ago)?$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
+from releasekit.stores.ledger import Ledger, LedgerRecord
 
 # -- release references ----------------------------------------------------------------------
 
 
-class ReleaseRef(BaseModel):
-    """A resolved release reference: the full id and how the reference named it."""
-
-    release_id: str
-    how: str = Field(description="id, prefix, name@version, name@env or manifest")
-    name: str | None = None
-
-
-def parse_time(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
-    """Parse an auditor's time: ISO 8601 (`2025-05-01`, `2025-05-01T12:00:00Z`, with offset),
-    `now`, or a relative `90m`, `2h ago`, `3d`. Times without a zone are UTC."""
-    now = now or dt.datetime.now(dt.UTC)
-    s = text.strip()
-    if s.lower() == "now":
-        return now
-    m = _REL_TIME.match(s.lower())
-    if m:
-        return now - dt.timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-    try:
-        t = dt.datetime.fromisoformat(s.replace(" ", "T", 1) if len(s) > 10 else s)
-    except ValueError:
-        raise ValueError(
-            f"not a time: {text!r} (use ISO 8601 like 2025-05-01T12:00:00Z, 'now' or '2h ago')"
-        ) from None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
-def _open_ledger(settings: Settings, ledger: Ledger | None) -> Ledger:
-    return ledger or Ledger(settings.ledger_url or "", actor=settings.actor)
-
-
-def known_release_ids(settings: Settings, ledger: Ledger) -> set[str]:
-    """Release ids with build outputs under results/ or named by any ledger event."""
-    ids = set(ledger.release_ids())
-    if settings.results_dir.is_dir():
-        ids.update(
-            p.name
-            for p in settings.results_dir.iterdir()
-            if p.is_dir() and len(p.name) == 64 and _HEX.match(p.name)
-        )
-    return ids
-
-
-def _manifest_ref(settings: Settings, ref: str) -> Path | None:
-    for base in (Path.cwd(), settings.root):
-        p = Path(ref) if Path(ref).is_absolute() else base / ref
-        if p.is_file():
-            return p
-    return None
-
-
-def resolve_release(settings: Settings, ref: str, *, ledger: Ledger | None = None) -> ReleaseRef:
-    """Resolve a release reference: a full id or a unique prefix of one, `name@version`,
-    `name@<environment>` (the release live there), or a manifest path (its lock's id).
-
-    Raises ReleaseNotFoundError when it matches nothing or more than one release.
-    """
-    led = _open_ledger(settings, ledger)
-    text = ref.strip()
-    if not text:
-        raise ReleaseNotFoundError("empty release reference")
-    path = _manifest_ref(settings, text)
-    if path is not None or text.endswith((".yaml", ".yml")):
-        if path is None:
-            raise ReleaseNotFoundError(f"no manifest at {text}")
-        try:
-            lk = read_lock(lock_path_for(path))
-        except LockError as exc:
-            raise ReleaseNotFoundError(
-                f"{text}: {exc.message}", remedy="run `releasekit lock MANIFEST` first"
-            ) from exc
-        return ReleaseRef(release_id=lk.release_id, how="manifest", name=lk.name)
-    if "@" in text:
-        return _resolve_at(settings, text, led)
-    low = text.lower()
-    if not _HEX.match(low):
-        raise ReleaseNotFoundError(
-            f"{ref!r} is not a release id, prefix, name@version or manifest path"
-        )
-    ids = known_release_ids(settings, led)
-    if low in ids:
-        return ReleaseRef(release_id=low, how="id")
-    matches = sorted(i for i in ids if i.startswith(low))
-    if len(matches) == 1:
-        return ReleaseRef(release_id=matches[0], how="prefix")
-    if len(matches) > 1:
-        shown = ", ".join(m[:SHORT] for m in matches[:5]) + (" ..." if len(matches) > 5 else "")
-        raise ReleaseNotFoundError(
-            f"release prefix {ref!r} is ambiguous: {len(matches)} releases match ({shown})",
-            remedy="give more digits of the release id",
-        )
-    if len(low) == 64:
-        # Known only to MLflow (registered elsewhere): ask it.
-        from releasekit import registry
-
-        try:
-            if registry.find_version(settings, low) is not None:
-                return ReleaseRef(release_id=low, how="id")
-        except RegistryError:
-            pass
-    raise ReleaseNotFoundError(f"no release matches {ref!r}")
-
-
-def _resolve_at(settings: Settings, text: str, led: Ledger) -> ReleaseRef:
-    name, _, tail = text.rpartition("@")
-    if not name or not tail:
-        raise ReleaseNotFoundError(f"{text!r}: expected name@version or name@environment")
-    if tail.isdigit():
-        for rec in led.records(types=[EventType.REGISTER.value], newest_first=True):
-            if (
-                rec.to_release
-                and rec.evidence.get("model_name") == name
-                and str(rec.evidence.get("model_version")) == tail
-            ):
-                return ReleaseRef(release_id=rec.to_release, how="name@version", name=name)
-        from releasekit import registry
-
-        try:
-            v = registry.get_version(settings, name, tail)
-        except RegistryError as exc:
-            raise ReleaseNotFoundError(f"cannot look up {text}: {exc.message}") from exc
-        if v is not None and v.release_id:
-            return ReleaseRef(release_id=v.release_id, how="name@version", name=name)
-        raise ReleaseNotFoundError(f"no release is registered as {name} version {tail}")
-    live = led.live_at(tail)
-    if live is not None and live.to_release and live.evidence.get("model_name") == name:
-        return ReleaseRef(release_id=live.to_release, how="name@env", name=name)
-    raise ReleaseNotFoundError(f"no release of {name} is live in {tail!r}")
-
-
 # -- one release's context -------------------------------------------------------------------
-
-
-@dataclass
-class _Context:
-    """What can be known about one release from its build outputs, lock and the ledger."""
-
-    release_id: str
-    evidence: Evidence
-    lock: Lock | None = None
-    manifest: Manifest | None = None
-    manifest_source: str | None = None
-    register: LedgerRecord | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str | None:
-        if self.lock:
-            return self.lock.name
-        if self.manifest:
-            return self.manifest.name
-        if self.register:
-            return str(self.register.evidence.get("model_name") or "") or None
-        return None
-
-    def loaded(self, root: Path) -> LoadedManifest | None:
-        if self.manifest is None:
-            return None
-        return LoadedManifest(
-            path=root / (self.manifest_source or "manifest.yaml"), base=root, manifest=self.manifest
-        )
-
-
-def _parse_manifest_file(path: Path) -> Manifest | None:
-    try:
-        return parse_manifest(yaml.safe_load(path.read_text(encoding="utf-8")), path=path)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ManifestError):
-        return None
-
-
-def _context(settings: Settings, release_id: str, led: Ledger) -> _Context:
-    ev = read_evidence(settings, release_id)
-    ctx = _Context(release_id=release_id, evidence=ev, lock=ev.lock)
-    regs = led.records(
-        release=release_id, types=[EventType.REGISTER.value], newest_first=True, limit=1
-    )
-    ctx.register = regs[0] if regs else None
-    manifest_rel = ctx.lock.manifest if ctx.lock else None
-    if manifest_rel is None and ctx.register is not None:
-        manifest_rel = ctx.register.evidence.get("manifest")
-    if ctx.lock is None and manifest_rel:
-        try:
-            lk = read_lock(lock_path_for(settings.root / str(manifest_rel)))
-            if lk.release_id == release_id:
-                ctx.lock = lk
-        except LockError:
-            pass
-    copy = ev.path("manifest")
-    if copy is not None:
-        ctx.manifest = _parse_manifest_file(copy)
-        ctx.manifest_source = (
-            f"{settings.release_dir(release_id).relative_to(settings.root)}/{copy.name}"
-            if copy.is_relative_to(settings.root)
-            else str(copy)
-        )
-    elif manifest_rel:
-        path = settings.root / str(manifest_rel)
-        if path.is_file():
-            ctx.manifest = _parse_manifest_file(path)
-            ctx.manifest_source = str(manifest_rel)
-            if ctx.lock and sha256_file(path) != ctx.lock.manifest_digest:
-                ctx.notes.append(
-                    f"{manifest_rel} changed since the lock; only parts whose digests still "
-                    "match the lock are shown"
-                )
-    if ctx.manifest is None:
-        ctx.notes.append("manifest not available")
-    return ctx
-
-
-def release_manifest(
-    settings: Settings, release_id: str, *, ledger: Ledger | None = None
-) -> Manifest | None:
-    """The manifest a release was built from, if its copy or its file can still be read."""
-    return _context(settings, release_id, _open_ledger(settings, ledger)).manifest
-
-
-def report_digests(settings: Settings, release_id: str) -> dict[str, str]:
-    """sha256 of each build output the release has (relative path -> digest)."""
-    return read_evidence(settings, release_id).digests
-
-
-def _prompt_texts(settings: Settings, ctx: _Context) -> dict[str, str | None]:
-    """Role -> prompt text the release was locked with (None where it cannot be recovered)."""
-    roles: dict[str, str | None] = {}
-    locked = {
-        k.split("/", 1)[1]: v
-        for k, v in (ctx.lock.inputs if ctx.lock else {}).items()
-        if k.startswith("prompt/")
-    }
-    lm = ctx.loaded(settings.root)
-    if lm is not None:
-        for role in ("system", "user"):
-            pf = getattr(lm.manifest.prompts, role)
-            if pf is None:
-                continue
-            try:
-                text: str | None = render(read_template(lm.resolve(pf.file)), pf.variables)
-            except (ReleasekitError, OSError, UnicodeDecodeError):
-                text = None
-            if text is not None and role in locked and sha256_bytes(text.encode()) != locked[role]:
-                text = None  # the file changed since the lock: not this release's text
-            roles[role] = text
-    for role in locked:
-        roles.setdefault(role, None)
-    missing = [r for r, t in roles.items() if t is None]
-    uri = ctx.register.evidence.get("prompt_uri") if ctx.register else None
-    if missing and uri:
-        from releasekit import registry
-
-        try:
-            msgs = registry.prompt_messages(settings, str(uri))
-        except RegistryError:
-            msgs = []
-        for m in msgs:
-            if m["role"] in missing and (
-                m["role"] not in locked or sha256_bytes(m["content"].encode()) == locked[m["role"]]
-            ):
-                roles[m["role"]] = m["content"]
-    return roles
-
-
-def _verified(ctx: _Context, key: str, value: Any) -> Any:
-    """`value` if it matches the lock's digest for `key` (or there is no lock), else None."""
-    if ctx.lock is None or key not in ctx.lock.inputs:
-        return value
-    return value if digest_obj(value) == ctx.lock.inputs[key] else None
-
-
-def _recipe(ctx: _Context) -> dict[str, Any] | None:
-    if ctx.manifest is None:
-        return None
-    out: dict[str, Any] | None = _verified(
-        ctx, "quantisation/recipe", quantisation_recipe(ctx.manifest)
-    )
-    return out
-
-
-def _serving(ctx: _Context) -> dict[str, Any] | None:
-    if ctx.manifest is None:
-        return None
-    value = {
-        "args": serving_args(ctx.manifest),
-        "env": dict(sorted(ctx.manifest.serving.env.items())),
-    }
-    out: dict[str, Any] | None = _verified(ctx, "serving", value)
-    return out
 
 
 # -- status, history, at ---------------------------------------------------------------------
@@ -643,15 +334,6 @@ class ReleaseDiff(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = obj
-    return out
-
-
 def _changes(a: dict[str, Any], b: dict[str, Any]) -> list[FieldChange]:
     return [
         FieldChange(key=k, a=a.get(k), b=b.get(k))
@@ -709,15 +391,19 @@ def diff(settings: Settings, a: str, b: str, *, ledger: Ledger | None = None) ->
         prompts.append(pd)
 
     # quantisation: the recipe plus what quantise.json reports
-    qa = _flat("recipe", _recipe(ca) or {}, {})
-    qb = _flat("recipe", _recipe(cb) or {}, {})
+    qa = flatten(_recipe(ca) or {}, "recipe")
+    qb = flatten(_recipe(cb) or {}, "recipe")
     for ctx, out in ((ca, qa), (cb, qb)):
         if ctx.evidence.quantise:
-            _flat("result", ctx.evidence.quantise.model_dump(exclude={"model_dir", "seconds"}), out)
+            out.update(
+                flatten(
+                    ctx.evidence.quantise.model_dump(exclude={"model_dir", "seconds"}), "result"
+                )
+            )
     quant = _changes(qa, qb)
 
     sa, sb = _serving(ca), _serving(cb)
-    serving = _changes(_flat("", sa or {}, {}), _flat("", sb or {}, {}))
+    serving = _changes(flatten(sa or {}), flatten(sb or {}))
     if (sa is None or sb is None) and ia.get("serving") != ib.get("serving"):
         serving.append(
             FieldChange(key="serving (digest)", a=ia.get("serving"), b=ib.get("serving"))

@@ -2,7 +2,7 @@
 W8A8 or W4A16), reproducibly, saved in compressed-tensors format, recorded in quantise.json.
 
 llm-compressor is heavy and configures global state (loguru, torch threads) on import, so it
-runs in a child Python process (`python -m releasekit.quantise SPEC.json`); this module only
+runs in a child Python process (`python -m releasekit.build.quantise SPEC.json`); this module only
 imports it inside that child.
 """
 
@@ -16,25 +16,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
+from releasekit._support.files import write_atomic
+from releasekit._support.procs import deferred_signals, die_with_parent_hook, tail
+from releasekit._support.progress import (
+    Progress,
+    emit_marker,
+    is_marker,
+    parse_marker,
+)
 from releasekit.config import Settings
 from releasekit.errors import QuantiseError
-from releasekit.lock import Lock, digest_obj, model_files, sha256_bytes, sha256_file, write_atomic
-from releasekit.manifest import LoadedManifest, Quantisation
-from releasekit.server import deferred_signals, die_with_parent_hook, tail
-
-Progress = Callable[[str, int, int], None]
+from releasekit.spec.lock import Lock, model_files
+from releasekit.spec.manifest import LoadedManifest, Quantisation
 
 QUANTISE_JSON = "quantise.json"
 MODEL_DIR = "model"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 THREADS_ENV = "RELEASEKIT_QUANTISE_THREADS"
-_PROGRESS = "@@quantise-progress "
 
 
 class QuantiseResult(BaseModel):
@@ -245,7 +249,7 @@ def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | N
         try:
             with deferred_signals():  # no window where the child runs and nobody stops it
                 proc = subprocess.Popen(
-                    [str(python), "-m", "releasekit.quantise", str(spec)],
+                    [str(python), "-m", "releasekit.build.quantise", str(spec)],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -255,11 +259,9 @@ def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | N
                     preexec_fn=die_with_parent_hook(),
                 )
             for line in proc.stdout or ():
-                if line.startswith(_PROGRESS):
-                    with contextlib.suppress(ValueError, TypeError):
-                        label, done, total = json.loads(line[len(_PROGRESS) :])
-                        if progress is not None:
-                            progress(str(label), int(done), int(total))
+                if is_marker(line):
+                    if progress is not None and (call := parse_marker(line)) is not None:
+                        progress(*call)
                     continue
                 log.write(line)
                 log.flush()
@@ -280,10 +282,6 @@ def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | N
 
 
 # ---- the child process ------------------------------------------------------------------
-
-
-def _emit(label: str, done: int, total: int) -> None:
-    print(_PROGRESS + json.dumps([label, done, total]), flush=True)
 
 
 def _versions() -> dict[str, str]:
@@ -326,10 +324,10 @@ def _child(spec_path: Path) -> int:  # pragma: no cover - runs in the worker pro
 
 def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     """Load, calibrate, quantise and save; heavy imports happen here only."""
-    from releasekit.lock import chat_template_of
+    from releasekit.spec.lock import chat_template_of
 
     src, out = Path(spec["src"]), Path(spec["out"])
-    _emit("quantise: load", 0, 4)
+    emit_marker("quantise: load", 0, 4)
     import torch
 
     threads = int(os.environ.get(THREADS_ENV) or min(4, os.cpu_count() or 1))
@@ -380,13 +378,13 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
             "max_seq_length": int(spec["max_seq_length"]),
             "shuffle_calibration_samples": False,
         }
-    _emit("quantise: calibrate", 1, 4)
+    emit_marker("quantise: calibrate", 1, 4)
     torch.manual_seed(int(spec["seed"]))
     oneshot(model=model, tokenizer=tokenizer, recipe=modifier, **kwargs)
-    _emit("quantise: save", 2, 4)
+    emit_marker("quantise: save", 2, 4)
     model.save_pretrained(out, save_compressed=True)
     _copy_side_files(src, out)
-    _emit("quantise: check", 3, 4)
+    emit_marker("quantise: check", 3, 4)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     if "quantization_config" not in config:
         raise QuantiseError(f"llm-compressor wrote no quantization_config in {out}/config.json")
@@ -407,7 +405,7 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
         calibration_samples=used,
         versions=_versions(),
     )
-    _emit("quantise: done", 4, 4)
+    emit_marker("quantise: done", 4, 4)
     return result
 
 

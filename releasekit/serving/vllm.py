@@ -5,29 +5,39 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import random
-import re
-import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from pydantic import BaseModel
 
-from releasekit.errors import ServerError, ServerStartError, ServerUnreachableError
+from releasekit._support.procs import (
+    deferred_signals,
+    die_with_parent_hook,
+    last_error_line,
+    sigterm_as_interrupt,
+    stop_process_group,
+    tail,
+)
+from releasekit.errors import (
+    ReleaseNotBuiltError,
+    ServerError,
+    ServerStartError,
+    ServerUnreachableError,
+)
 
 if TYPE_CHECKING:
     from releasekit.config import Settings
-    from releasekit.lock import Lock
-    from releasekit.manifest import LoadedManifest, Manifest
+    from releasekit.spec.lock import Lock
+    from releasekit.spec.manifest import LoadedManifest, Manifest
 
 PORT_RANGE_ENV = "RELEASEKIT_PORT_RANGE"
 """`LOW-HIGH`: pick servers' ports from this range (shared machines); default: any free port."""
@@ -37,14 +47,7 @@ PIDDIR_ENV = "RELEASEKIT_SERVER_PIDDIR"
 group) while it runs, so a parent (a build) can reap servers whose owner was killed."""
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
-_PR_SET_PDEATHSIG = 1
 _BIND_ERRORS = ("Address already in use", "[Errno 98]")
-
-
-class ReleaseNotBuiltError(ServerError):
-    """Raised when a quantised release is served before `releasekit build` made its model."""
-
-    remedy = "run `releasekit build MANIFEST` first"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,62 +102,6 @@ class ServerInfo(BaseModel):
     port: int
     log_path: str
     version: str | None = None
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    """The last lines of a log file (empty if unreadable)."""
-    try:
-        data = path.read_bytes()[-16_384:].decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-def last_error_line(text: str) -> str | None:
-    """The last line of a log that reads like the cause of a failure (argparse's `error:`, a
-    Python exception), trimmed; None if there is none."""
-    pattern = re.compile(r"(\berror\b|Error\b|Exception\b)", re.IGNORECASE)
-    for line in reversed(text.splitlines()):
-        if pattern.search(line):
-            line = line.strip()
-            return line if len(line) <= 300 else line[:297] + "..."
-    return None
-
-
-def die_with_parent_hook() -> Callable[[], None]:
-    """A preexec_fn asking the kernel to SIGTERM the child when its parent dies, so a
-    SIGKILLed owner cannot leave vLLM behind. Resolved before fork: the child only calls."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return hook
-
-
-@contextlib.contextmanager
-def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while cleanup runs (a second Ctrl-C must not cut a stop short);
-    a signal that came in meanwhile is raised as KeyboardInterrupt afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-
-    def _hold(signum: int, frame: object) -> None:
-        got.append(signum)
-
-    old = {s: signal.signal(s, _hold) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if got:
-        raise KeyboardInterrupt
 
 
 class VLLMServer:
@@ -366,97 +313,11 @@ class VLLMServer:
         self.stop()
 
 
-def stop_process_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
-    """Terminate a process started with start_new_session=True, and all its children."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-    # Workers may outlive the parent: kill whatever is left of the group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`, read from /proc."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # pragma: no cover - not Linux: ask the kernel about the group
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    out = []
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d.name))
-    return out
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any live (non-zombie) process of process group `pgid` exists."""
-    return bool(group_members(pgid))
-
-
-def reap_registered(piddir: Path, *, grace_s: float = 10.0) -> list[int]:
-    """Stop every server group still registered in `piddir` (its owner died or was killed
-    before stopping it): SIGTERM, then SIGKILL after the grace period. Returns the pids."""
-    if not piddir.is_dir():
-        return []
-    pgids = []
-    for f in sorted(piddir.iterdir()):
-        if f.name.isdigit():
-            pgids.append(int(f.name))
-    live = [g for g in pgids if group_alive(g)]
-    for g in live:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(g, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(group_alive(g) for g in live) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for g in live:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(g, signal.SIGKILL)
-    for g in pgids:
-        (piddir / str(g)).unlink(missing_ok=True)
-    return live
-
-
 @atexit.register
 def _stop_all() -> None:
     for proc in list(_LIVE):
         stop_process_group(proc, 5.0)
         _LIVE.discard(proc)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop servers (DVC and CI
-    send SIGTERM). Off the main thread, where Python allows no signal handlers, a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def check_reachable(base_url: str, *, timeout_s: float = 5.0) -> str | None:
@@ -504,7 +365,7 @@ def release_model_dir(settings: Settings, lm: LoadedManifest, lock: Lock) -> Pat
 def api_key_of(manifest: Manifest) -> str | None:
     """The key a release's server demands on /v1 (`--api-key` in its serving args, or
     vLLM's VLLM_API_KEY in its environment); bench and eval send it."""
-    from releasekit.lock import serving_args
+    from releasekit.spec.lock import serving_args
 
     return serving_args(manifest).get("api-key") or manifest.serving.env.get("VLLM_API_KEY") or None
 
@@ -522,7 +383,7 @@ def serve_release(
 
     The log defaults to <state_dir>/logs/serve-<name>-<release>.log.
     """
-    from releasekit.lock import serving_args
+    from releasekit.spec.lock import serving_args
 
     m = lm.manifest
     model_dir = release_model_dir(settings, lm, lock)
@@ -552,7 +413,7 @@ def serve_manifest(
     (ServerStartError quoting its log) or the caller is interrupted (Ctrl-C or SIGTERM,
     re-raised as KeyboardInterrupt after the server stopped). The log goes to
     <state_dir>/logs/serve-<name>-<release>.log."""
-    from releasekit.lock import locked_release
+    from releasekit.spec.lock import locked_release
 
     lm, lk = locked_release(manifest_path, root=settings.root)
     server = serve_release(settings, lm, lk, port=port)

@@ -16,12 +16,11 @@ from typer.testing import CliRunner
 
 from releasekit.cli import app
 from releasekit.errors import LedgerError, LedgerIntegrityError
-from releasekit.ledger import GENESIS, Event, EventType, Ledger
+from releasekit.stores.ledger import GENESIS, Event, EventType, Ledger
 
 # The shared fixtures, loaded as a plugin so session-scoped ones are made once per session.
-pytest_plugins = ["conftest_registry"]
 if TYPE_CHECKING:
-    from conftest_registry import Proj
+    from tests.releases.conftest import Proj
 
 runner = CliRunner()
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -103,7 +102,7 @@ def test_reordering_rows_makes_verify_name_the_first_moved(tmp_path: Path) -> No
 
 
 def test_a_rewritten_row_with_a_recomputed_hash_breaks_the_next_link(tmp_path: Path) -> None:
-    from releasekit.ledger import record_hash
+    from releasekit.stores.ledger import record_hash
 
     led = Ledger(_url(tmp_path), actor="x")
     _fill(led, 4)

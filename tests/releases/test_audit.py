@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 import pytest
 from typer.testing import CliRunner
 
-from releasekit import audit
 from releasekit.cli import app
-from releasekit.errors import ReleaseNotFoundError
-from releasekit.ledger import Event, EventType, Ledger
-from releasekit.lock import Lock
+from releasekit.errors import ReleaseNotFoundError, TimeParseError
+from releasekit.releases.queries import at, diff, history, show, status
+from releasekit.releases.resolve import parse_time, resolve_release
+from releasekit.spec.lock import Lock
+from releasekit.stores.ledger import Event, EventType, Ledger
 
 # The shared fixtures, loaded as a plugin so session-scoped ones are made once per session.
-pytest_plugins = ["conftest_registry"]
 if TYPE_CHECKING:
-    from conftest_registry import Proj
+    from tests.releases.conftest import Proj
 
 runner = CliRunner()
 
@@ -88,34 +88,34 @@ def test_release_references_resolve_every_way(three: tuple[Proj, Lock, Lock, Loc
     p, a, b, _ = three
     s = p.settings
     _assign(p, b, "production", 1, "go")
-    assert audit.resolve_release(s, a.release_id).how == "id"
-    assert audit.resolve_release(s, a.release_id[:8]).release_id == a.release_id
-    assert audit.resolve_release(s, "demo-w4a16@1").release_id == b.release_id
-    assert audit.resolve_release(s, "demo-w4a16@production").release_id == b.release_id
-    assert audit.resolve_release(s, "manifests/demo-bf16.yaml").release_id == a.release_id
+    assert resolve_release(s, a.release_id).how == "id"
+    assert resolve_release(s, a.release_id[:8]).release_id == a.release_id
+    assert resolve_release(s, "demo-w4a16@1").release_id == b.release_id
+    assert resolve_release(s, "demo-w4a16@production").release_id == b.release_id
+    assert resolve_release(s, "manifests/demo-bf16.yaml").release_id == a.release_id
     with pytest.raises(ReleaseNotFoundError, match="no release matches"):
-        audit.resolve_release(s, "f" * 12)
+        resolve_release(s, "f" * 12)
     with pytest.raises(ReleaseNotFoundError, match="not a release id"):
-        audit.resolve_release(s, "latest-and-greatest")
+        resolve_release(s, "latest-and-greatest")
     with pytest.raises(ReleaseNotFoundError):
-        audit.resolve_release(s, "manifests/nope.yaml")
+        resolve_release(s, "manifests/nope.yaml")
     with pytest.raises(ReleaseNotFoundError, match="no release of demo-bf16 is live"):
-        audit.resolve_release(s, "demo-bf16@production")
+        resolve_release(s, "demo-bf16@production")
 
 
 def test_ambiguous_prefix_is_refused(proj: Proj) -> None:
     for rid in ("abc1" + "0" * 60, "abc2" + "0" * 60):
         proj.settings.release_dir(rid).mkdir(parents=True)
     with pytest.raises(ReleaseNotFoundError, match="ambiguous: 2 releases"):
-        audit.resolve_release(proj.settings, "abc")
-    assert audit.resolve_release(proj.settings, "abc2").release_id.startswith("abc2")
+        resolve_release(proj.settings, "abc")
+    assert resolve_release(proj.settings, "abc2").release_id.startswith("abc2")
 
 
 def test_unknown_name_at_version_asks_mlflow_then_fails(mlproj: Proj) -> None:
     with pytest.raises(
         ReleaseNotFoundError, match="no release is registered as demo-bf16 version 9"
     ):
-        audit.resolve_release(mlproj.settings, "demo-bf16@9")
+        resolve_release(mlproj.settings, "demo-bf16@9")
 
 
 def test_status_history_and_at_answer_the_auditor(three: tuple[Proj, Lock, Lock, Lock]) -> None:
@@ -136,22 +136,22 @@ def test_status_history_and_at_answer_the_auditor(three: tuple[Proj, Lock, Lock,
     )
     _assign(p, b, "production", 1, "4-bit is no worse", prev=a, etype="promote")
 
-    st = {e.environment: e for e in audit.status(s).environments}
+    st = {e.environment: e for e in status(s).environments}
     assert st["production"].release_id == b.release_id and st["production"].event_type == "promote"
     assert st["production"].actor == p.actor and st["staging"].release_id == a.release_id
 
-    then = audit.at(s, "production", t_a_live)
+    then = at(s, "production", t_a_live)
     assert then.release_id == a.release_id and then.record is not None
     assert then.record.reason == "first prod" and then.record.actor == p.actor
     assert then.metrics["eval.core.pass_rate"] == pytest.approx(0.9)
-    assert audit.at(s, "production", dt.datetime.now(dt.UTC)).release_id == b.release_id
-    assert audit.at(s, "production", t_a_live - dt.timedelta(hours=1)).release_id is None
+    assert at(s, "production", dt.datetime.now(dt.UTC)).release_id == b.release_id
+    assert at(s, "production", t_a_live - dt.timedelta(hours=1)).release_id is None
 
-    prod = audit.history(s, env="production")
+    prod = history(s, env="production")
     assert [e.type for e in prod.events] == ["assign", "gate_failed", "promote"]
-    assert [e.seq for e in audit.history(s, release=a.release_id[:10]).events] == [1, 4, 5, 7]
-    assert [e.type for e in audit.history(s, since=t_a_live).events] == ["gate_failed", "promote"]
-    assert len(audit.history(s, until=t_a_live).events) == 5
+    assert [e.seq for e in history(s, release=a.release_id[:10]).events] == [1, 4, 5, 7]
+    assert [e.type for e in history(s, since=t_a_live).events] == ["gate_failed", "promote"]
+    assert len(history(s, until=t_a_live).events) == 5
     rows = list(csv.DictReader(io.StringIO(prod.to_csv())))
     assert rows[-1]["to_release"] == b.release_id
     assert json.loads(rows[-1]["evidence"])["model_name"] == "demo-w4a16"
@@ -160,7 +160,7 @@ def test_status_history_and_at_answer_the_auditor(three: tuple[Proj, Lock, Lock,
 def test_show_gathers_a_release(three: tuple[Proj, Lock, Lock, Lock]) -> None:
     p, _, b, _ = three
     _assign(p, b, "production", 1, "go")
-    d = audit.show(p.settings, "demo-w4a16@1")
+    d = show(p.settings, "demo-w4a16@1")
     assert d.release_id == b.release_id and d.name == "demo-w4a16"
     assert d.inputs == b.inputs and d.provenance and d.provenance.commit == b.provenance.commit
     assert d.manifest and d.manifest["quantisation"]["scheme"] == "W4A16"
@@ -176,7 +176,7 @@ def test_show_gathers_a_release(three: tuple[Proj, Lock, Lock, Lock]) -> None:
 
 def test_show_a_release_without_bench_says_so(three: tuple[Proj, Lock, Lock, Lock]) -> None:
     p, _, _, c = three
-    d = audit.show(p.settings, c.release_id)
+    d = show(p.settings, c.release_id)
     assert d.bench_knee is None and "bench" in d.missing and "bench_plot" in d.missing
     assert not any(k.startswith("bench.") for k in d.metrics)
 
@@ -185,7 +185,7 @@ def test_diff_shows_prompt_quantisation_serving_and_metric_changes(
     three: tuple[Proj, Lock, Lock, Lock],
 ) -> None:
     p, a, _, c = three
-    d = audit.diff(p.settings, a.release_id, c.release_id)
+    d = diff(p.settings, a.release_id, c.release_id)
     assert d.differs
     (user,) = [x for x in d.prompts if x.role == "user"]
     assert not user.same
@@ -195,14 +195,14 @@ def test_diff_shows_prompt_quantisation_serving_and_metric_changes(
     assert delta["eval.core.pass_rate"].delta == pytest.approx(0.8 - 0.9)
     assert delta["bench.knee.ttft_p95_s"].b is None
 
-    q = audit.diff(p.settings, "demo-bf16@1", "demo-w4a16@1")
+    q = diff(p.settings, "demo-bf16@1", "demo-w4a16@1")
     keys = {ch.key: ch for ch in q.quantisation}
     assert keys["recipe.scheme"].a == "none" and keys["recipe.scheme"].b == "W4A16"
     assert keys["result.size_after_bytes"].b == 1_500_000
     assert all(x.same for x in q.prompts)
     assert {ch.key for ch in q.inputs} >= {"quantisation/calibration"}
 
-    same = audit.diff(p.settings, a.release_id, "manifests/demo-bf16.yaml")
+    same = diff(p.settings, a.release_id, "manifests/demo-bf16.yaml")
     assert not same.differs and not same.quantisation and not same.serving
 
 
@@ -210,7 +210,7 @@ def test_diff_reports_serving_argument_changes(proj: Proj) -> None:
     proj.variant("demo-bf16", "demo-seqs", {"max-num-seqs: 32": "max-num-seqs: 8"})
     a = proj.build("demo-bf16")
     b = proj.build("demo-seqs")
-    d = audit.diff(proj.settings, a.release_id, b.release_id)
+    d = diff(proj.settings, a.release_id, b.release_id)
     changes = {ch.key: (ch.a, ch.b) for ch in d.serving}
     assert changes["args.max-num-seqs"] == ("32", "8")
     assert "args.served-model-name" not in changes
@@ -255,10 +255,10 @@ def test_cli_auditor_commands(three: tuple[Proj, Lock, Lock, Lock]) -> None:
 
 def test_parse_time_accepts_iso_now_and_relative() -> None:
     now = dt.datetime(2025, 5, 1, 12, 0, tzinfo=dt.UTC)
-    assert audit.parse_time("2025-05-01", now=now) == dt.datetime(2025, 5, 1, tzinfo=dt.UTC)
-    assert audit.parse_time("2025-05-01T14:00:00+02:00", now=now) == now
-    assert audit.parse_time("2025-05-01 12:00", now=now) == now
-    assert audit.parse_time("2h ago", now=now) == now - dt.timedelta(hours=2)
-    assert audit.parse_time("now", now=now) == now
-    with pytest.raises(ValueError):
-        audit.parse_time("last tuesday", now=now)
+    assert parse_time("2025-05-01", now=now) == dt.datetime(2025, 5, 1, tzinfo=dt.UTC)
+    assert parse_time("2025-05-01T14:00:00+02:00", now=now) == now
+    assert parse_time("2025-05-01 12:00", now=now) == now
+    assert parse_time("2h ago", now=now) == now - dt.timedelta(hours=2)
+    assert parse_time("now", now=now) == now
+    with pytest.raises(TimeParseError):
+        parse_time("last tuesday", now=now)

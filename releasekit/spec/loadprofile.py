@@ -93,6 +93,6 @@ def load_profile(path: Path) -> LoadProfile:
     except yaml.YAMLError as exc:
         raise ManifestError(path, [f"not valid YAML ({exc})"]) from exc
     except ValidationError as exc:
-        from releasekit.manifest import _problems
+        from releasekit.spec.manifest import _problems
 
         raise ManifestError(path, _problems(exc)) from exc

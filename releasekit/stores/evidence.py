@@ -10,24 +10,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from releasekit._support.digests import sha256_file
 from releasekit.config import Settings
-from releasekit.lock import Lock, sha256_file
+from releasekit.spec.lock import Lock
+from releasekit.stores.results import FILES, ReleasePaths
 
 M = TypeVar("M", bound=BaseModel)
-
-#: Build outputs of a release, relative to Settings.release_dir(release_id).
-FILES: dict[str, str] = {
-    "lock": "lock.json",
-    "manifest": "manifest.yaml",
-    "quantise": "quantise.json",
-    "bench": "bench/bench.json",
-    "bench_plot": "bench/bench.png",
-    "eval": "eval/eval.json",
-    "eval_items": "eval/items.jsonl",
-    "compare": "report/compare.json",
-    "report_md": "report/report.md",
-    "report_html": "report/report.html",
-}
 
 
 class _Lenient(BaseModel):
@@ -223,7 +211,7 @@ def read_evidence_dir(directory: Path, release_id: str) -> Evidence:
 
 def read_evidence(settings: Settings, release_id: str) -> Evidence:
     """Read a release's build outputs from Settings.release_dir(release_id)."""
-    return read_evidence_dir(settings.release_dir(release_id), release_id)
+    return read_evidence_dir(ReleasePaths.of(settings, release_id).root, release_id)
 
 
 def _put(out: dict[str, float], name: str, value: Any) -> None:

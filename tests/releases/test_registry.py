@@ -12,15 +12,16 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from releasekit import audit, registry
 from releasekit.cli import app
 from releasekit.errors import LedgerError, LockError, RegistryError
-from releasekit.ledger import Ledger
+from releasekit.releases import queries as audit
+from releasekit.releases.assign import assign
+from releasekit.releases.register import register_release
+from releasekit.stores.ledger import Ledger
 
 # The shared fixtures, loaded as a plugin so session-scoped ones are made once per session.
-pytest_plugins = ["conftest_registry"]
 if TYPE_CHECKING:
-    from conftest_registry import Proj
+    from tests.releases.conftest import Proj
 
 runner = CliRunner()
 
@@ -32,7 +33,7 @@ def _client(p: Proj) -> MlflowClient:
 
 def test_register_logs_run_version_prompts_and_ledger_event(mlproj: Proj) -> None:
     lk = mlproj.build("demo-bf16")
-    res = registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+    res = register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
     assert res.created and res.version == "1" and res.release_id == lk.release_id
     c = _client(mlproj)
 
@@ -88,8 +89,8 @@ def test_register_logs_run_version_prompts_and_ledger_event(mlproj: Proj) -> Non
 
 def test_registering_the_same_release_twice_creates_nothing(mlproj: Proj) -> None:
     mlproj.build("demo-bf16")
-    first = registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
-    again = registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+    first = register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+    again = register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
     assert not again.created
     assert (again.version, again.run_id) == (first.version, first.run_id)
     c = _client(mlproj)
@@ -105,10 +106,10 @@ def test_interrupted_registration_is_completed_without_duplicates(mlproj: Proj) 
     recorded on the next register."""
     mlproj.build("demo-bf16")
     s = mlproj.settings
-    first = registry.register_release(s, mlproj.manifest("demo-bf16"))
+    first = register_release(s, mlproj.manifest("demo-bf16"))
     c = _client(mlproj)
     c.delete_model_version("demo-bf16", first.version)  # as if we died before creating it
-    second = registry.register_release(s, mlproj.manifest("demo-bf16"))
+    second = register_release(s, mlproj.manifest("demo-bf16"))
     assert second.created and second.run_id == first.run_id
     exp = c.get_experiment_by_name("releasekit/demo-bf16")
     assert len(c.search_runs([exp.experiment_id])) == 1
@@ -117,7 +118,7 @@ def test_interrupted_registration_is_completed_without_duplicates(mlproj: Proj) 
     db.unlink()  # as if we died before the ledger append
     for suffix in ("-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    third = registry.register_release(s, mlproj.manifest("demo-bf16"))
+    third = register_release(s, mlproj.manifest("demo-bf16"))
     assert not third.created and third.ledger_seq == 1
     (rec,) = Ledger(s.ledger_url or "").records()
     assert rec.type == "register" and rec.evidence["model_version"] == second.version
@@ -125,7 +126,7 @@ def test_interrupted_registration_is_completed_without_duplicates(mlproj: Proj) 
 
 def test_release_without_bench_registers_its_eval_only(mlproj: Proj) -> None:
     mlproj.build("demo-bf16", bench=False)
-    res = registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+    res = register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
     metrics = _client(mlproj).get_run(res.run_id).data.metrics
     assert "eval.core.pass_rate" in metrics
     assert not any(k.startswith("bench.") for k in metrics)
@@ -135,7 +136,7 @@ def test_unreadable_build_output_registers_nothing(mlproj: Proj) -> None:
     lk = mlproj.build("demo-bf16")
     (mlproj.settings.release_dir(lk.release_id) / "eval" / "eval.json").write_text("{oops")
     with pytest.raises(RegistryError, match=r"eval\.json"):
-        registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+        register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
     assert _client(mlproj).search_model_versions("name = 'demo-bf16'") == []
     assert Ledger(mlproj.settings.ledger_url or "").count() == 0
 
@@ -144,7 +145,7 @@ def test_prompt_edited_after_lock_is_refused(mlproj: Proj) -> None:
     mlproj.build("demo-bf16")
     (mlproj.root / "prompts/demo/user.txt").write_text("Q: {{ question }}\n")
     with pytest.raises(LockError, match="prompt 'user'"):
-        registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+        register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
 
 
 def test_assign_back_and_forth_matches_mlflow_aliases_and_status(mlproj: Proj) -> None:
@@ -156,14 +157,14 @@ def test_assign_back_and_forth_matches_mlflow_aliases_and_status(mlproj: Proj) -
     c2 = mlproj.build("demo-prompt2")
     s = mlproj.settings
     for name in ("demo-bf16", "demo-w4a16", "demo-prompt2"):
-        registry.register_release(s, mlproj.manifest(name))
+        register_release(s, mlproj.manifest(name))
 
-    registry.assign(s, a.release_id[:10], env="staging", reason="first")
-    registry.assign(s, "demo-bf16@1", env="production", reason="first prod")
-    registry.assign(s, str(mlproj.manifest("demo-w4a16")), env="staging", reason="try 4-bit")
-    registry.assign(s, b.release_id, env="production", reason="4-bit passed")
-    registry.assign(s, c2.release_id, env="staging", reason="new prompt")
-    res = registry.assign(s, a.release_id, env="production", reason="roll back to bf16")
+    assign(s, a.release_id[:10], env="staging", reason="first")
+    assign(s, "demo-bf16@1", env="production", reason="first prod")
+    assign(s, str(mlproj.manifest("demo-w4a16")), env="staging", reason="try 4-bit")
+    assign(s, b.release_id, env="production", reason="4-bit passed")
+    assign(s, c2.release_id, env="staging", reason="new prompt")
+    res = assign(s, a.release_id, env="production", reason="roll back to bf16")
     assert res.changed and res.previous_release_id == b.release_id
 
     client = _client(mlproj)
@@ -189,7 +190,7 @@ def test_assign_back_and_forth_matches_mlflow_aliases_and_status(mlproj: Proj) -
 
     # Re-assigning what is already live records nothing.
     n = Ledger(s.ledger_url or "").count()
-    again = registry.assign(s, a.release_id, env="production", reason="again")
+    again = assign(s, a.release_id, env="production", reason="again")
     assert not again.changed and Ledger(s.ledger_url or "").count() == n
 
 
@@ -197,9 +198,9 @@ def test_assign_is_both_or_neither_when_the_ledger_fails(mlproj: Proj) -> None:
     a = mlproj.build("demo-bf16")
     b = mlproj.build("demo-w4a16")
     s = mlproj.settings
-    registry.register_release(s, mlproj.manifest("demo-bf16"))
-    registry.register_release(s, mlproj.manifest("demo-w4a16"))
-    registry.assign(s, a.release_id, env="production", reason="first")
+    register_release(s, mlproj.manifest("demo-bf16"))
+    register_release(s, mlproj.manifest("demo-w4a16"))
+    assign(s, a.release_id, env="production", reason="first")
     led = Ledger(s.ledger_url or "", timeout_s=0.3)
     before = led.count()
 
@@ -209,7 +210,7 @@ def test_assign_is_both_or_neither_when_the_ledger_fails(mlproj: Proj) -> None:
     holder.execute("BEGIN IMMEDIATE")
     try:
         with pytest.raises(LedgerError, match="alias was restored"):
-            registry.assign(s, b.release_id, env="production", reason="blocked", ledger=led)
+            assign(s, b.release_id, env="production", reason="blocked", ledger=led)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -226,11 +227,11 @@ def test_assign_is_both_or_neither_when_the_ledger_fails(mlproj: Proj) -> None:
 def test_assign_refuses_unknown_environment_and_unregistered_release(mlproj: Proj) -> None:
     a = mlproj.build("demo-bf16")
     b = mlproj.build("demo-w4a16")
-    registry.register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
+    register_release(mlproj.settings, mlproj.manifest("demo-bf16"))
     with pytest.raises(RegistryError, match="not one of the release's environments"):
-        registry.assign(mlproj.settings, a.release_id, env="prodution", reason="typo")
+        assign(mlproj.settings, a.release_id, env="prodution", reason="typo")
     with pytest.raises(RegistryError, match="not registered"):
-        registry.assign(mlproj.settings, b.release_id, env="staging", reason="x")
+        assign(mlproj.settings, b.release_id, env="staging", reason="x")
     assert Ledger(mlproj.settings.ledger_url or "").count() == 1
 
 
@@ -263,10 +264,10 @@ def test_register_and_assign_against_a_real_mlflow_server(
     s = load_settings(root=proj.root)
     assert s.mlflow_tracking_uri == mlflow_server
     lk = proj.build("demo-bf16")
-    res = registry.register_release(s, proj.manifest("demo-bf16"))
+    res = register_release(s, proj.manifest("demo-bf16"))
     assert res.created and res.tracking_uri == mlflow_server
-    assert not registry.register_release(s, proj.manifest("demo-bf16")).created
-    registry.assign(s, lk.release_id, env="staging", reason="over http")
+    assert not register_release(s, proj.manifest("demo-bf16")).created
+    assign(s, lk.release_id, env="staging", reason="over http")
 
     client = MlflowClient(tracking_uri=mlflow_server, registry_uri=mlflow_server)
     mv = client.get_model_version_by_alias("demo-bf16", "staging")

@@ -45,6 +45,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
+from releasekit._support.text import redact_url
 from releasekit.errors import LedgerError, LedgerIntegrityError
 
 GENESIS = "0" * 64
@@ -222,14 +223,6 @@ def _to_record(row: Any) -> LedgerRecord:
     )
 
 
-def redact_url(url: str) -> str:
-    """A database URL with any password masked, for messages and reports."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
-
-
 class _Contention(Exception):
     """Internal: another writer moved the head between our read and our write."""
 
@@ -333,7 +326,7 @@ class Ledger:
     def _default_actor(self) -> str:
         if self._actor is None:
             from releasekit.config import find_root
-            from releasekit.provenance import actor
+            from releasekit.spec.provenance import actor
 
             self._actor = actor(find_root())
         return self._actor

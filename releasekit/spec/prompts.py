@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from releasekit.errors import EvalError, InputMissingError
+from releasekit.errors import InputMissingError, PromptError
 
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
@@ -19,14 +19,14 @@ def placeholders(template: str) -> set[str]:
 
 def render(template: str, variables: Mapping[str, str], *, strict: bool = False) -> str:
     """Fill the placeholders named in `variables`; others stay unless `strict`, when a
-    placeholder without a value raises EvalError."""
+    placeholder without a value raises PromptError."""
 
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
         if name in variables:
             return str(variables[name])
         if strict:
-            raise EvalError(f"prompt placeholder '{{{{ {name} }}}}' has no value")
+            raise PromptError(f"prompt placeholder '{{{{ {name} }}}}' has no value")
         return m.group(0)
 
     return _VAR.sub(sub, template)

@@ -3,49 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
+from releasekit._support.files import write_atomic
 from releasekit.errors import InputMissingError, LockError, LockMismatchError, ManifestError
-from releasekit.loadprofile import load_profile
-from releasekit.manifest import LoadedManifest, Manifest, check_files, load_manifest
-from releasekit.prompts import read_template, render
-from releasekit.provenance import Provenance, read_provenance
+from releasekit.spec.loadprofile import load_profile
+from releasekit.spec.manifest import LoadedManifest, Manifest, check_files, load_manifest
+from releasekit.spec.prompts import read_template, render
+from releasekit.spec.provenance import Provenance, read_provenance
 
 LOCK_VERSION = 1
 SHORT = 12
-
-
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of bytes."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Stable JSON bytes: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    ).encode()
-
-
-def digest_obj(obj: Any) -> str:
-    """sha256 of an object's canonical JSON."""
-    return sha256_bytes(canonical_json(obj))
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -194,19 +167,6 @@ def build_lock(lm: LoadedManifest) -> Lock:
         provenance=read_provenance(lm.base),
         locked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so readers see the old or the new bytes, never half of them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_lock(path: Path) -> Lock:

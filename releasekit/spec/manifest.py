@@ -282,26 +282,45 @@ def load_manifest(path: Path | str, *, root: Path | None = None) -> LoadedManife
     return LoadedManifest(path=path.resolve(), base=base, manifest=manifest)
 
 
-def check_files(lm: LoadedManifest) -> list[str]:
-    """Return `field.path: problem` for each file the manifest names that is missing."""
-    m = lm.manifest
-    checks: list[tuple[str, Path, bool]] = [
-        ("model.source", m.model.source, True),
-        ("prompts.user.file", m.prompts.user.file, False),
-        ("load.profile", m.load.profile, False),
-    ]
+class NamedFile(BaseModel):
+    """One file or folder a manifest names: its field path, the path as written, its role."""
+
+    field: str
+    path: Path
+    is_dir: bool = False
+    role: Literal["model", "prompt", "profile", "calibration", "suite", "judge", "baseline"]
+
+
+def named_files(m: Manifest) -> list[NamedFile]:
+    """Every file a manifest names, in field order: the one list validate, lock and build
+    read (paths as written; resolve them with LoadedManifest.resolve)."""
+    out = [NamedFile(field="model.source", path=m.model.source, is_dir=True, role="model")]
     if m.prompts.system:
-        checks.append(("prompts.system.file", m.prompts.system.file, False))
+        out.append(
+            NamedFile(field="prompts.system.file", path=m.prompts.system.file, role="prompt")
+        )
+    out.append(NamedFile(field="prompts.user.file", path=m.prompts.user.file, role="prompt"))
+    out.append(NamedFile(field="load.profile", path=m.load.profile, role="profile"))
     if m.quantisation.calibration:
-        checks.append(
-            ("quantisation.calibration.dataset", m.quantisation.calibration.dataset, False)
+        out.append(
+            NamedFile(
+                field="quantisation.calibration.dataset",
+                path=m.quantisation.calibration.dataset,
+                role="calibration",
+            )
         )
     for i, s in enumerate(m.eval.suites):
-        checks.append((f"eval.suites[{i}].path", s.path, False))
+        out.append(NamedFile(field=f"eval.suites[{i}].path", path=s.path, role="suite"))
     if m.eval.judge:
-        checks.append(("eval.judge.prompt", m.eval.judge.prompt, False))
+        out.append(NamedFile(field="eval.judge.prompt", path=m.eval.judge.prompt, role="judge"))
     if m.eval.baseline:
-        checks.append(("eval.baseline", m.eval.baseline, False))
+        out.append(NamedFile(field="eval.baseline", path=m.eval.baseline, role="baseline"))
+    return out
+
+
+def check_files(lm: LoadedManifest) -> list[str]:
+    """Return `field.path: problem` for each file the manifest names that is missing."""
+    checks = [(f.field, f.path, f.is_dir) for f in named_files(lm.manifest)]
     problems = []
     for field, p, is_dir in checks:
         full = lm.resolve(p)

@@ -1,8 +1,7 @@
 """Fixtures for the registry, ledger and audit tests: a locked project with build outputs,
 an embedded MLflow store (migrated once per session, copied per test), a real MLflow server.
 
-Test modules load it with `pytest_plugins = ["conftest_registry"]`, so its session-scoped
-fixtures are made once per session however many modules use them.
+Session-scoped fixtures here are made once per session however many modules use them.
 """
 
 from __future__ import annotations
@@ -22,11 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from releasekit.ledger import Event, EventType, Ledger
-
 if TYPE_CHECKING:
     from releasekit.config import Settings
-    from releasekit.lock import Lock
+    from releasekit.spec.lock import Lock
 
 # Keep this module's imports light: spawned worker processes import it.
 
@@ -95,7 +92,7 @@ class Proj:
         return path
 
     def lock(self, name: str) -> Lock:
-        from releasekit import lock as lockmod
+        from releasekit.spec import lock as lockmod
 
         return lockmod.lock(self.manifest(name), root=self.root)
 
@@ -253,22 +250,12 @@ def mlproj(proj: Proj, mlflow_template: Path) -> Proj:
     return proj
 
 
-def append_worker(url: str, who: int, n: int, immediate: bool, start: Any, spans: Any) -> None:
-    """A separate process appending `n` events as `worker-<who>` once every worker is ready;
-    records when its appends started and ended in `spans`."""
-    led = Ledger(url, actor=f"worker-{who}", sqlite_immediate=immediate, timeout_s=120)
-    start.wait()
-    spans[2 * who] = time.monotonic()
-    for i in range(n):
-        led.append(
-            Event(type=EventType.BUILD, to_release=f"{who:032x}{i:032x}", reason=f"{who}:{i}")
-        )
-    spans[2 * who + 1] = time.monotonic()
-
-
 @pytest.fixture
 def append_worker_fn() -> Any:
-    """`append_worker`, for a test to hand to multiprocessing (by reference)."""
+    """`append_worker`, for a test to hand to multiprocessing (by reference: it lives in a
+    module of its own so a spawned child can import it by a unique name)."""
+    from ledger_workers import append_worker
+
     return append_worker
 
 

@@ -1,0 +1,134 @@
+"""The build stages DVC runs (`releasekit stage KIND`): quantise, bench, eval, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from releasekit._support.files import write_atomic
+from releasekit._support.procs import (
+    sigterm_as_interrupt,
+)
+from releasekit._support.progress import (
+    Progress,
+)
+from releasekit.config import Settings
+from releasekit.errors import BuildError, LockMismatchError
+from releasekit.serving.vllm import serve_release
+from releasekit.spec import lock as lockmod
+from releasekit.spec.lock import Lock
+from releasekit.spec.manifest import LoadedManifest, load_manifest
+from releasekit.stores.results import ReleasePaths
+
+
+def _checked_lock(settings: Settings, lm: LoadedManifest, release_id: str) -> Lock:
+    """The manifest's lock, after checking that the inputs still lock to `release_id`."""
+    try:
+        lockmod.check(lm.path, root=settings.root)
+    except LockMismatchError as exc:
+        raise BuildError(
+            f"{lm.path}: inputs changed since dvc.yaml was written ({', '.join(exc.changed)})",
+            remedy="run `releasekit build MANIFEST` (it relocks and rewrites the stages)",
+        ) from exc
+    lk = lockmod.read_lock(lockmod.lock_path_for(lm.path))
+    if lk.release_id != release_id:
+        raise BuildError(
+            f"{lm.path} locks to release {lk.short_id}, but this stage is for {release_id[:12]}",
+            remedy="run `releasekit build MANIFEST` (it rewrites the stages in dvc.yaml)",
+        )
+    return lk
+
+
+def run_stage(
+    settings: Settings,
+    kind: StageKind,
+    manifest_path: Path | str,
+    *,
+    release_id: str,
+    baseline_release_id: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Run one build stage of a locked release and return the folder it wrote. This is what
+    `releasekit stage KIND MANIFEST --release ID` (the command in dvc.yaml) calls."""
+    say = progress or (lambda label, done, total: None)
+    lm = load_manifest(manifest_path, root=settings.root)
+    lk = _checked_lock(settings, lm, release_id)
+    ReleasePaths.of(settings, release_id).root.mkdir(parents=True, exist_ok=True)
+    with sigterm_as_interrupt():
+        if kind == "quantise":
+            return _stage_quantise(settings, lm, lk, say)
+        if kind == "bench":
+            return _stage_bench(settings, lm, lk, say)
+        if kind == "eval":
+            return _stage_eval(settings, lm, lk, say)
+        if kind == "report":
+            return _stage_report(settings, lm, lk, baseline_release_id, say)
+    raise BuildError(f"unknown stage kind {kind!r}")
+
+
+def _stage_quantise(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
+    from releasekit.build.quantise import quantise_release
+
+    paths = ReleasePaths.of(settings, lk.release_id)
+    write_atomic(paths.lock, (lk.model_dump_json(indent=2) + "\n").encode())
+    write_atomic(paths.manifest, lm.path.read_bytes())
+    quantise_release(settings, lm, lk, progress=say)
+    return paths.root
+
+
+def _stage_bench(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
+    from releasekit.bench import bench_release
+
+    _, out = bench_release(
+        lm.path,
+        settings=settings,
+        out_dir=ReleasePaths.of(settings, lk.release_id).bench_dir,
+        progress=say,
+    )
+    return out
+
+
+def _stage_eval(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
+    from releasekit.evaluate import run_eval, write_outputs
+
+    m = lm.manifest
+    out = ReleasePaths.of(settings, lk.release_id).eval_dir
+    out.mkdir(parents=True, exist_ok=True)
+    say("starting vLLM", 0, 0)
+    with serve_release(settings, lm, lk, log_path=out / "server.log") as server:
+        result = run_eval(
+            server.base_url, m.served_name, lm, release_id=lk.release_id, progress=say
+        )
+        server.check_alive()
+    write_outputs(result, out)
+    return out
+
+
+def _stage_report(
+    settings: Settings,
+    lm: LoadedManifest,
+    lk: Lock,
+    baseline_release_id: str | None,
+    say: Progress,
+) -> Path:
+    from releasekit.evaluate import compare, load_result, write_report
+
+    if baseline_release_id is None:
+        raise BuildError(f"{lm.path}: the report stage needs --baseline RELEASE_ID")
+    cand = ReleasePaths.of(settings, lk.release_id)
+    base = ReleasePaths.of(settings, baseline_release_id)
+    say("compare", 0, 1)
+    comparison = compare(load_result(cand.eval_dir), load_result(base.eval_dir), lm)
+    out = cand.report_dir
+    cand_bench, base_bench = cand.bench, base.bench
+    write_report(
+        comparison,
+        out,
+        candidate_bench=cand_bench if cand_bench.is_file() else None,
+        baseline_bench=base_bench if base_bench.is_file() else None,
+    )
+    say("compare", 1, 1)
+    return out
+
+
+StageKind = Literal["quantise", "bench", "eval", "report"]

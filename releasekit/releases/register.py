@@ -1,0 +1,333 @@
+"""Register a release: one MLflow run and model version per release id, prompts in the
+prompt registry, a ledger event; idempotent."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from releasekit._support.digests import sha256_bytes
+from releasekit._support.text import flatten, redact_url
+from releasekit.config import Settings
+from releasekit.errors import LockError, RegistryError
+from releasekit.spec.lock import Lock, lock_path_for, read_lock
+from releasekit.spec.manifest import LoadedManifest, load_manifest
+from releasekit.spec.prompts import read_template, render
+from releasekit.spec.provenance import actor as provenance_actor
+from releasekit.stores.evidence import FILES, Evidence, read_evidence, sweep_series
+from releasekit.stores.ledger import Event, EventType, Ledger
+from releasekit.stores.mlflow import (
+    _MAX_KEY,
+    _MAX_PARAM_VALUE,
+    _PARAM_KEY,
+    LINKED_PROMPTS,
+    TAG_BUILDER,
+    TAG_COMMIT,
+    TAG_MANIFEST,
+    TAG_PROMPT,
+    TAG_RELEASE,
+    TAG_RUN,
+    _ensure_registered_model,
+    _experiment,
+    _link_prompt_to_experiment,
+    _prompt_version,
+    _search_versions,
+    client_for,
+    mlflow_errors,
+    tracking_uri,
+)
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+
+Progress = Callable[[str], None]
+
+
+class RegisterResult(BaseModel):
+    """A release as registered in MLflow; `created` is False when it already was."""
+
+    release_id: str
+    model_name: str
+    version: str
+    run_id: str
+    created: bool
+    experiment_id: str | None = None
+    model_uri: str = Field(description="models:/<name>/<version>")
+    logged_model_id: str | None = None
+    prompt_uri: str | None = None
+    tracking_uri: str
+    ledger_seq: int | None = Field(None, description="seq of the register event, if written now")
+
+
+def release_prompts(lm: LoadedManifest, lk: Lock) -> list[dict[str, str]]:
+    """The release's chat messages (manifest variables bound), checked against the lock's
+    digests so MLflow never records prompt text the release was not locked with."""
+    messages: list[dict[str, str]] = []
+    for role in ("system", "user"):
+        pf = getattr(lm.manifest.prompts, role)
+        if pf is None:
+            continue
+        text = render(read_template(lm.resolve(pf.file)), pf.variables)
+        locked = lk.inputs.get(f"prompt/{role}")
+        if locked != sha256_bytes(text.encode()):
+            raise LockError(
+                f"{lm.path}: prompt '{role}' ({pf.file}) changed since the lock; the text "
+                "does not match the locked release",
+                remedy="run `releasekit lock MANIFEST` (a new release) or restore the prompt file",
+            )
+        messages.append({"role": role, "content": text})
+    return messages
+
+
+def release_params(lm: LoadedManifest, lk: Lock) -> dict[str, str]:
+    """MLflow params of a release: the flattened manifest and every lock digest."""
+    raw: dict[str, str] = {}
+    raw.update(
+        flatten(lm.manifest.model_dump(mode="json", by_alias=True), "manifest", as_text=True)
+    )
+    raw.update(flatten(lk.inputs, "lock.inputs", as_text=True))
+    raw["lock.release_id"] = lk.release_id
+    raw["lock.manifest_digest"] = lk.manifest_digest
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        key = _PARAM_KEY.sub("_", k)[:_MAX_KEY]
+        out[key] = v if len(v) <= _MAX_PARAM_VALUE else v[: _MAX_PARAM_VALUE - 3] + "..."
+    return out
+
+
+def _artifacts(lm: LoadedManifest, ev: Evidence) -> list[tuple[Path, str | None]]:
+    """(local file, artifact folder) pairs: the release's manifest, lock and reports."""
+    out: list[tuple[Path, str | None]] = []
+    out.append((ev.path("manifest") or lm.path, "release"))
+    out.append((ev.path("lock") or lock_path_for(lm.path), "release"))
+    for key in (
+        "quantise",
+        "eval",
+        "eval_items",
+        "bench",
+        "bench_plot",
+        "compare",
+        "report_md",
+        "report_html",
+    ):
+        p = ev.path(key)
+        if p is not None:
+            folder = str(Path(FILES[key]).parent)
+            out.append((p, None if folder == "." else folder))
+    return out
+
+
+def _log_run(
+    client: MlflowClient,
+    exp_id: str,
+    lm: LoadedManifest,
+    lk: Lock,
+    ev: Evidence,
+    messages: list[dict[str, str]],
+    builder: str,
+) -> str:
+    from mlflow.entities import Metric, Param
+
+    name = lm.manifest.name
+    tags = {
+        TAG_RELEASE: lk.release_id,
+        TAG_MANIFEST: lk.manifest,
+        TAG_BUILDER: builder,
+        "mlflow.runName": f"{name}-{lk.short_id}",
+        "mlflow.user": builder,
+        "mlflow.note.content": lm.manifest.description or f"release {lk.release_id}",
+    }
+    if lk.provenance.commit:
+        tags[TAG_COMMIT] = lk.provenance.commit
+        tags["mlflow.source.git.commit"] = lk.provenance.commit
+    if lk.provenance.branch:
+        tags["mlflow.source.git.branch"] = lk.provenance.branch
+    run = client.create_run(exp_id, tags=tags)
+    run_id: str = run.info.run_id
+    try:
+        params = [Param(k, v) for k, v in release_params(lm, lk).items()]
+        for i in range(0, len(params), 100):
+            client.log_batch(run_id, params=params[i : i + 100])
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, 0) for k, v in ev.metrics.items()]
+        metrics += [Metric(k, v, now, step) for k, v, step in sweep_series(ev)]
+        for i in range(0, len(metrics), 1000):
+            client.log_batch(run_id, metrics=metrics[i : i + 1000])
+        for path, folder in _artifacts(lm, ev):
+            client.log_artifact(run_id, str(path), folder)
+        with tempfile.TemporaryDirectory() as tmp:
+            for m in messages:
+                p = Path(tmp) / f"{m['role']}.txt"
+                p.write_text(m["content"], encoding="utf-8")
+                client.log_artifact(run_id, str(p), "prompts")
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    return run_id
+
+
+def _register_event_exists(led: Ledger, release_id: str) -> bool:
+    return bool(led.records(release=release_id, types=[EventType.REGISTER.value], limit=1))
+
+
+def register_release(
+    settings: Settings,
+    manifest_path: Path | str,
+    *,
+    ledger: Ledger | None = None,
+    progress: Progress | None = None,
+) -> RegisterResult:
+    """Register a locked (and ideally built) release in MLflow and record it in the ledger.
+
+    One run (params: flattened manifest and lock digests; metrics: eval and bench figures;
+    artifacts: manifest, lock, reports, bench JSON and plot), the prompts in the prompt
+    registry, and a version of the registered model named after the manifest, tagged with
+    release_id, git_commit, builder and run_id. Registering the same release id again
+    returns the existing version (created=False) and writes nothing.
+    """
+    say = progress or (lambda _msg: None)
+    lm = load_manifest(manifest_path, root=settings.root)
+    lk = read_lock(lock_path_for(lm.path))
+    name = lm.manifest.name
+    if lk.name != name:
+        raise LockError(f"{lock_path_for(lm.path)} belongs to manifest '{lk.name}', not '{name}'")
+    messages = release_prompts(lm, lk)
+    rid = lk.release_id
+    uri = tracking_uri(settings)
+    client = client_for(settings)
+    led = ledger or Ledger(settings.ledger_url or "", actor=settings.actor)
+    builder = provenance_actor(settings.root, settings.actor)
+    what = f"registering {name} release {lk.short_id} at {redact_url(uri)}"
+    with mlflow_errors(what):
+        existing = _search_versions(client, rid, name)
+    if existing:
+        v = existing[0]
+        result = RegisterResult(
+            release_id=rid,
+            model_name=name,
+            version=v.version,
+            run_id=v.run_id or "",
+            created=False,
+            model_uri=v.model_uri,
+            prompt_uri=v.tags.get(TAG_PROMPT),
+            logged_model_id=v.tags.get("logged_model_id"),
+            tracking_uri=redact_url(uri),
+        )
+        if not _register_event_exists(led, rid):
+            # A crash between creating the version and recording it: record it now.
+            rec = led.append(_register_event(result, lk, {}, builder))
+            result = result.model_copy(update={"ledger_seq": rec.seq})
+        return result
+
+    ev = read_evidence(settings, rid)
+    if ev.problems:
+        raise RegistryError(
+            f"cannot register release {lk.short_id}: unreadable build output: "
+            + "; ".join(ev.problems),
+            remedy="rebuild the release (`dvc repro`) so its results are complete",
+        )
+    with mlflow_errors(what):
+        exp_id = _experiment(client, settings, name)
+        say("logging run")
+        prior = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.{TAG_RELEASE} = '{rid}' and attributes.status = 'FINISHED'",
+            max_results=1,
+        )
+        run_id = (
+            prior[0].info.run_id
+            if prior
+            else _log_run(client, exp_id, lm, lk, ev, messages, builder)
+        )
+        say("registering prompts")
+        pv = _prompt_version(client, f"{name}.chat", messages, rid)
+        linked = json.dumps([{"name": pv.name, "version": str(pv.version)}])
+        # MlflowClient.link_prompt_version_to_run/_model use the *global* tracking URI, not
+        # this client's; set MLflow's own link tag directly instead.
+        client.set_tag(run_id, LINKED_PROMPTS, linked)
+        _link_prompt_to_experiment(client, pv.name, exp_id)
+        lm_model = client.create_logged_model(
+            exp_id,
+            name=name,
+            source_run_id=run_id,
+            tags={TAG_RELEASE: rid, LINKED_PROMPTS: linked},
+        )
+        for path, folder in _artifacts(lm, ev)[:2]:
+            client.log_model_artifact(lm_model.model_id, str(path), folder)
+        client.finalize_logged_model(lm_model.model_id, "READY")
+        say("creating model version")
+        _ensure_registered_model(client, name, lm.manifest.description)
+        tags = {
+            TAG_RELEASE: rid,
+            TAG_BUILDER: builder,
+            TAG_RUN: run_id,
+            TAG_MANIFEST: lk.manifest,
+            TAG_PROMPT: f"prompts:/{pv.name}/{pv.version}",
+            "logged_model_id": lm_model.model_id,
+        }
+        if lk.provenance.commit:
+            tags[TAG_COMMIT] = lk.provenance.commit
+        if lk.provenance.dirty is not None:
+            tags["git_dirty"] = str(lk.provenance.dirty).lower()
+        # The logged model's artifact location, not `models:/m-...`: MLflow's local registry
+        # store resolves that URI through the global tracking URI, not this client's.
+        mv = client.create_model_version(
+            name,
+            source=lm_model.artifact_location,
+            run_id=run_id,
+            tags=tags,
+            description=f"release {rid}",
+            model_id=lm_model.model_id,
+        )
+    result = RegisterResult(
+        release_id=rid,
+        model_name=name,
+        version=str(mv.version),
+        run_id=run_id,
+        created=True,
+        experiment_id=exp_id,
+        model_uri=f"models:/{name}/{mv.version}",
+        logged_model_id=lm_model.model_id,
+        prompt_uri=tags[TAG_PROMPT],
+        tracking_uri=redact_url(uri),
+    )
+    rec = led.append(_register_event(result, lk, ev.digests, builder))
+    return result.model_copy(update={"ledger_seq": rec.seq})
+
+
+def _register_event(
+    result: RegisterResult, lk: Lock, digests: dict[str, str], builder: str
+) -> Event:
+    evidence: dict[str, Any] = {
+        "mlflow_run_id": result.run_id,
+        "model_name": result.model_name,
+        "model_version": result.version,
+        "model_uri": result.model_uri,
+        "tracking_uri": result.tracking_uri,
+        "manifest": lk.manifest,
+    }
+    if result.experiment_id:
+        evidence["mlflow_experiment_id"] = result.experiment_id
+    if result.prompt_uri:
+        evidence["prompt_uri"] = result.prompt_uri
+    if result.logged_model_id:
+        evidence["logged_model_id"] = result.logged_model_id
+    if lk.provenance.commit:
+        evidence["git_commit"] = lk.provenance.commit
+    if digests:
+        evidence["reports"] = digests
+    return Event(
+        type=EventType.REGISTER,
+        to_release=lk.release_id,
+        reason=f"registered {result.model_name} version {result.version}",
+        evidence=evidence,
+        actor=builder,
+    )

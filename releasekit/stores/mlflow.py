@@ -1,0 +1,277 @@
+"""The MLflow registry adapter: one run and one model version per release, its prompts in the
+prompt registry, and environment aliases (`models:/<name>@<env>`) kept in step with the ledger.
+
+MLflow is imported inside functions only, so the CLI starts fast. Every MlflowException is
+re-raised as RegistryError (`from exc`) where it enters.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from releasekit.config import Settings
+from releasekit.errors import RegistryError
+from releasekit.spec.lock import SHORT
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+# Tags on model versions (plain keys, so `tags.release_id = '...'` finds a release).
+TAG_RELEASE = "release_id"
+TAG_COMMIT = "git_commit"
+TAG_BUILDER = "builder"
+TAG_RUN = "run_id"
+TAG_MANIFEST = "manifest"
+TAG_PROMPT = "prompt_uri"
+LINKED_PROMPTS = "mlflow.linkedPrompts"  # MLflow's own tag: the UI lists these prompts
+
+_ALIAS = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+_PARAM_KEY = re.compile(r"[^\w./\- ]")
+_MAX_PARAM_VALUE = 6000
+_MAX_KEY = 250
+
+
+class RegisteredVersion(BaseModel):
+    """A model version that carries a release."""
+
+    release_id: str
+    model_name: str
+    version: str
+    run_id: str | None
+    tags: dict[str, str]
+
+    @property
+    def model_uri(self) -> str:
+        """`models:/<name>/<version>`."""
+        return f"models:/{self.model_name}/{self.version}"
+
+
+def tracking_uri(settings: Settings) -> str:
+    """The MLflow tracking URI in force (MLFLOW_TRACKING_URI is folded in by Settings)."""
+    uri = settings.mlflow_tracking_uri
+    if not uri:  # pragma: no cover - Settings always fills it
+        raise RegistryError("no MLflow tracking URI configured")
+    return uri
+
+
+def _is_remote(uri: str) -> bool:
+    return urllib.parse.urlsplit(uri).scheme in {"http", "https", "databricks", "uc"}
+
+
+def _store_missing(settings: Settings) -> bool:
+    """True when the embedded SQLite store does not exist yet: nothing is registered, and a
+    lookup must not create (and migrate) an empty store as a side effect."""
+    uri = tracking_uri(settings)
+    return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()
+
+
+def client_for(settings: Settings) -> MlflowClient:
+    """An MlflowClient on the configured tracking and registry store."""
+    uri = tracking_uri(settings)
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    with mlflow_errors("connecting to MLflow"):
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+@contextmanager
+def mlflow_errors(what: str) -> Iterator[None]:
+    """Re-raise MLflow (and artifact I/O) failures as RegistryError naming what failed."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise RegistryError(f"{what}: {exc.message}") from exc
+    except OSError as exc:
+        raise RegistryError(f"{what}: {exc}") from exc
+
+
+def _not_found(exc: Exception) -> bool:
+    code = getattr(exc, "error_code", "")
+    msg = str(getattr(exc, "message", exc)).lower()
+    return code == "RESOURCE_DOES_NOT_EXIST" or "not found" in msg or "does not exist" in msg
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def _version_of(mv: ModelVersion) -> RegisteredVersion:
+    tags = dict(mv.tags or {})
+    return RegisteredVersion(
+        release_id=tags.get(TAG_RELEASE, ""),
+        model_name=mv.name,
+        version=str(mv.version),
+        run_id=mv.run_id or tags.get(TAG_RUN),
+        tags=tags,
+    )
+
+
+def _search_versions(
+    client: MlflowClient, release_id: str, name: str | None
+) -> list[RegisteredVersion]:
+    if not re.fullmatch(r"[0-9a-f]{1,64}", release_id):
+        return []
+    flt = f"tags.{TAG_RELEASE} = '{release_id}'"
+    if name is not None:
+        flt = f"name = '{name}' and {flt}"
+    found = client.search_model_versions(flt)
+    return sorted((_version_of(v) for v in found), key=lambda v: (v.model_name, int(v.version)))
+
+
+def find_version(
+    settings: Settings, release_id: str, *, name: str | None = None
+) -> RegisteredVersion | None:
+    """The model version tagged with `release_id` (in model `name` if given), or None."""
+    if _store_missing(settings):
+        return None
+    client = client_for(settings)
+    with mlflow_errors(f"looking up release {release_id[:SHORT]}"):
+        found = _search_versions(client, release_id, name)
+    return found[0] if found else None
+
+
+def get_version(settings: Settings, name: str, version: str) -> RegisteredVersion | None:
+    """Model version `name`/`version`, or None if there is none."""
+    if _store_missing(settings):
+        return None
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(settings)
+    try:
+        return _version_of(client.get_model_version(name, version))
+    except MlflowException as exc:
+        if _not_found(exc) or exc.error_code == "INVALID_PARAMETER_VALUE":
+            return None
+        raise RegistryError(f"looking up {name} version {version}: {exc.message}") from exc
+
+
+def alias_version(settings: Settings, name: str, alias: str) -> RegisteredVersion | None:
+    """The version `models:/<name>@<alias>` points at, or None."""
+    return _alias(client_for(settings), name, alias)
+
+
+def _alias(client: MlflowClient, name: str, alias: str) -> RegisteredVersion | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _version_of(client.get_model_version_by_alias(name, alias))
+    except MlflowException as exc:
+        if _not_found(exc):
+            return None
+        raise RegistryError(f"reading alias {name}@{alias}: {exc.message}") from exc
+
+
+def prompt_messages(settings: Settings, prompt_uri: str) -> list[dict[str, str]]:
+    """The chat messages of a prompt version in MLflow's prompt registry."""
+    m = re.fullmatch(r"prompts:/([^/]+)/(\d+)", prompt_uri)
+    if m is None:
+        raise RegistryError(f"not a prompt version URI: {prompt_uri!r}")
+    client = client_for(settings)
+    with mlflow_errors(f"loading prompt {prompt_uri}"):
+        # get_prompt_version, not load_prompt: the latter tags the prompt with the global
+        # default experiment in a background thread.
+        pv = client.get_prompt_version(m.group(1), m.group(2))
+    if pv is None:
+        raise RegistryError(f"prompt {prompt_uri} not found in MLflow")
+    tpl = pv.template
+    if isinstance(tpl, str):
+        return [{"role": "user", "content": tpl}]
+    return [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in tpl]
+
+
+# -- register --------------------------------------------------------------------------------
+
+
+def _experiment(client: MlflowClient, settings: Settings, name: str) -> str:
+    exp_name = f"releasekit/{name}"
+    exp = client.get_experiment_by_name(exp_name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return str(exp.experiment_id)
+    location = None
+    if not _is_remote(tracking_uri(settings)):
+        # Without a server MLflow would write under the current directory; keep artifacts
+        # under the state dir instead.
+        root = settings.mlflow_artifact_root
+        root.mkdir(parents=True, exist_ok=True)
+        location = (root / name).as_uri()
+    try:
+        return str(client.create_experiment(exp_name, artifact_location=location))
+    except Exception:
+        exp = client.get_experiment_by_name(exp_name)  # created concurrently
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
+def _prompt_version(
+    client: MlflowClient, name: str, messages: list[dict[str, str]], release_id: str
+) -> Any:
+    """The prompt version holding exactly these messages (reused if one already does).
+
+    create_prompt/create_prompt_version rather than register_prompt: the latter starts a
+    thread that links the prompt to the *global* default experiment.
+    """
+    from mlflow.exceptions import MlflowException
+
+    if client.get_prompt(name) is None:
+        try:
+            client.create_prompt(name, description="releasekit: the chat prompt of a deployment")
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+    else:
+        for pv in client.search_prompt_versions(name, max_results=1000):
+            if pv.template == messages:
+                return pv
+    return client.create_prompt_version(
+        name=name,
+        template=messages,
+        description=f"releasekit: release {release_id[:SHORT]}",
+        tags={TAG_RELEASE: release_id},
+    )
+
+
+def _link_prompt_to_experiment(client: MlflowClient, prompt: str, exp_id: str) -> None:
+    """List the prompt in the experiment's Prompts tab (MLflow's comma-wrapped id list)."""
+    from mlflow.prompt.constants import PROMPT_EXPERIMENT_IDS_TAG_KEY
+
+    info = client.get_prompt(prompt)
+    have = (info.tags.get(PROMPT_EXPERIMENT_IDS_TAG_KEY, "") if info else "").strip(",")
+    ids = [i for i in have.split(",") if i]
+    if exp_id not in ids:
+        ids.append(exp_id)
+        client.set_prompt_tag(prompt, PROMPT_EXPERIMENT_IDS_TAG_KEY, f",{','.join(ids)},")
+
+
+def _ensure_registered_model(client: MlflowClient, name: str, description: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return
+    except MlflowException as exc:
+        if not _not_found(exc):
+            raise
+    try:
+        client.create_registered_model(
+            name, tags={"releasekit": "deployment"}, description=description or None
+        )
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
+# -- assign ----------------------------------------------------------------------------------
