@@ -116,8 +116,9 @@ def settings(project: Path, settings_tmp: Settings) -> Settings:
 def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
     project: Path, settings: Settings, stand_in_model: StandIn
 ) -> None:
-    """dvc.yaml gets quantise/bench/eval/report for t-w8 and quantise/bench/eval for its
-    baseline; the demo model's stages and their comments stay; rewriting is a no-op."""
+    """dvc.yaml gets quantise/evidence/report for t-w8 and quantise/evidence for its
+    baseline (bench and eval share one stage, so one vLLM start); the demo model's stages
+    and their comments stay; rewriting is a no-op."""
     stand_in_model(project)
     tiny_manifests(project)
     (project / "dvc.yaml").write_text(FOREIGN)
@@ -134,21 +135,20 @@ def test_stages_for_a_release_and_its_baseline_keep_foreign_stages(
         "demo-data",
         "demo-model",
         "t-w8-quantise",
-        "t-w8-bench",
-        "t-w8-eval",
+        "t-w8-evidence",
         "t-w8-report",
         "t-base-quantise",
-        "t-base-bench",
-        "t-base-eval",
+        "t-base-evidence",
     ]
     rid, bid = planned.lock.release_id, releases[1].lock.release_id
     q = stages["t-w8-quantise"]
     assert q["cmd"] == f"releasekit stage quantise manifests/t-w8.yaml --release {rid}"
     assert q["deps"] == ["models/demo-base", "pipelines/data/calibration.jsonl"]
     assert f"results/{rid}/model" in q["outs"]
-    assert "models/demo-base" not in stages["t-w8-bench"]["deps"]  # serves the quantised one
-    assert f"results/{rid}/model" in stages["t-w8-eval"]["deps"]
-    assert "models/demo-base" in stages["t-base-eval"]["deps"]  # scheme none: the source
+    assert "models/demo-base" not in stages["t-w8-evidence"]["deps"]  # serves the quantised one
+    assert f"results/{rid}/model" in stages["t-w8-evidence"]["deps"]
+    assert {f"results/{rid}/bench", f"results/{rid}/eval"} <= set(stages["t-w8-evidence"]["outs"])
+    assert "models/demo-base" in stages["t-base-evidence"]["deps"]  # scheme none: the source
     assert f"results/{bid}/eval" in stages["t-w8-report"]["deps"]
     assert stages["t-w8-report"]["cmd"].endswith(f"--baseline {bid}")
     assert "t-base-report" not in stages  # no baseline, no report
@@ -169,7 +169,7 @@ def test_dropping_the_baseline_drops_the_report_stage(
     update_dvc_yaml(settings, chain(plan(settings, w8)))
     stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
     assert "t-w8-report" not in stages
-    assert {"demo-data", "demo-model", "t-w8-eval"} <= set(stages)
+    assert {"demo-data", "demo-model", "t-w8-evidence"} <= set(stages)
 
 
 def test_a_foreign_stage_with_our_name_is_not_overwritten(
@@ -178,7 +178,7 @@ def test_a_foreign_stage_with_our_name_is_not_overwritten(
     """A stage named like ours but not run by releasekit is an error, not overwritten."""
     stand_in_model(project)
     tiny_manifests(project)
-    (project / "dvc.yaml").write_text("stages:\n  t-base-eval:\n    cmd: make eval\n")
+    (project / "dvc.yaml").write_text("stages:\n  t-base-evidence:\n    cmd: make eval\n")
     with pytest.raises(BuildError, match="not a releasekit stage"):
         update_dvc_yaml(settings, [plan(settings, project / "manifests" / "t-base.yaml")])
 
@@ -317,7 +317,7 @@ def test_build_quantises_benches_evaluates_reports_then_does_nothing(
     assert (bdir / "eval" / "eval.json").is_file() and not (bdir / "model").exists()
     assert any((project / ".releasekit" / "dvc-remote").rglob("*")), "nothing was pushed"
     dvc_lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-    assert {"t-w8-quantise", "t-w8-report", "t-base-eval"} <= set(dvc_lock)
+    assert {"t-w8-quantise", "t-w8-report", "t-base-evidence"} <= set(dvc_lock)
 
     warm = _releasekit(project, mark, "build", "manifests/t-w8.yaml", "--json")
     assert warm.returncode == 0, warm.stdout + warm.stderr

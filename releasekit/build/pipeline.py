@@ -49,7 +49,10 @@ from releasekit.spec import lock as lockmod
 from releasekit.spec.lock import Lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest, named_files
 
-KINDS: tuple[StageKind, ...] = ("quantise", "bench", "eval", "report")
+KINDS: tuple[StageKind, ...] = ("quantise", "evidence", "report")
+"""The stages a build writes: bench and eval share one stage (and one vLLM server)."""
+_OWNED_KINDS: tuple[StageKind, ...] = ("quantise", "bench", "eval", "evidence", "report")
+"""Every kind a releasekit stage ever had: older dvc.yaml files may hold bench/eval ones."""
 
 _STAGE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -175,16 +178,15 @@ def stage_defs(settings: Settings, p: PlannedRelease) -> dict[str, dict[str, Any
     defs = {stage_name(m.name, "quantise"): stage("quantise", q_deps, q_outs)}
 
     record = r(rdir / "quantise.json")
-    defs[stage_name(m.name, "bench")] = stage(
-        "bench", [record, served, r(p.lm.resolve(m.load.profile))], [r(rdir / "bench")]
-    )
-    e_deps = [record, served, r(p.lm.resolve(m.prompts.user.file))]
+    deps = [record, served, r(p.lm.resolve(m.load.profile)), r(p.lm.resolve(m.prompts.user.file))]
     if m.prompts.system is not None:
-        e_deps.append(r(p.lm.resolve(m.prompts.system.file)))
-    e_deps += [r(p.lm.resolve(s.path)) for s in m.eval.suites]
+        deps.append(r(p.lm.resolve(m.prompts.system.file)))
+    deps += [r(p.lm.resolve(s.path)) for s in m.eval.suites]
     if m.eval.judge is not None:
-        e_deps.append(r(p.lm.resolve(m.eval.judge.prompt)))
-    defs[stage_name(m.name, "eval")] = stage("eval", e_deps, [r(rdir / "eval")])
+        deps.append(r(p.lm.resolve(m.eval.judge.prompt)))
+    defs[stage_name(m.name, "evidence")] = stage(
+        "evidence", deps, [r(rdir / "bench"), r(rdir / "eval"), r(rdir / "server.log")]
+    )
     if p.baseline is not None:
         bdir = settings.release_dir(p.baseline.lock.release_id)
         defs[stage_name(m.name, "report")] = stage(
@@ -219,7 +221,7 @@ def update_dvc_yaml(settings: Settings, releases: list[PlannedRelease]) -> bool:
     for p in releases:
         m = p.lm.manifest
         defs = stage_defs(settings, p)
-        for kind in KINDS:  # drop a stage this manifest no longer has (e.g. its report)
+        for kind in _OWNED_KINDS:  # drop a stage this manifest no longer has (e.g. its report)
             name = stage_name(m.name, kind)
             if name not in defs and _is_owned(stages.get(name)):
                 del stages[name]

@@ -14,9 +14,10 @@ from releasekit._support.progress import (
 )
 from releasekit.config import Settings
 from releasekit.errors import BuildError, LockMismatchError
-from releasekit.serving.vllm import serve_release
+from releasekit.serving.vllm import api_key_of, serve_release
 from releasekit.spec import lock as lockmod
-from releasekit.spec.lock import Lock
+from releasekit.spec.loadprofile import load_profile
+from releasekit.spec.lock import Lock, serving_args
 from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.stores.results import ReleasePaths
 
@@ -61,6 +62,8 @@ def run_stage(
             return _stage_bench(settings, lm, lk, say)
         if kind == "eval":
             return _stage_eval(settings, lm, lk, say)
+        if kind == "evidence":
+            return _stage_evidence(settings, lm, lk, say)
         if kind == "report":
             return _stage_report(settings, lm, lk, baseline_release_id, say)
     raise BuildError(f"unknown stage kind {kind!r}")
@@ -104,6 +107,43 @@ def _stage_eval(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress)
     return out
 
 
+def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
+    """Load test and evaluation on one vLLM server: a cold build starts vLLM once per release
+    (bench first, on an idle server; then the suites). Writes bench/ and eval/."""
+    from releasekit.bench import run_bench
+    from releasekit.bench import write_outputs as write_bench
+    from releasekit.evaluate import run_eval
+    from releasekit.evaluate import write_outputs as write_eval
+
+    m = lm.manifest
+    paths = ReleasePaths.of(settings, lk.release_id)
+    paths.bench_dir.mkdir(parents=True, exist_ok=True)
+    paths.eval_dir.mkdir(parents=True, exist_ok=True)
+    profile = load_profile(lm.resolve(m.load.profile))
+    seqs = serving_args(m).get("max-num-seqs")
+    say("starting vLLM", 0, 0)
+    with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as server:
+        say("starting vLLM", 1, 1)
+        bench = run_bench(
+            server.base_url,
+            m.served_name,
+            profile,
+            release_id=lk.release_id,
+            profile_digest=lk.inputs.get("load/profile"),
+            progress=say,
+            api_key=api_key_of(m),
+            max_num_seqs=int(seqs) if seqs and seqs.isdigit() else None,
+        )
+        server.check_alive()
+        evaluation = run_eval(
+            server.base_url, m.served_name, lm, release_id=lk.release_id, progress=say
+        )
+        server.check_alive()  # a server that died mid-way left errors, not evidence
+    write_bench(bench, paths.bench_dir)
+    write_eval(evaluation, paths.eval_dir)
+    return paths.root
+
+
 def _stage_report(
     settings: Settings,
     lm: LoadedManifest,
@@ -131,4 +171,4 @@ def _stage_report(
     return out
 
 
-StageKind = Literal["quantise", "bench", "eval", "report"]
+StageKind = Literal["quantise", "bench", "eval", "evidence", "report"]

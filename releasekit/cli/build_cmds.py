@@ -165,6 +165,13 @@ def stage_eval(manifest: ManifestArg, release: ReleaseOpt) -> None:
     _run_stage("eval", manifest, release, None)
 
 
+@stage_app.command("evidence")
+@handle_errors
+def stage_evidence(manifest: ManifestArg, release: ReleaseOpt) -> None:
+    """Serve the release once: load test, then eval suites (results/<release>/bench, eval)."""
+    _run_stage("evidence", manifest, release, None)
+
+
 @stage_app.command("report")
 @handle_errors
 def stage_report(
