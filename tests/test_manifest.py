@@ -38,7 +38,9 @@ def test_example_manifest_schema_is_valid(path: Path) -> None:
     assert lm.manifest.api_version == "releasekit/v1"
 
 
+@pytest.mark.slow  # the first run reads vLLM's engine-argument parser (imports vLLM)
 def test_validate_cli_accepts_examples_when_files_exist() -> None:
+    """The demo manifests validate clean, engine arguments included."""
     if not (REPO / "models" / "demo-base" / "config.json").is_file():
         pytest.skip("demo model not trained yet (dvc repro demo-model)")
     res = runner.invoke(app, ["validate", *map(str, EXAMPLES)])

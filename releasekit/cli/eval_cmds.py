@@ -18,11 +18,16 @@ from releasekit.cli._common import (
     out,
     progress_reporter,
 )
-from releasekit.evaluate.compare import Comparison
+from releasekit.evaluate.compare import Comparison, Verdict
 from releasekit.evaluate.release import EvalRun, evaluate_release
 from releasekit.evaluate.runner import EvalResult
 
-_VERDICT_STYLE = {"non-inferior": "green", "inferior": "red", "inconclusive": "yellow"}
+
+def _style(verdict: Verdict) -> str:
+    """Green for a passing verdict, red for a measured regression, yellow for no verdict."""
+    if verdict.passed:
+        return "green"
+    return "red" if verdict in (Verdict.INFERIOR, Verdict.ERROR_REGRESSION) else "yellow"
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +84,7 @@ def comparison_table(c: Comparison) -> Table:
         ci = "-"
         if s.delta is not None and s.ci_low is not None and s.ci_high is not None:
             ci = f"{100 * s.delta:+.1f} [{100 * s.ci_low:+.1f}, {100 * s.ci_high:+.1f}]"
-        style = _VERDICT_STYLE[s.verdict]
+        style = _style(s.verdict)
         t.add_row(
             name,
             _pct(s.baseline_pass_rate),
@@ -158,6 +163,6 @@ def eval_(
     out.print(comparison_table(c))
     for w in c.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
-    style = _VERDICT_STYLE[c.verdict]
+    style = _style(c.verdict)
     out.print(f"verdict: [bold {style}]{c.verdict}[/bold {style}]")
     out.print(f"report: {run.report_dir}/report.md, report.html, compare.json")

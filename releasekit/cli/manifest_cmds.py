@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from releasekit.cli._common import JsonOpt, emit_json, err, handle_errors, out, report_error
+from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out, report_error
 from releasekit.errors import LockMismatchError, ManifestError
 from releasekit.spec import lock as lockmod
 from releasekit.spec.validate import validate_many
@@ -26,7 +26,7 @@ def validate(
     files: Annotated[bool, typer.Option(help="also check that named files exist")] = True,
 ) -> None:
     """Validate manifests; report every problem as `file: field.path: problem`."""
-    results = validate_many(manifests, check_files=files)
+    results = validate_many(manifests, check_files=files, settings=State.settings())
     if json_:
         emit_json(results)
     else:

@@ -10,7 +10,14 @@ write the comparison report.
 
 from __future__ import annotations
 
-from releasekit.evaluate.compare import Comparison, SuiteComparison, compare
+from releasekit.evaluate.compare import (
+    Comparison,
+    EvidenceError,
+    SuiteComparison,
+    Verdict,
+    compare,
+    load_comparison,
+)
 from releasekit.evaluate.judge import JudgeIdentity, LLMJudge
 from releasekit.evaluate.report import write_report
 from releasekit.evaluate.runner import (
@@ -30,6 +37,7 @@ __all__ = [
     "Comparison",
     "EvalItem",
     "EvalResult",
+    "EvidenceError",
     "ItemResult",
     "JudgeIdentity",
     "LLMJudge",
@@ -37,7 +45,9 @@ __all__ = [
     "SuiteComparison",
     "SuiteNoise",
     "SuiteSummary",
+    "Verdict",
     "compare",
+    "load_comparison",
     "load_result",
     "load_suite",
     "run_eval",

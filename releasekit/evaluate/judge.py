@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from releasekit.errors import EvalError, JudgeError
 from releasekit.spec.manifest import LoadedManifest
@@ -36,6 +36,8 @@ from releasekit.spec.prompts import read_template, render
 class JudgeIdentity(BaseModel):
     """Who judged: recorded with every judged score so a verdict can be traced and
     reproduced."""
+
+    model_config = ConfigDict(extra="forbid")
 
     endpoint: str
     model: str

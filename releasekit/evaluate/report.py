@@ -14,7 +14,13 @@ from pydantic import BaseModel
 
 from releasekit._support.files import write_atomic
 from releasekit.errors import EvalError, InputMissingError
-from releasekit.evaluate.compare import Comparison, SuiteComparison
+from releasekit.evaluate.compare import (
+    COMPARE_JSON,
+    Comparison,
+    SideCounts,
+    SuiteComparison,
+    dump_comparison,
+)
 
 MAX_FLIPS_SHOWN = 25
 """Flipped items listed per suite and direction; compare.json holds them all."""
@@ -136,22 +142,55 @@ def _vars(v: dict[str, str]) -> str:
     return "; ".join(f"{k}={json.dumps(val, ensure_ascii=False)}" for k, val in v.items())
 
 
+def _verdict(v: Any) -> str:
+    """A verdict as people read it: `non_inferior` -> `non-inferior`."""
+    return str(getattr(v, "value", v)).replace("_", " ")
+
+
+def _delta_ci(s: SuiteComparison) -> str:
+    """The delta in points with its interval, or n/a when nothing was compared."""
+    if s.delta is None:
+        return "n/a"
+    return f"{_pts(s.delta)} {_ci(s.ci_low, s.ci_high)}"
+
+
+def _counts(side: SideCounts | None) -> str:
+    """passed/failed/errored of one side, with the expected errors that passed noted."""
+    if side is None:
+        return "not evaluated"
+    extra = f" (+{side.expected_errors} expected)" if side.expected_errors else ""
+    return f"{side.passed}/{side.failed}/{side.errors}{extra}"
+
+
+def _errors(side: SideCounts | None) -> str:
+    if side is None or side.error_rate is None:
+        return "n/a"
+    return f"{side.errors} ({100 * side.error_rate:.1f}%)"
+
+
 _MD = """\
 # Release comparison: {{ c.candidate_name or 'candidate' }} vs {{ c.baseline_name or 'baseline' }}
 
-**Verdict: {{ c.verdict | upper }}** — worst of the suite verdicts below \
-({{ c.confidence | conf }} paired bootstrap CI, {{ c.bootstrap_samples }} resamples, \
-seed {{ c.seed }}; non-inferior when the CI's lower bound is above -margin).
+**Verdict: {{ c.verdict | verdict | upper }}** ({{ 'passes' if c.passed else 'fails' }} a gate) — the worst of the suite verdicts below.
 
 Candidate `{{ c.candidate_release_id | short }}` ({{ c.candidate_name }}) ·
 baseline `{{ c.baseline_release_id | short }}` ({{ c.baseline_name }})
 
-| suite | verdict | baseline | candidate | delta, pts [CI] | margin, pts | McNemar p | noise, pts | pass→fail | fail→pass | paired | errors b/c |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+Rule: {{ c.rule }}
+
+| suite | verdict | paired | baseline pass/fail/error | candidate pass/fail/error | baseline | candidate | delta, pts [{{ c.confidence | conf }} CI] | margin, pts | McNemar p | errors b → c | noise, pts | pass→fail | fail→pass |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {% for name, s in c.suites.items() -%}
-| {{ name }} | **{{ s.verdict }}** | {{ s.baseline_pass_rate | pct }} | {{ s.candidate_pass_rate | pct }} | {{ s.delta | pts }} {{ ci(s.ci_low, s.ci_high) }} | {{ (s.margin * 100) | round(1) }} | {{ s.mcnemar_p | pval }} | {{ noise(s) }} | {{ s.flipped_to_fail | length }} | {{ s.flipped_to_pass | length }} | {{ s.n_paired }} | {{ s.errors_baseline }}/{{ s.errors_candidate }} |
+| {{ name }} | **{{ s.verdict | verdict }}** | {{ s.n_paired }} | {{ counts(s.baseline) }} | {{ counts(s.candidate) }} | {{ s.baseline_pass_rate | pct }} | {{ s.candidate_pass_rate | pct }} | {{ delta_ci(s) }} | {{ (s.margin * 100) | round(1) }} | {{ s.mcnemar_p | pval }} | {{ errors(s.baseline) }} → {{ errors(s.candidate) }} | {{ noise(s) }} | {{ s.flipped_to_fail | length }} | {{ s.flipped_to_pass | length }} |
 {% endfor %}
-{%- if c.warnings %}
+Pass/fail/error counts each item once: an error is a failure unless the item expects one
+(those count as passes, noted as "expected"). Pass rates and the delta are over the paired items.
+
+## Why
+{% for name, s in c.suites.items() %}
+- **{{ name }}: {{ s.verdict | verdict }}**{% if s.reasons %}: {{ s.reasons | join('; ') | md(600) }}{% endif %}
+{%- endfor %}
+{% if c.warnings %}
 Warnings:
 {% for w in c.warnings %}- {{ w }}
 {% endfor %}
@@ -200,32 +239,38 @@ No item changed verdict in any suite.
 _HTML = """\
 <!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<title>{{ c.candidate_name }} vs {{ c.baseline_name }}: {{ c.verdict }}</title>
+<title>{{ c.candidate_name }} vs {{ c.baseline_name }}: {{ c.verdict | verdict }}</title>
 <style>
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.8em 0}th,td{border:1px solid #ccc;padding:.3em .6em;
 text-align:left;vertical-align:top}th{background:#f4f4f4}td.n{text-align:right}
 .v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
-.non-inferior{background:#2e7d32}.inferior{background:#c62828}.inconclusive{background:#f9a825;color:#222}
+.superior,.non_inferior{background:#2e7d32}.inferior,.error_regression{background:#c62828}
+.inconclusive,.insufficient_evidence,.missing_evidence{background:#f9a825;color:#222}.rule{font-size:.9em}
 code{background:#f4f4f4;padding:0 .2em;white-space:pre-wrap}.warn{color:#a15c00}
 .small{color:#666;font-size:.9em}
 </style></head><body>
 <h1>{{ c.candidate_name or 'candidate' }} vs {{ c.baseline_name or 'baseline' }}
- <span class="v {{ c.verdict }}">{{ c.verdict }}</span></h1>
-<p class="small">Worst of the suite verdicts. {{ c.confidence | conf }} paired bootstrap CI
-({{ c.bootstrap_samples }} resamples, seed {{ c.seed }}); non-inferior when the CI's lower bound is above
-&minus;margin. Candidate <code>{{ c.candidate_release_id | short }}</code>, baseline
+ <span class="v {{ c.verdict.value }}">{{ c.verdict | verdict }}</span></h1>
+<p class="small">The worst of the suite verdicts; it {{ 'passes' if c.passed else 'fails' }} a gate.
+Candidate <code>{{ c.candidate_release_id | short }}</code>, baseline
 <code>{{ c.baseline_release_id | short }}</code>.</p>
-<table><tr><th>suite</th><th>verdict</th><th>baseline</th><th>candidate</th><th>delta, pts [CI]</th>
-<th>margin, pts</th><th>McNemar p</th><th>noise, pts</th><th>pass&rarr;fail</th><th>fail&rarr;pass</th><th>paired</th>
-<th>errors b/c</th></tr>
-{% for name, s in c.suites.items() %}<tr><td>{{ name }}</td><td><span class="v {{ s.verdict }}">{{ s.verdict }}</span></td>
+<p class="rule">Rule: {{ c.rule }}</p>
+<table><tr><th>suite</th><th>verdict</th><th>paired</th><th>baseline pass/fail/error</th><th>candidate pass/fail/error</th>
+<th>baseline</th><th>candidate</th><th>delta, pts [{{ c.confidence | conf }} CI]</th><th>margin, pts</th><th>McNemar p</th>
+<th>errors b &rarr; c</th><th>noise, pts</th><th>pass&rarr;fail</th><th>fail&rarr;pass</th></tr>
+{% for name, s in c.suites.items() %}<tr><td>{{ name }}</td><td><span class="v {{ s.verdict.value }}">{{ s.verdict | verdict }}</span></td>
+<td class="n">{{ s.n_paired }}</td><td class="n">{{ counts(s.baseline) }}</td><td class="n">{{ counts(s.candidate) }}</td>
 <td class="n">{{ s.baseline_pass_rate | pct }}</td><td class="n">{{ s.candidate_pass_rate | pct }}</td>
-<td class="n">{{ s.delta | pts }} {{ ci(s.ci_low, s.ci_high) }}</td><td class="n">{{ (s.margin * 100) | round(1) }}</td>
-<td class="n">{{ s.mcnemar_p | pval }}</td><td class="n">{{ noise(s) }}</td><td class="n">{{ s.flipped_to_fail | length }}</td>
-<td class="n">{{ s.flipped_to_pass | length }}</td><td class="n">{{ s.n_paired }}</td>
-<td class="n">{{ s.errors_baseline }}/{{ s.errors_candidate }}</td></tr>
+<td class="n">{{ delta_ci(s) }}</td><td class="n">{{ (s.margin * 100) | round(1) }}</td>
+<td class="n">{{ s.mcnemar_p | pval }}</td><td class="n">{{ errors(s.baseline) }} &rarr; {{ errors(s.candidate) }}</td>
+<td class="n">{{ noise(s) }}</td><td class="n">{{ s.flipped_to_fail | length }}</td><td class="n">{{ s.flipped_to_pass | length }}</td></tr>
 {% endfor %}</table>
+<p class="small">Pass/fail/error counts each item once: an error is a failure unless the item expects one (those count
+as passes, noted as "expected"). Pass rates and the delta are over the paired items.</p>
+<h2>Why</h2>
+<ul>{% for name, s in c.suites.items() %}<li><b>{{ name }}: {{ s.verdict | verdict }}</b>{% if s.reasons %}: {{ s.reasons | join('; ') }}{% endif %}</li>
+{% endfor %}</ul>
 {% if c.warnings %}<ul class="warn">{% for w in c.warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
 <h2>Run-to-run noise</h2>
 <p class="small">The same release evaluated more than once on the same server (temperature 0 is not
@@ -291,12 +336,23 @@ def _env(*, html: bool) -> jinja2.Environment:
         trim_blocks=False,
     )
     env.filters.update(
-        conf=_conf, pct=_pct, pts=_pts, pval=_pval, short=_short, clip=_clip, md=_md, code=_code
+        conf=_conf,
+        pct=_pct,
+        pts=_pts,
+        pval=_pval,
+        short=_short,
+        clip=_clip,
+        md=_md,
+        code=_code,
+        verdict=_verdict,
     )
     env.globals.update(
         ci=_ci,
         noise=_noise,
         vars=_vars,
+        counts=_counts,
+        delta_ci=_delta_ci,
+        errors=_errors,
         fmtb=_fmt_bench,
         bench_rows=_BENCH_ROWS,
         max_flips=MAX_FLIPS_SHOWN,
@@ -340,6 +396,6 @@ def write_report(
         )
     md, html = render_report(comparison, bench=bench)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "compare.json", (comparison.model_dump_json(indent=2) + "\n").encode())
+    write_atomic(out_dir / COMPARE_JSON, dump_comparison(comparison))
     write_atomic(out_dir / "report.md", md.encode())
     write_atomic(out_dir / "report.html", html.encode())

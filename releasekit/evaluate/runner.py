@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from releasekit._support.files import write_atomic
 from releasekit._support.progress import (
@@ -38,7 +38,13 @@ from releasekit.spec.prompts import ChatPrompt, read_template, render
 _REJECTED = (400, 413, 422)
 
 
-class ItemResult(BaseModel):
+class _Evidence(BaseModel):
+    """Evidence files are read with the model that writes them: an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ItemResult(_Evidence):
     """The record of one item in one run: what was asked, answered, and the verdict."""
 
     id: str
@@ -65,7 +71,7 @@ class ItemResult(BaseModel):
         return self.outcome == "pass"
 
 
-class SuiteSummary(BaseModel):
+class SuiteSummary(_Evidence):
     """Counts for one suite. `pass_rate` = passed / (passed + failed): error items have no
     verdict and are left out (None when no item got a verdict)."""
 
@@ -82,7 +88,7 @@ class SuiteSummary(BaseModel):
     digest: str = Field("", description="sha256 of the suite file")
 
 
-class SuiteNoise(BaseModel):
+class SuiteNoise(_Evidence):
     """Run-to-run noise of one suite: the same release, server and items, evaluated
     `runs` times. `flip_rate` is the mean, over pairs of runs, of the share of items
     (with a verdict in both) whose pass/fail differs; `spread` is max - min pass rate."""
@@ -99,14 +105,14 @@ class SuiteNoise(BaseModel):
     compared: int = Field(0, description="items with a verdict in every run")
 
 
-class Noise(BaseModel):
+class Noise(_Evidence):
     """Run-to-run noise per suite."""
 
     runs: int
     suites: dict[str, SuiteNoise]
 
 
-class EvalResult(BaseModel):
+class EvalResult(_Evidence):
     """One release's eval: per-suite summaries, noise, the judge, and every item record
     (items of the first run; later runs feed only `noise`)."""
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from releasekit.config import Settings
 from releasekit.errors import ManifestError
+from releasekit.spec.engine_args import serving_arg_problems
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import check_files, load_manifest
 
@@ -19,8 +21,11 @@ class ValidationResult(BaseModel):
     problems: list[str]
 
 
-def validate_one(path: Path, *, check_files_exist: bool = True) -> ValidationResult:
-    """Validate one manifest: schema, then referenced files, then the load profile."""
+def validate_one(
+    path: Path, *, check_files_exist: bool = True, settings: Settings | None = None
+) -> ValidationResult:
+    """Validate one manifest: schema, then referenced files, then the load profile, then
+    `serving.args` against vLLM's own parser (`settings.python`; see spec.engine_args)."""
     try:
         lm = load_manifest(path)
     except ManifestError as exc:
@@ -36,9 +41,12 @@ def validate_one(path: Path, *, check_files_exist: bool = True) -> ValidationRes
                 problems += [
                     f"load.profile ({lm.manifest.load.profile}): {p}" for p in exc.problems
                 ]
+    problems += serving_arg_problems(lm, settings=settings)
     return ValidationResult(path=str(path), ok=not problems, problems=problems)
 
 
-def validate_many(paths: list[Path], *, check_files: bool = True) -> list[ValidationResult]:
+def validate_many(
+    paths: list[Path], *, check_files: bool = True, settings: Settings | None = None
+) -> list[ValidationResult]:
     """Validate several manifests; never stops at the first bad one."""
-    return [validate_one(p, check_files_exist=check_files) for p in paths]
+    return [validate_one(p, check_files_exist=check_files, settings=settings) for p in paths]

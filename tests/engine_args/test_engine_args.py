@@ -1,0 +1,217 @@
+"""`serving.args` checked against vLLM's own argument parser: fast tests run the in-process
+checks on a table snapshot read from the installed vLLM; slow ones run the real probe."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from releasekit.config import load_settings
+from releasekit.spec import engine_args
+from releasekit.spec.engine_args import (
+    EngineArgChecker,
+    EngineArgTable,
+    VllmInstall,
+    engine_args_cache_dir,
+    locate_vllm,
+)
+from releasekit.spec.manifest import load_manifest
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+SNAPSHOT = HERE / "vllm_table_snapshot.json"
+
+
+@pytest.fixture(scope="module")
+def install() -> VllmInstall:
+    """The vLLM installed next to the tests (found without importing it)."""
+    inst = locate_vllm(sys.executable)
+    if inst is None:
+        pytest.skip("vLLM is not installed for this interpreter")
+    return inst
+
+
+@pytest.fixture
+def warm(tmp_path: Path, install: VllmInstall, monkeypatch: pytest.MonkeyPatch) -> EngineArgChecker:
+    """A checker whose cache holds the snapshot table; running the probe fails the test."""
+    snap = json.loads(SNAPSHOT.read_text())
+    table = EngineArgTable.model_validate({**snap, "fingerprint": install.fingerprint})
+    (tmp_path / install.cache_name).write_text(table.model_dump_json())
+
+    def no_probe(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the warm path must not import vLLM")
+
+    monkeypatch.setattr(engine_args, "run_probe", no_probe)
+    return EngineArgChecker(python=sys.executable, cache_dir=tmp_path)
+
+
+def test_a_mistyped_engine_argument_is_named_with_its_field_path(warm: EngineArgChecker) -> None:
+    """`max-num-seq` is not a vLLM argument: named, with the closest real one."""
+    assert warm.problems({"max-num-seq": 32}) == [
+        "serving.args.max-num-seq: unknown vLLM engine argument (vLLM 0.32.0); "
+        "did you mean `max-num-seqs`?"
+    ]
+
+
+def test_a_wrong_value_is_named_with_vllms_own_words(warm: EngineArgChecker) -> None:
+    """`max-num-seqs: many` fails int() as vLLM's parser would; each bad arg is listed."""
+    problems = warm.problems(
+        {
+            "max-num-seqs": "many",
+            "gpu-memory-utilization": "0.9x",
+            "kv-cache-dtype": "fp9",
+            "max-model-len": "2.5K",
+            "enforce-eager": 3,
+            "max-num-batched-tokens": True,
+        }
+    )
+    assert problems[0] == "serving.args.max-num-seqs: invalid int value: 'many'"
+    assert problems[1] == "serving.args.gpu-memory-utilization: invalid float value: '0.9x'"
+    assert problems[2].startswith("serving.args.kv-cache-dtype: invalid choice: 'fp9' (choose")
+    assert problems[3].startswith("serving.args.max-model-len: invalid human_readable_int_or")
+    assert (
+        problems[4] == "serving.args.enforce-eager: is an on/off flag: write true or false, not 3"
+    )
+    assert problems[5] == "serving.args.max-num-batched-tokens: needs a value"
+    assert len(problems) == 6
+
+
+def test_good_values_pass_with_vllms_conversions(warm: EngineArgChecker) -> None:
+    """Underscores or dashes, human-readable ints, 'auto', JSON, None for optional values,
+    flags on or off: all accepted."""
+    assert (
+        warm.problems(
+            {
+                "max_num_seqs": 8,
+                "max-model-len": "1k",
+                "kv-cache-memory-bytes": "2G",
+                "enforce-eager": True,
+                "enable-prefix-caching": False,
+                "no-enable-prefix-caching": True,
+                "speculative-config": "None",
+                "api-key": "secret",
+                "gpu-memory-utilization": 0.5,
+                "hf-token": True,
+            }
+        )
+        == []
+    )
+    assert warm.problems({"max-model-len": "auto"}) == []
+
+
+def test_false_that_silently_does_nothing_is_reported(warm: EngineArgChecker) -> None:
+    """`false` leaves a flag out: on a flag that vLLM turns on by default, or on a value
+    argument, that does nothing and is reported with the fix."""
+    assert warm.problems({"use-tqdm-on-load": False, "max-num-seqs": False}) == [
+        "serving.args.use-tqdm-on-load: false leaves --use-tqdm-on-load out, and vLLM's "
+        "default is on: write `no-use-tqdm-on-load: true` to turn it off",
+        "serving.args.max-num-seqs: needs a value (false leaves --max-num-seqs out: delete "
+        "the line instead)",
+    ]
+
+
+@pytest.mark.parametrize("manifest", sorted((REPO / "manifests").glob("*.yaml")), ids=str)
+def test_the_demo_manifests_serving_args_are_clean(warm: EngineArgChecker, manifest: Path) -> None:
+    """Each demo manifest's serving args pass against the snapshot of vLLM's table."""
+    args = load_manifest(manifest, root=REPO).manifest.serving.args
+    assert args and warm.problems(args) == []
+
+
+def test_no_serving_args_never_looks_for_vllm(tmp_path: Path) -> None:
+    """An empty args mapping is fine without locating vLLM at all."""
+    checker = EngineArgChecker(python=tmp_path / "no-such-python", cache_dir=tmp_path)
+    assert checker.problems({}) == []
+    assert checker._located is False
+
+
+def test_without_vllm_the_check_is_skipped(tmp_path: Path) -> None:
+    """An interpreter without vLLM (here: one that does not exist) skips the check."""
+    checker = EngineArgChecker(python=tmp_path / "no-such-python", cache_dir=tmp_path)
+    assert checker.problems({"max-num-seqs": "many"}) == []
+
+
+def test_a_damaged_cache_is_rebuilt_not_trusted(
+    tmp_path: Path, install: VllmInstall, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache file that is not a table is ignored: the probe runs again."""
+    (tmp_path / install.cache_name).write_text("{not json")
+    calls: list[object] = []
+
+    def fake_probe(python: object, *, table: bool, pairs: list[object], timeout_s: float) -> object:
+        calls.append(table)
+        snap = json.loads(SNAPSHOT.read_text())
+        return snap, [None] * len(pairs)
+
+    monkeypatch.setattr(engine_args, "run_probe", fake_probe)
+    checker = EngineArgChecker(python=sys.executable, cache_dir=tmp_path)
+    assert checker.problems({"max-num-seqs": 4}) == []
+    assert calls == [True]
+    assert EngineArgTable.model_validate_json((tmp_path / install.cache_name).read_text())
+
+
+# ---- slow: the real probe (imports vLLM: tens of seconds on a busy 2-core box) -------------
+
+
+@pytest.mark.slow
+def test_the_real_parser_names_bad_args_and_the_cache_makes_the_second_run_instant(
+    tmp_path: Path, install: VllmInstall
+) -> None:
+    """Cold: one probe run reads the table and checks config-typed values with vLLM's own
+    parser; warm: the same answers from the cache without the probe."""
+    args: dict[str, str | int | bool] = {
+        "max-num-seqs": "many",
+        "max-num-seq": 32,
+        "compilation-config": '{"levle": 3}',
+        "moe-backend": "Triton",  # vLLM lower-cases it: fine
+        "enforce-eager": True,
+    }
+    cold = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).problems(args)
+    assert cold[0] == "serving.args.max-num-seqs: invalid int value: 'many'"
+    assert cold[1].startswith("serving.args.max-num-seq: unknown vLLM engine argument")
+    assert cold[2].startswith("serving.args.compilation-config: 1 validation error for")
+    assert "levle" in cold[2]
+    assert len(cold) == 3
+    assert (tmp_path / install.cache_name).is_file()
+
+    def no_probe(*a: object, **k: object) -> object:
+        raise AssertionError("the warm path must not import vLLM")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_args, "run_probe", no_probe)
+        warm = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).problems(args)
+    assert warm == cold
+
+
+@pytest.mark.slow
+def test_the_snapshot_still_matches_the_installed_vllm(tmp_path: Path) -> None:
+    """The fast tests' snapshot is what the probe reads today (catches a stale snapshot)."""
+    table = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).table()
+    assert table is not None
+    real = {o.flags[0]: o for o in table.options}
+    snap = EngineArgTable.model_validate_json(SNAPSHOT.read_text())
+    assert snap.vllm_version == table.vllm_version
+    for opt in snap.options:
+        assert real[opt.flags[0]] == opt
+
+
+@pytest.mark.slow
+def test_the_demo_manifests_validate_clean(tmp_path: Path) -> None:
+    """Every manifest in manifests/ passes validate, engine arguments included."""
+    from releasekit.spec.validate import validate_many
+
+    root = tmp_path / "proj"
+    shutil.copytree(REPO / "manifests", root / "manifests")
+    for sub in ("prompts", "pipelines"):
+        shutil.copytree(REPO / sub, root / sub)
+    settings = load_settings(root=root)
+    paths = sorted((root / "manifests").glob("*.yaml"))
+    assert paths
+    results = validate_many(paths, check_files=False, settings=settings)
+    assert [r.problems for r in results] == [[] for _ in paths]
+    assert any(engine_args_cache_dir(settings).glob("vllm-*.json"))
+    for p in paths:  # and each really has serving args that were checked
+        assert load_manifest(p, root=root).manifest.serving.args
