@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/system-deps.sh  # Prometheus and Alertmanager for the watch tests
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check releasekit tests pipelines
 .venv/bin/ruff format --check releasekit tests pipelines

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install the system programs releasekit's watch tests and alert rules need:
+# Prometheus (with promtool) and Alertmanager, from Debian's packages.
+# Does nothing when `prometheus`, `promtool` and `prometheus-alertmanager` are all on PATH.
+#
+# Elsewhere (no apt-get): download the release tarballs from
+#   https://prometheus.io/download/  (prometheus-*.linux-amd64.tar.gz, alertmanager-*.tar.gz)
+# and put `prometheus`, `promtool` and `alertmanager` on PATH (name the last one
+# `prometheus-alertmanager`, or point RELEASEKIT_ALERTMANAGER at it); on macOS:
+# `brew install prometheus alertmanager`.
+set -euo pipefail
+
+# Debian ships Alertmanager as `prometheus-alertmanager`; upstream calls it `alertmanager`.
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+if ! command -v prometheus-alertmanager >/dev/null 2>&1 \
+  && ! command -v alertmanager >/dev/null 2>&1; then
+  need+=(prometheus-alertmanager)
+fi
+if [[ ${#need[@]} -eq 0 ]]; then
+  echo "system-deps: prometheus, promtool and alertmanager already installed"
+  exit 0
+fi
+mapfile -t pkgs < <(printf '%s\n' "${need[@]}" | sort -u)
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: apt-get not found; install ${pkgs[*]} by hand:" >&2
+  echo "  download prometheus and alertmanager from https://prometheus.io/download/" >&2
+  echo "  (or 'brew install prometheus alertmanager') and put prometheus, promtool and" >&2
+  echo "  alertmanager on PATH" >&2
+  exit 1
+fi
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "system-deps: need root (or sudo) to apt-get install ${pkgs[*]}" >&2
+    exit 1
+  fi
+fi
+
+echo "system-deps: apt-get update"
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+echo "system-deps: apt-get install --no-install-recommends ${pkgs[*]}"
+# No systemd in containers: the packages' service start is refused, which is harmless;
+# releasekit runs both as plain processes.
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null
+for bin in prometheus promtool; do
+  command -v "$bin" >/dev/null 2>&1 || { echo "system-deps: $bin still missing" >&2; exit 1; }
+done
+echo "system-deps: done ($(prometheus --version 2>&1 | head -1))"
