@@ -1,0 +1,1 @@
+"""Deploy targets and the gateway: what serves which release, and the address in front."""

@@ -1,0 +1,219 @@
+"""Gateway test helpers: a misbehaving fake upstream (a real ASGI server on loopback) and
+gateways served by uvicorn in background threads, all on OS-chosen ports.
+
+The fake upstream is steered per request by headers the gateway forwards untouched:
+  x-fake-chunks: N      SSE chunks to send for `"stream": true` (default 3)
+  x-fake-delay: S       seconds between chunks (default 0.01)
+  x-fake-hold: NAME     after the first chunk, wait until the test calls `release(NAME)`
+  x-fake-stall-after: K after K chunks, go silent (never end)
+  x-fake-hang: 1        never send response headers
+  x-fake-status: CODE   non-stream answer with this status
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as SRoute
+
+from releasekit.deploy.gateway import GatewayConfig, Route, ThreadedGateway
+
+
+@dataclass
+class FakeUpstream:
+    """A fake vLLM: records what it received, streams, fails or hangs on request."""
+
+    name: str
+    url: str = ""
+    received: list[dict[str, Any]] = field(default_factory=list)
+    holds: dict[str, threading.Event] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    _seq: int = 0
+
+    def release(self, name: str) -> None:
+        """Let every stream held on `name` continue."""
+        self.holds.setdefault(name, threading.Event()).set()
+
+    def next_id(self, prefix: str) -> str:
+        self._seq += 1
+        return f"{prefix}-{self.name}-{self._seq}"
+
+    def app(self) -> Starlette:
+        async def completions(request: Request) -> Response:
+            body = await request.body()
+            h = request.headers
+            self.received.append(
+                {
+                    "path": request.url.path,
+                    "headers": dict(h),
+                    "body": body,
+                    "query": request.url.query,
+                }
+            )
+            if h.get("x-fake-hang"):
+                await asyncio.sleep(3600)
+            payload = json.loads(body) if body else {}
+            chat = request.url.path.endswith("chat/completions")
+            rid = self.next_id("chatcmpl" if chat else "cmpl")
+            if not payload.get("stream"):
+                status = int(h.get("x-fake-status", "200"))
+                return JSONResponse(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "upstream": self.name,
+                        "choices": [{"index": 0, "text": "hello"}],
+                    },
+                    status_code=status,
+                    headers={"x-upstream": self.name, "connection": "keep-alive"},
+                )
+            n = int(h.get("x-fake-chunks", "3"))
+            delay = float(h.get("x-fake-delay", "0.01"))
+            hold = h.get("x-fake-hold")
+            stall = int(h.get("x-fake-stall-after", "-1"))
+
+            async def events() -> Any:
+                try:
+                    if chat:  # vLLM's first chat chunk: the role, empty content
+                        yield _sse(
+                            {
+                                "id": rid,
+                                "choices": [{"delta": {"role": "assistant", "content": ""}}],
+                            }
+                        )
+                    for i in range(n):
+                        if i == stall:
+                            await asyncio.sleep(3600)
+                        key = "content" if chat else "text"
+                        obj: dict[str, Any] = {"id": rid, "upstream": self.name}
+                        obj["choices"] = [{"delta": {key: f"t{i}"}} if chat else {key: f"t{i}"}]
+                        yield _sse(obj)
+                        if i == 0 and hold:
+                            ev = self.holds.setdefault(hold, threading.Event())
+                            while not ev.is_set():
+                                await asyncio.sleep(0.005)
+                        await asyncio.sleep(delay)
+                    yield b"data: [DONE]\n\n"
+                    self.finished.append(rid)
+                except asyncio.CancelledError:
+                    self.cancelled.append(rid)
+                    raise
+
+            return StreamingResponse(
+                events(), media_type="text/event-stream", headers={"x-upstream": self.name}
+            )
+
+        async def models(request: Request) -> Response:
+            self.received.append({"path": request.url.path, "headers": dict(request.headers)})
+            return JSONResponse({"object": "list", "data": [{"id": self.name}]})
+
+        return Starlette(
+            routes=[
+                SRoute("/v1/completions", completions, methods=["POST"]),
+                SRoute("/v1/chat/completions", completions, methods=["POST"]),
+                SRoute("/v1/models", models, methods=["GET"]),
+            ]
+        )
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class _ServerThread:
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        cfg = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake upstream did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.fixture
+def upstream_factory() -> Iterator[Callable[[str], FakeUpstream]]:
+    """`upstream_factory(name)` -> a started fake upstream (stopped after the test)."""
+    started: list[tuple[FakeUpstream, _ServerThread]] = []
+
+    def make(name: str) -> FakeUpstream:
+        up = FakeUpstream(name)
+        st = _ServerThread(up.app())
+        st.start()
+        up.url = f"http://127.0.0.1:{st.port}"
+        started.append((up, st))
+        return up
+
+    yield make
+    for up, st in started:
+        for ev in up.holds.values():
+            ev.set()
+        st.stop()
+
+
+@pytest.fixture
+def admin_token() -> str:
+    """A fresh admin token."""
+    return secrets.token_urlsafe(24)
+
+
+@pytest.fixture
+def gateway_factory(admin_token: str) -> Iterator[Callable[..., ThreadedGateway]]:
+    """`gateway_factory(routes=[...], **config)` -> a started ThreadedGateway on port 0."""
+    started: list[ThreadedGateway] = []
+
+    def make(routes: list[Route] | None = None, **overrides: Any) -> ThreadedGateway:
+        cfg = GatewayConfig(
+            env="test",
+            port=0,
+            admin_token=admin_token,
+            routes=routes or [],
+            shutdown_timeout_s=1,
+            **overrides,
+        )
+        tg = ThreadedGateway(cfg).start()
+        started.append(tg)
+        return tg
+
+    yield make
+    for tg in started:
+        tg.stop()
+
+
+def refused_url() -> str:
+    """An address where nothing listens (connection refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
