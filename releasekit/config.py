@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,6 +27,48 @@ def find_root(start: Path | None = None) -> Path:
         if (folder / CONFIG_FILE).is_file() or (folder / ".git").exists():
             return folder
     return here
+
+
+class SmokeConfig(BaseModel):
+    """The smoke suite a release must pass before and right after it gets traffic: a few
+    items of a JSONL suite (`path`, or the release manifest's suite named `suite`), sent as
+    templated chat requests (`vars` fill the release's prompt); `expected`, when an item has
+    it, must appear in the answer for `min_pass_rate` of the items."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path | None = Field(None, description="JSONL suite file (relative to the root)")
+    suite: str | None = Field("core", description="else: the manifest's suite of this name")
+    max_items: int = Field(8, ge=1, le=1000)
+    max_tokens: int = Field(32, ge=1, le=4096)
+    min_pass_rate: float = Field(0.5, ge=0, le=1)
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class EnvironmentConfig(BaseModel):
+    """Where and how one environment runs (`[environments.NAME]` in releasekit.toml); the
+    manifest's `environments` list says which environments a release may go to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: Literal["local"] = Field("local", description="deploy target")
+    host: str = Field("127.0.0.1", description="the gateway's (client-facing) address")
+    port: int = Field(ge=1, le=65535, description="the gateway's port")
+    gates_required: bool = True
+    requires: str | None = Field(
+        None, description="environment the release must have been live in first"
+    )
+    warm_s: float = Field(300.0, ge=0, description="how long the previous release stays warm")
+    drain_deadline_s: float = Field(60.0, ge=0, description="wait for in-flight requests")
+    smoke: SmokeConfig = SmokeConfig()
+    api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
+    max_in_flight: int = Field(256, ge=1)
+    max_queue_wait_s: float = Field(5.0, ge=0)
+
+    @property
+    def url(self) -> str:
+        """http://host:port of the environment's gateway."""
+        return f"http://{self.host}:{self.port}"
 
 
 class Settings(BaseSettings):
@@ -50,6 +92,18 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_start_timeout_s: float = Field(300.0, gt=0)
     server_stop_grace_s: float = Field(10.0, gt=0)
+    signing_key: Path | None = Field(
+        None, description="Ed25519 private key (PEM) that signs ledger records; never committed"
+    )
+    mlflow_http_timeout_s: float | None = Field(
+        None, gt=0, description="MLflow HTTP timeout (MLFLOW_HTTP_REQUEST_TIMEOUT wins); default 4"
+    )
+    mlflow_http_max_retries: int | None = Field(
+        None, ge=0, description="MLflow HTTP retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES wins); 1"
+    )
+    environments: dict[str, EnvironmentConfig] = Field(
+        default_factory=dict, description="[environments.NAME]: deploy target and policy"
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -9,6 +9,7 @@ ReleasekitError                 root; the CLI prints `error: <message>` + remedy
 ├── LockError                   a lock file is missing or unreadable
 │   └── LockMismatchError       inputs changed since the lock (`lock --check`)
 ├── GitError                    git provenance could not be read
+│   └── AnchorError             the ledger's git anchor ref cannot be read or written
 ├── ServerError                 a vLLM server could not be started or reached
 │   ├── ServerStartError        the server died or never became healthy (quotes its log)
 │   ├── ServerUnreachableError  a running server does not answer
@@ -19,9 +20,18 @@ ReleasekitError                 root; the CLI prints `error: <message>` + remedy
 ├── EvalError                   an eval suite could not run
 │   └── JudgeError              the pinned judge timed out or answered unparseably
 ├── RegistryError               MLflow refused or failed an operation
+│   ├── RegistryUnreachableError  the tracking server does not answer (bounded wait)
+│   ├── RegistryStoreMissingError a read-only command found no MLflow store at the URI
+│   └── AliasDriftError         the event was recorded but the alias could not be moved
 ├── LedgerError                 the event ledger could not be read or appended
+│   ├── LedgerNotFoundError     a read-only command found no ledger at the URL
+│   ├── LedgerLockTimeoutError  an environment's or release's lock stayed held too long
+│   ├── SigningKeyError         a signing key file is unreadable, of the wrong type, ambiguous
 │   └── LedgerIntegrityError    the hash chain is broken (edited/deleted/reordered row)
-└── ReleaseNotFoundError        a release reference matches nothing (or too much)
+│       ├── SignatureError      a record's signature fails or names an untrusted key
+│       └── AnchorMismatchError the ledger contradicts its git anchor
+├── ReleaseNotFoundError        a release reference matches nothing (or too much)
+└── NotAProjectError            a command runs outside a releasekit project
 """
 
 from __future__ import annotations
@@ -116,6 +126,16 @@ class GitError(ReleasekitError):
     remedy = "run inside a git repository (`git init`), or check that git is installed"
 
 
+class AnchorError(GitError):
+    """Raised when the anchor ref cannot be read or written: not a git repository, git
+    missing, or a malformed anchor commit. Appends treat it as a warning, never a crash."""
+
+    remedy = (
+        "run inside the project's git repository (`git init`), or check that git is installed; "
+        "then `releasekit ledger anchor`"
+    )
+
+
 class ServerError(ReleasekitError):
     """Raised when a vLLM server cannot be used."""
 
@@ -176,10 +196,91 @@ class RegistryError(ReleasekitError):
     remedy = "check MLFLOW_TRACKING_URI and that the tracking server is reachable"
 
 
+class RegistryUnreachableError(RegistryError):
+    """Raised when the MLflow tracking server does not answer within the HTTP timeout and
+    retry budget (connection refused, timed out, unknown host); `uri` is the server tried.
+    Never reported as "no release matches": nothing could be looked up."""
+
+    remedy = (
+        "check MLFLOW_TRACKING_URI and that the tracking server is up "
+        "(`curl URI/health`); raise MLFLOW_HTTP_REQUEST_TIMEOUT for a slow server"
+    )
+
+    def __init__(self, message: str, *, uri: str) -> None:
+        self.uri = uri
+        super().__init__(message)
+
+
+class RegistryStoreMissingError(RegistryError):
+    """Raised when a command that only reads finds no MLflow store at the tracking URI (the
+    SQLite file does not exist); nothing is created."""
+
+    remedy = (
+        "point MLFLOW_TRACKING_URI (or `mlflow_tracking_uri` in releasekit.toml) at the "
+        "team's MLflow, or run the command from the project that holds the store"
+    )
+
+    def __init__(self, message: str, *, uri: str) -> None:
+        self.uri = uri
+        super().__init__(message)
+
+
+class AliasDriftError(RegistryError):
+    """Raised when an assignment was recorded in the ledger but the MLflow alias could not
+    be moved afterwards; the ledger is right and the alias lags (`environment`, `seq`)."""
+
+    remedy = "run `releasekit reconcile` once MLflow answers; it moves the alias to match"
+
+    def __init__(self, message: str, *, environment: str, seq: int) -> None:
+        self.environment = environment
+        self.seq = seq
+        super().__init__(message)
+
+
 class LedgerError(ReleasekitError):
     """Raised when the event ledger cannot be read or appended to."""
 
     remedy = "check the ledger URL (RELEASEKIT_LEDGER_URL or releasekit.toml)"
+
+
+class LedgerNotFoundError(LedgerError):
+    """Raised when a command that only reads finds no ledger at the URL in force (a missing
+    SQLite file, or a server database without the ledger's tables). Nothing is created."""
+
+    remedy = (
+        "point RELEASEKIT_LEDGER_URL (or `ledger_url` in releasekit.toml) at the team's "
+        "ledger, or run the command from the project that holds it"
+    )
+
+    def __init__(self, message: str, *, url: str) -> None:
+        self.url = url
+        super().__init__(message)
+
+
+class LedgerLockTimeoutError(LedgerError):
+    """Raised when a named lock (an environment's assignment lock, a release's register
+    lock) stays held by another process for longer than the wait allows; `name` is the lock
+    and `holder` says who holds it when the database can tell."""
+
+    remedy = (
+        "another releasekit command is changing the same environment or release: wait for it "
+        "and retry (a lease left by a killed process on another host expires by itself)"
+    )
+
+    def __init__(self, message: str, *, name: str, holder: str | None = None) -> None:
+        self.name = name
+        self.holder = holder
+        super().__init__(message)
+
+
+class SigningKeyError(LedgerError):
+    """Raised when a signing key (private or public) cannot be read, has the wrong type, or
+    when more than one private key could be meant and none is named."""
+
+    remedy = (
+        "set RELEASEKIT_SIGNING_KEY to the private key's PEM file, or create one with "
+        "`releasekit ledger keygen`"
+    )
 
 
 class LedgerIntegrityError(LedgerError):
@@ -190,6 +291,30 @@ class LedgerIntegrityError(LedgerError):
     def __init__(self, message: str, *, seq: int | None = None) -> None:
         self.seq = seq
         super().__init__(message)
+
+
+class SignatureError(LedgerIntegrityError):
+    """Raised when a record's signature does not verify, or names a key the repository does
+    not trust; `seq` is the record and `key_id` the key it names."""
+
+    remedy = (
+        "the record was changed after signing or signed by an untrusted key: restore the "
+        "ledger from a backup, or add the signer's keys/<key id>.pub if it is a legitimate key"
+    )
+
+    def __init__(self, message: str, *, seq: int | None = None, key_id: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(message, seq=seq)
+
+
+class AnchorMismatchError(LedgerIntegrityError):
+    """Raised when asked to anchor a head that contradicts the anchor already there (same
+    sequence number, another hash): the ledger diverged from its anchored history."""
+
+    remedy = (
+        "run `releasekit ledger verify`: the ledger no longer extends its git anchor; restore "
+        "it from a backup"
+    )
 
 
 class ReleaseNotFoundError(ReleasekitError):
@@ -203,3 +328,14 @@ class ReleaseNotBuiltError(ServerError):
     """Raised when a quantised release is served before `releasekit build` made its model."""
 
     remedy = "run `releasekit build MANIFEST` first"
+
+
+class NotAProjectError(ReleasekitError):
+    """Raised when a command runs outside a releasekit project (no releasekit.toml, .git or
+    manifests/ at or above the current folder), instead of making state in a random folder."""
+
+    remedy = "cd into the project (the folder with releasekit.toml), or set RELEASEKIT_ROOT"
+
+    def __init__(self, message: str, *, root: Path) -> None:
+        self.root = root
+        super().__init__(message)

@@ -1,5 +1,6 @@
-"""CLI: register releases in MLflow, assign them to environments, and answer auditors
-(status, history, at, show, diff, ledger verify)."""
+"""CLI: register releases in MLflow, assign them to environments, keep MLflow in line with the
+ledger (reconcile), and answer auditors (status, history, at, show, diff, ledger verify,
+keygen, anchor)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from rich.table import Table
 from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
-from releasekit.releases.queries import at, diff, history, show, status
+from releasekit.releases.queries import at, diff, history, show
+from releasekit.releases.reconcile import checked_status, reconcile
 from releasekit.releases.resolve import parse_time
-from releasekit.stores.ledger import Ledger, LedgerRecord
+from releasekit.stores.ledger import Ledger, LedgerRecord, keygen, open_ledger
 
 ledger_app = typer.Typer(help="The hash-chained event ledger.", no_args_is_help=True)
 
@@ -28,6 +30,7 @@ def register(app: typer.Typer) -> None:
     app.command("register")(register_cmd)
     app.command("assign")(assign_cmd)
     app.command("status")(status_cmd)
+    app.command("reconcile")(reconcile_cmd)
     app.command("history")(history_cmd)
     app.command("at")(at_cmd)
     app.command("show")(show_cmd)
@@ -42,7 +45,7 @@ def _time(value: str) -> dt.datetime:
         raise typer.BadParameter(str(exc)) from None
 
 
-_KEEP = {"release", "from", "to", "seq", "time", "since", "environment", "env", "metric"}
+_KEEP = {"release", "from", "to", "seq", "time", "since", "environment", "env", "metric", "mlflow"}
 _MIN = {"type": 8, "by": 8, "reason": 10, "event": 8, "model": 8}
 
 
@@ -84,8 +87,13 @@ def _who(actor: str) -> str:
 
 
 def _ledger() -> Ledger:
-    s = State.settings()
-    return Ledger(s.ledger_url or "", actor=s.actor)
+    # Auditing commands only read: never create a ledger where none is.
+    return open_ledger(State.settings(), read_only=True)
+
+
+def _warn(warnings: Sequence[str]) -> None:
+    for w in warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 
 @handle_errors
@@ -100,6 +108,7 @@ def register_cmd(
 
     with err.status("registering") as spinner:
         res = register_release(State.settings(), manifest, progress=lambda msg: spinner.update(msg))
+    _warn(res.warnings)
     if json_:
         emit_json(res)
         return
@@ -128,9 +137,15 @@ def assign_cmd(
     from releasekit.releases.assign import assign
 
     res = assign(State.settings(), release, env=env, reason=reason, force=force)
+    _warn(res.warnings)
     if json_:
         emit_json(res)
         return
+    if res.repaired is not None:
+        out.print(
+            f"[yellow]repaired[/yellow] {env}: {res.repaired.reason} (event #{res.repaired.seq})",
+            highlight=False,
+        )
     what = f"{res.model_name} v{res.version} (release {_short(res.release_id)})"
     if not res.changed:
         out.print(f"{env} already runs {what}; nothing recorded", highlight=False)
@@ -142,30 +157,78 @@ def assign_cmd(
 
 @handle_errors
 def status_cmd(json_: JsonOpt = False) -> None:
-    """What is live in each environment, since when, and who put it there."""
-    rep = status(State.settings())
+    """What is live in each environment, since when, who put it there, and whether MLflow's
+    alias agrees with the ledger (exit 1 on drift or when MLflow cannot be asked)."""
+    rep = checked_status(State.settings())
     if json_:
         emit_json(rep)
-        return
-    if not rep.environments:
+    elif not rep.environments:
         out.print("no environment has a release yet (see `releasekit assign`)")
-        return
-    table(
-        "live releases",
-        ["environment", "release", "model", "since", "by", "event", "reason"],
-        [
-            (
-                e.environment,
-                _short(e.release_id),
-                f"{e.model_name} v{e.model_version}" if e.model_name else "-",
-                _when(e.since),
-                _who(e.actor),
-                f"#{e.seq} {e.event_type}",
-                e.reason,
+    else:
+        table(
+            "live releases",
+            ["environment", "release", "model", "since", "by", "event", "mlflow", "reason"],
+            [
+                (
+                    e.environment,
+                    _short(e.release_id),
+                    f"{e.model_name} v{e.model_version}" if e.model_name else "-",
+                    _when(e.since),
+                    _who(e.actor),
+                    f"#{e.seq} {e.event_type}",
+                    "ok"
+                    if e.drift == "ok"
+                    else f"{e.drift.upper()}"
+                    if e.drift == "drift"
+                    else e.drift,
+                    e.reason,
+                )
+                for e in rep.environments
+            ],
+        )
+        for e in rep.drifted:
+            err.print(f"[red]drift:[/red] {e.drift_detail}", highlight=False)
+        for d in rep.unrecorded:
+            err.print(f"[yellow]unrecorded:[/yellow] {d.detail}", highlight=False)
+        if rep.drifted:
+            err.print(
+                "  [dim]hint: `releasekit reconcile` moves the aliases to match the ledger[/dim]"
             )
-            for e in rep.environments
-        ],
-    )
+        if rep.drift_error:
+            err.print(
+                f"[red]error:[/red] cannot cross-check MLflow: {rep.drift_error}", highlight=False
+            )
+    if rep.drifted or rep.drift_error:
+        raise typer.Exit(1)
+
+
+@handle_errors
+def reconcile_cmd(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="say what would change, change nothing")
+    ] = False,
+    env: Annotated[str | None, typer.Option("--env", "-e", help="only this environment")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Move every MLflow alias that disagrees with the ledger back to the ledger's release
+    (each repair is recorded as a `repair` event)."""
+    res = reconcile(State.settings(), dry_run=dry_run, environment=env)
+    if json_:
+        emit_json(res)
+        return
+    verb = "would repair" if dry_run else "repaired"
+    for r in res.repairs:
+        found = ", ".join(f"{h.model_name} v{h.version}" for h in r.before) or "nothing"
+        seq = f" (event #{r.record.seq})" if r.record else ""
+        out.print(
+            f"[yellow]{verb}[/yellow] {r.environment}: {found} -> "
+            f"{r.after.model_name} v{r.after.version}{seq}",
+            highlight=False,
+        )
+    for d in res.unrecorded:
+        err.print(f"[yellow]unrecorded:[/yellow] {d.detail} (left alone)", highlight=False)
+    if not res.repairs:
+        out.print(f"[green]ok[/green] {res.checked} environments agree with the ledger")
 
 
 def _events_table(title: str, events: list[LedgerRecord]) -> None:
@@ -392,18 +455,75 @@ def _num(v: float | None, *, signed: bool = False) -> str:
 @ledger_app.command("verify")
 @handle_errors
 def verify_cmd(json_: JsonOpt = False) -> None:
-    """Walk the hash chain; name the first edited, deleted or reordered record (exit 1)."""
+    """Check the ledger: the hash chain, every signature, and that it extends every git
+    anchor; name the first edited, deleted, re-signed or truncated record (exit 1)."""
     res = _ledger().verify()
     if json_:
         emit_json(res)
     elif res.ok:
         head = f", head #{res.head_seq} {res.head_hash[:12]}" if res.head_hash else ""
         out.print(f"[green]ok[/green] {res.records} records, chain intact{head}", highlight=False)
+        keys = f" by {', '.join(res.key_ids)}" if res.key_ids else ""
+        out.print(f"  signatures: {res.signing}{keys}", highlight=False)
+        anchored = f" up to #{res.anchored_seq}" if res.anchored_seq else ""
+        out.print(f"  git anchors: {res.anchoring}{anchored}", highlight=False)
+        for n in res.notes:
+            out.print(f"  [dim]{n}[/dim]", highlight=False)
     else:
         err.print(f"[red]ledger broken:[/red] {res.problem}", highlight=False)
+        for n in res.notes:
+            err.print(f"  also: {n}", highlight=False)
         err.print(
             "  [dim]hint: restore the ledger from a backup; the named record was edited, "
-            "deleted or reordered[/dim]"
+            "deleted, re-signed or truncated[/dim]"
         )
     if not res.ok:
         raise typer.Exit(1)
+
+
+@ledger_app.command("keygen")
+@handle_errors
+def keygen_cmd(
+    private: Annotated[
+        Path | None,
+        typer.Option(help="where to write the private key (default .releasekit/keys/<id>.pem)"),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Make an Ed25519 signing key: the private key stays out of git, the public key goes
+    to keys/<key id>.pub for the team to commit."""
+    kp = keygen(State.settings(), private_path=private)
+    if json_:
+        emit_json(
+            {"key_id": kp.key_id, "private": str(kp.private_path), "public": str(kp.public_path)}
+        )
+        return
+    out.print(f"[green]key {kp.key_id}[/green]", highlight=False)
+    out.print(f"  private: {kp.private_path} (keep it secret; never commit it)", highlight=False)
+    out.print(
+        f"  public:  {kp.public_path} (commit it: `git add {kp.public_path}`)", highlight=False
+    )
+    out.print(
+        "  elsewhere (CI, release machine): RELEASEKIT_SIGNING_KEY=/path/to/that .pem",
+        highlight=False,
+    )
+
+
+@ledger_app.command("anchor")
+@handle_errors
+def anchor_cmd(json_: JsonOpt = False) -> None:
+    """Advance the git anchor (refs/releasekit/ledger) to the ledger's head; push it with
+    `git push origin refs/releasekit/ledger`."""
+    led = _ledger()
+    a = led.anchor()
+    if json_:
+        emit_json(a.model_dump() if a else {"anchored": False})
+        return
+    if a is None:
+        out.print("the git anchor already covers the ledger's head (or the ledger is empty)")
+    else:
+        out.print(
+            f"[green]anchored[/green] record #{a.seq} {a.hash[:12]} on {a.ref} "
+            f"(commit {(a.commit or '')[:12]})",
+            highlight=False,
+        )

@@ -1,29 +1,37 @@
-"""Assign a release to an environment: the ledger event and the MLflow alias move together."""
+"""Assign a release to an environment: the ledger event first, then the MLflow alias, under
+the environment's lock; drift an earlier crash left is repaired from the ledger."""
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import time
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.procs import deferred_signals
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
-from releasekit.errors import LedgerError, RegistryError, ReleasekitError
+from releasekit.errors import AliasDriftError, RegistryError
+from releasekit.releases.reconcile import repair_env
 from releasekit.spec.lock import SHORT
-from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
+from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 from releasekit.stores.mlflow import (
     _ALIAS,
     _alias,
     _search_versions,
     client_for,
+    delete_alias,
     mlflow_errors,
+    set_alias,
     tracking_uri,
 )
 
-if TYPE_CHECKING:
-    pass
+ASSIGN_LOCK_TIMEOUT_S = 120.0  # how long an assign waits behind others on one environment
+PAUSE_ENV = "RELEASEKIT_TEST_PAUSE_AFTER_APPEND"
+PAUSE_MARKER_ENV = "RELEASEKIT_TEST_PAUSE_MARKER"
 
 
 class AssignResult(BaseModel):
@@ -39,6 +47,12 @@ class AssignResult(BaseModel):
     previous_model_name: str | None = None
     previous_version: str | None = None
     record: LedgerRecord | None = None
+    repaired: LedgerRecord | None = Field(
+        None, description="the repair event, when the alias had drifted from the ledger first"
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="what did not stop it (e.g. the git anchor)"
+    )
 
 
 def _check_env(env: str, allowed: list[str] | None) -> None:
@@ -54,6 +68,19 @@ def _check_env(env: str, allowed: list[str] | None) -> None:
         )
 
 
+def _pause_for_tests() -> None:
+    """Test hook: with RELEASEKIT_TEST_PAUSE_AFTER_APPEND=<seconds>, stop between the ledger
+    append and the alias move (touching RELEASEKIT_TEST_PAUSE_MARKER, if set, first) so a
+    test can kill the process exactly there."""
+    pause = os.environ.get(PAUSE_ENV)
+    if not pause:
+        return
+    marker = os.environ.get(PAUSE_MARKER_ENV)
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+    time.sleep(float(pause))
+
+
 def assign(
     settings: Settings,
     release_ref: str,
@@ -65,134 +92,120 @@ def assign(
     actor: str | None = None,
     force: bool = False,
     ledger: Ledger | None = None,
+    lock_timeout_s: float | None = None,
 ) -> AssignResult:
-    """Record that `env` now runs a release: move the alias `env` to its model version and
-    append a live ledger event; both happen or neither does.
+    """Record that `env` now runs a release, then move the alias `env` to its model version.
+
+    Under the environment's lock (in the ledger's database, so concurrent assigns from any
+    process or machine serialise): first repair any drift an earlier crash left (alias !=
+    the ledger's last live event: a `repair` event, then the alias), then append the live
+    event (the truth), then move the alias (its projection), with SIGINT/SIGTERM held so a
+    signal cannot split the two. If the process dies in between anyway, the next assign,
+    `status` and `reconcile` see the drift.
 
     `release_ref` is anything `resolve_release` accepts. The alias is removed from the
     previous release's registered model when that is a different model, so exactly one
     `models:/<name>@<env>` exists. Re-assigning the release already live is a no-op
-    (changed=False) unless `force`.
+    (changed=False) unless `force`. Raises AliasDriftError when the event was recorded but
+    the alias could not be moved.
     """
     from releasekit.releases.context import release_manifest, report_digests
     from releasekit.releases.resolve import resolve_release
 
     etype = EventType(event_type)
-    led = ledger or Ledger(settings.ledger_url or "", actor=settings.actor)
+    led = ledger or open_ledger(settings)
     ref = resolve_release(settings, release_ref, ledger=led)
     rid = ref.release_id
     manifest = release_manifest(settings, rid, ledger=led)
     _check_env(env, [e.name for e in manifest.environments] if manifest else None)
+    uri = tracking_uri(settings)
     client = client_for(settings)
-    with mlflow_errors(f"looking up release {rid[:SHORT]}"):
+    with mlflow_errors(f"looking up release {rid[:SHORT]}", uri=uri):
         found = _search_versions(client, rid, None)
     if not found:
         raise RegistryError(
-            f"release {rid[:SHORT]} is not registered in MLflow "
-            f"({redact_url(tracking_uri(settings))})",
+            f"release {rid[:SHORT]} is not registered in MLflow ({redact_url(uri)})",
             remedy="run `releasekit register MANIFEST` first",
         )
     target = found[0]
-    current = led.live_at(env)
-    prev_rid = current.to_release if current else None
-    prev_model = (
-        str(current.evidence.get("model_name"))
-        if current and current.evidence.get("model_name")
-        else None
-    )
-    on_target = _alias(client, target.model_name, env)
-    if (
-        not force
-        and prev_rid == rid
-        and on_target is not None
-        and on_target.version == target.version
-    ):
-        return AssignResult(
-            release_id=rid,
-            model_name=target.model_name,
-            version=target.version,
-            environment=env,
-            event_type=etype.value,
-            changed=False,
-            previous_release_id=prev_rid,
-            previous_model_name=prev_model,
-            previous_version=target.version,
-            record=current,
-        )
-    other = None
-    if prev_model and prev_model != target.model_name:
-        other = _alias(client, prev_model, env)
-
-    undo: list[Callable[[], None]] = []
-
-    def rollback_aliases() -> list[str]:
-        failures = []
-        for step in reversed(undo):
-            try:
-                step()
-            except Exception as exc:  # keep undoing the rest; report all
-                failures.append(str(exc))
-        return failures
-
-    try:
-        with mlflow_errors(f"moving alias {target.model_name}@{env}"):
-            client.set_registered_model_alias(target.model_name, env, target.version)
-            if on_target is not None:
-                undo.append(
-                    lambda: client.set_registered_model_alias(
-                        target.model_name, env, on_target.version
-                    )
-                )
-            else:
-                undo.append(lambda: client.delete_registered_model_alias(target.model_name, env))
-            if other is not None and prev_model is not None:
-                client.delete_registered_model_alias(prev_model, env)
-                undo.append(
-                    lambda: client.set_registered_model_alias(prev_model, env, other.version)
-                )
-    except RegistryError:
-        rollback_aliases()
-        raise
-
     ev: dict[str, Any] = {
         "mlflow_run_id": target.run_id,
         "model_name": target.model_name,
         "model_version": target.version,
         "model_uri": target.model_uri,
-        "tracking_uri": redact_url(tracking_uri(settings)),
+        "tracking_uri": redact_url(uri),
     }
-    if current is not None:
-        ev["previous_model_version"] = current.evidence.get("model_version")
     digests = report_digests(settings, rid)
     if digests:
         ev["reports"] = digests
     ev.update(evidence or {})
-    try:
-        rec = led.append(
-            Event(
-                type=etype,
+
+    with led.lock(f"env:{env}", timeout_s=lock_timeout_s or ASSIGN_LOCK_TIMEOUT_S):
+        current = led.live_at(env)
+        repaired = None
+        if current is not None:
+            repaired = repair_env(client, led, env, current, actor=actor, also={target.model_name})
+        prev_rid = current.to_release if current else None
+        prev_model = (
+            str(current.evidence.get("model_name"))
+            if current and current.evidence.get("model_name")
+            else None
+        )
+        prev_version = (
+            str(current.evidence.get("model_version"))
+            if current and current.evidence.get("model_version") is not None
+            else None
+        )
+        on_target = _alias(client, target.model_name, env)
+        if (
+            not force
+            and prev_rid == rid
+            and on_target is not None
+            and on_target.version == target.version
+        ):
+            return AssignResult(
+                release_id=rid,
+                model_name=target.model_name,
+                version=target.version,
                 environment=env,
-                from_release=prev_rid,
-                to_release=rid,
-                reason=reason,
-                evidence=ev,
-                live=True,
-                actor=actor,
+                event_type=etype.value,
+                changed=False,
+                previous_release_id=prev_rid,
+                previous_model_name=prev_model,
+                previous_version=target.version,
+                record=current,
+                repaired=repaired.record if repaired else None,
+                warnings=list(led.warnings),
             )
-        )
-    except BaseException as exc:
-        failures = rollback_aliases()
-        note = (
-            f"; restoring the alias ALSO failed ({'; '.join(failures)}): check "
-            f"models:/{target.model_name}@{env} by hand"
-            if failures
-            else "; the alias was restored"
-        )
-        if isinstance(exc, ReleasekitError):
-            raise LedgerError(f"{exc.message}{note}", remedy=exc.remedy or None) from exc
-        if isinstance(exc, Exception):
-            raise LedgerError(f"cannot record the assignment: {exc}{note}") from exc
-        raise
+        if current is not None:
+            ev["previous_model_version"] = current.evidence.get("model_version")
+        with deferred_signals():
+            # The truth first, then its projection; a signal waits until both are done.
+            rec = led.append(
+                Event(
+                    type=etype,
+                    environment=env,
+                    from_release=prev_rid,
+                    to_release=rid,
+                    reason=reason,
+                    evidence=ev,
+                    live=True,
+                    actor=actor,
+                )
+            )
+            _pause_for_tests()
+            try:
+                set_alias(client, target.model_name, env, target.version)
+                if prev_model and prev_model != target.model_name:
+                    delete_alias(client, prev_model, env)
+            except RegistryError as exc:
+                raise AliasDriftError(
+                    f"recorded the {etype.value} of {rid[:SHORT]} to {env} (ledger record "
+                    f"{rec.seq}) but could not move models:/{target.model_name}@{env}: "
+                    f"{exc.message}",
+                    environment=env,
+                    seq=rec.seq,
+                ) from exc
     return AssignResult(
         release_id=rid,
         model_name=target.model_name,
@@ -202,6 +215,8 @@ def assign(
         changed=True,
         previous_release_id=prev_rid,
         previous_model_name=prev_model,
-        previous_version=str(current.evidence.get("model_version")) if current else None,
+        previous_version=prev_version,
         record=rec,
+        repaired=repaired.record if repaired else None,
+        warnings=list(led.warnings),
     )

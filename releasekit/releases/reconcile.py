@@ -174,14 +174,17 @@ def repair_env(
     *,
     actor: str | None = None,
     dry_run: bool = False,
+    also: set[str] | None = None,
 ) -> Repair | None:
     """Put alias `env` back on the version the ledger's live event `rec` names, if MLflow
-    disagrees. The caller holds the environment's lock. The repair event is written before
-    the alias moves (the ledger stays the truth if this process dies in between)."""
+    disagrees (looking at every model the environment's events named, plus `also`). The
+    caller holds the environment's lock. The repair event is written before the alias
+    moves (the ledger stays the truth if this process dies in between)."""
     want = expected_of(rec)
     if want is None:
         return None
-    holders = holders_for(client, _env_models(led, env) | {want.model_name}, env)
+    models = _env_models(led, env) | {want.model_name} | (also or set())
+    holders = holders_for(client, models, env)
     if holders == [want]:
         return None
     removed = [h for h in holders if h.model_name != want.model_name]
@@ -279,7 +282,9 @@ def reconcile(
     """Repair every environment whose MLflow alias disagrees with the ledger (or just
     `environment`), each under its lock; `dry_run` says what would change and writes
     nothing. Aliases the ledger never recorded are reported, not removed."""
-    led = ledger or open_ledger(settings, read_only=dry_run)
+    led = ledger or open_ledger(settings, read_only=True)  # a missing ledger: error, not created
+    if ledger is None and not dry_run:
+        led = open_ledger(settings)  # it exists: reopen to write (and sign) repair events
     report = check_drift(settings, ledger=led)
     client = client_for(settings, create=False)
     result = ReconcileResult(

@@ -21,7 +21,7 @@ from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.spec.prompts import read_template, render
 from releasekit.spec.provenance import actor as provenance_actor
 from releasekit.stores.evidence import FILES, Evidence, read_evidence, sweep_series
-from releasekit.stores.ledger import Event, EventType, Ledger
+from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
 from releasekit.stores.mlflow import (
     _MAX_KEY,
     _MAX_PARAM_VALUE,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 
 Progress = Callable[[str], None]
+REGISTER_LOCK_TIMEOUT_S = 900.0  # a concurrent register of the same release may log for a while
 
 
 class RegisterResult(BaseModel):
@@ -64,6 +65,9 @@ class RegisterResult(BaseModel):
     prompt_uri: str | None = None
     tracking_uri: str
     ledger_seq: int | None = Field(None, description="seq of the register event, if written now")
+    warnings: list[str] = Field(
+        default_factory=list, description="what did not stop it (e.g. the git anchor)"
+    )
 
 
 def release_prompts(lm: LoadedManifest, lk: Lock) -> list[dict[str, str]]:
@@ -191,7 +195,9 @@ def register_release(
     artifacts: manifest, lock, reports, bench JSON and plot), the prompts in the prompt
     registry, and a version of the registered model named after the manifest, tagged with
     release_id, git_commit, builder and run_id. Registering the same release id again
-    returns the existing version (created=False) and writes nothing.
+    returns the existing version (created=False) and writes nothing; two processes
+    registering one release at once serialise on the release's lock in the ledger database
+    and yield one model version.
     """
     say = progress or (lambda _msg: None)
     lm = load_manifest(manifest_path, root=settings.root)
@@ -203,10 +209,30 @@ def register_release(
     rid = lk.release_id
     uri = tracking_uri(settings)
     client = client_for(settings)
-    led = ledger or Ledger(settings.ledger_url or "", actor=settings.actor)
+    led = ledger or open_ledger(settings)
     builder = provenance_actor(settings.root, settings.actor)
+    with led.lock(f"release:{rid}", timeout_s=REGISTER_LOCK_TIMEOUT_S):
+        # Check-then-create under the release's lock: a second registerer waits here, then
+        # finds the version the first one made.
+        res = _register_locked(settings, lm, lk, messages, client, led, builder, uri, say)
+    return res.model_copy(update={"warnings": list(led.warnings)})
+
+
+def _register_locked(
+    settings: Settings,
+    lm: LoadedManifest,
+    lk: Lock,
+    messages: list[dict[str, str]],
+    client: MlflowClient,
+    led: Ledger,
+    builder: str,
+    uri: str,
+    say: Progress,
+) -> RegisterResult:
+    rid = lk.release_id
+    name = lm.manifest.name
     what = f"registering {name} release {lk.short_id} at {redact_url(uri)}"
-    with mlflow_errors(what):
+    with mlflow_errors(what, uri=uri):
         existing = _search_versions(client, rid, name)
     if existing:
         v = existing[0]
@@ -234,7 +260,7 @@ def register_release(
             + "; ".join(ev.problems),
             remedy="rebuild the release (`dvc repro`) so its results are complete",
         )
-    with mlflow_errors(what):
+    with mlflow_errors(what, uri=uri):
         exp_id = _experiment(client, settings, name)
         say("logging run")
         prior = client.search_runs(

@@ -11,8 +11,10 @@ from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
 from releasekit.errors import (
+    LedgerNotFoundError,
     LockError,
     RegistryError,
+    RegistryUnreachableError,
     ReleaseNotFoundError,
     TimeParseError,
 )
@@ -21,7 +23,7 @@ from releasekit.spec.lock import (
     lock_path_for,
     read_lock,
 )
-from releasekit.stores.ledger import EventType, Ledger
+from releasekit.stores.ledger import EventType, Ledger, open_ledger
 
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
 
@@ -60,7 +62,17 @@ def parse_time(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
 
 
 def _open_ledger(settings: Settings, ledger: Ledger | None) -> Ledger:
-    return ledger or Ledger(settings.ledger_url or "", actor=settings.actor)
+    # Lookups only read: a missing ledger is an error naming its URL, never created.
+    return ledger or open_ledger(settings, read_only=True)
+
+
+def _lookup_ledger(settings: Settings) -> Ledger:
+    """The ledger for a lookup on its own: the project's, or an empty in-memory one when it
+    has none yet (builds under results/ and MLflow still resolve; nothing is created)."""
+    try:
+        return open_ledger(settings, read_only=True)
+    except LedgerNotFoundError:
+        return Ledger("sqlite://")
 
 
 def known_release_ids(settings: Settings, ledger: Ledger) -> set[str]:
@@ -89,7 +101,7 @@ def resolve_release(settings: Settings, ref: str, *, ledger: Ledger | None = Non
 
     Raises ReleaseNotFoundError when it matches nothing or more than one release.
     """
-    led = _open_ledger(settings, ledger)
+    led = ledger or _lookup_ledger(settings)
     text = ref.strip()
     if not text:
         raise ReleaseNotFoundError("empty release reference")
@@ -130,6 +142,8 @@ def resolve_release(settings: Settings, ref: str, *, ledger: Ledger | None = Non
         try:
             if registry.find_version(settings, low) is not None:
                 return ReleaseRef(release_id=low, how="id")
+        except RegistryUnreachableError:
+            raise  # "cannot reach MLflow", never "no release matches"
         except RegistryError:
             pass
     raise ReleaseNotFoundError(f"no release matches {ref!r}")

@@ -6,6 +6,17 @@ SQLite by default (Settings.ledger_url), any database URL for a team. Appends fr
 processes serialise on the database: SQLite takes its write lock up front (BEGIN IMMEDIATE),
 and on every database the primary key on `seq` plus a compare-and-swap on the head row turn
 a lost race into a retry, never a fork.
+
+Beyond the chain (which anyone who can write the database can recompute):
+- each record is signed with an Ed25519 key kept outside the database (`stores.signing`);
+  the repository's `keys/*.pub` say whose signatures count;
+- each append advances a git ref in the project repository (`stores.anchor`), so a ledger
+  rewritten, truncated or replaced behind a pushed anchor fails `verify`;
+- named locks (`Ledger.lock`, `stores.locks`) serialise the writers of one environment or
+  one release across processes and machines.
+
+`open_ledger(settings)` wires all three from the settings; `Ledger(url)` alone is the bare
+chain (no signing, no anchors), as the tests of the chain itself use it.
 """
 
 from __future__ import annotations
@@ -16,11 +27,11 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import (
@@ -40,13 +51,41 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    IntegrityError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 from sqlalchemy.pool import StaticPool
 
 from releasekit._support.text import redact_url
-from releasekit.errors import LedgerError, LedgerIntegrityError
+from releasekit.errors import (
+    LedgerError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    NotAProjectError,
+    SignatureError,
+)
+from releasekit.stores import anchor as anchors
+from releasekit.stores import locks
+from releasekit.stores.signing import (
+    KeyPair,
+    Signer,
+    find_signer,
+    generate_keypair,
+    trusted_keys,
+    verify_signature,
+)
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from releasekit.config import Settings
 
 GENESIS = "0" * 64
 HASH_VERSION = "releasekit-ledger/1"
@@ -68,6 +107,10 @@ class EventType(StrEnum):
     GATE_FAILED = "gate_failed"
     ROLLBACK = "rollback"
     OVERRIDE = "override"
+    DEPLOY_FAILED = "deploy_failed"  # failed to start or its smoke suite, or was reverted
+    MARK_BAD = "mark_bad"  # a release was rolled back from: refused by promote unless forced
+    DOWN = "down"  # an environment's gateway and servers were stopped
+    REPAIR = "repair"  # an MLflow alias put back in line with the ledger (not live)
 
 
 class Event(BaseModel):
@@ -108,10 +151,17 @@ class LedgerRecord(BaseModel):
     live: bool
     prev_hash: str
     hash: str
+    key_id: str | None = Field(None, description="id of the key that signed it; None: unsigned")
+    signature: str | None = None
 
 
 class VerifyResult(BaseModel):
-    """Outcome of walking the chain; `first_bad_seq` names the first broken record."""
+    """Outcome of checking the ledger: the chain, every signature, every git anchor.
+
+    `first_bad_seq` names the first broken record; `signing` is "signed" (every record),
+    "unsigned" (none), "partly signed" (records before signing began are not), or
+    "not checked" (no trusted keys given); `anchoring` says whether git anchors were checked.
+    """
 
     ok: bool
     url: str
@@ -121,6 +171,14 @@ class VerifyResult(BaseModel):
     first_bad_seq: int | None = None
     event_id: str | None = None
     problem: str | None = None
+    signing: str = "not checked"
+    signed: int = 0
+    unsigned: int = 0
+    key_ids: list[str] = Field(default_factory=list)
+    anchoring: str = "not checked"
+    anchors: int = 0
+    anchored_seq: int | None = None
+    notes: list[str] = Field(default_factory=list)
 
 
 _meta = MetaData()
@@ -158,6 +216,16 @@ head_table = Table(
     Column("seq", Integer, nullable=False),
     Column("hash", String(64), nullable=False),
     Column("time", String(32), nullable=False),
+)
+
+# A record's signature, by seq. Not part of the hashed payload (a signature is over the
+# hash), so ledgers written before signing existed keep their hashes.
+signatures_table = Table(
+    "event_signatures",
+    _meta,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("key_id", String(16), nullable=False),
+    Column("signature", String(128), nullable=False),
 )
 
 
@@ -202,6 +270,7 @@ def _evidence_text(evidence: dict[str, Any]) -> str:
 
 def _to_record(row: Any) -> LedgerRecord:
     m = row._mapping
+    has_sig = "key_id" in m
     try:
         evidence = json.loads(m["evidence"])
     except ValueError:
@@ -220,6 +289,8 @@ def _to_record(row: Any) -> LedgerRecord:
         live=bool(m["live"]),
         prev_hash=m["prev_hash"],
         hash=m["hash"],
+        key_id=m["key_id"] if has_sig else None,
+        signature=m["signature"] if has_sig else None,
     )
 
 
@@ -228,9 +299,9 @@ class _Contention(Exception):
 
 
 class Ledger:
-    """The event ledger at a SQLAlchemy URL (created on first use).
+    """The event ledger at a SQLAlchemy URL (created on first use unless `create=False`).
 
-    Usage: `Ledger(settings.ledger_url).append(Event(type=EventType.BUILD, to_release=rid))`.
+    Usage: `open_ledger(settings).append(Event(type=EventType.BUILD, to_release=rid))`.
     """
 
     def __init__(
@@ -240,22 +311,38 @@ class Ledger:
         actor: str | None = None,
         timeout_s: float = 30.0,
         sqlite_immediate: bool = True,
+        create: bool = True,
+        signer: Signer | None = None,
+        anchor_repo: Path | None = None,
+        anchor_ref: str = anchors.ANCHOR_REF,
+        trusted: Mapping[str, Ed25519PublicKey] | None = None,
     ) -> None:
         """`actor` is used for events that name none (default: provenance.actor());
         `timeout_s` bounds how long an append waits for another writer.
         `sqlite_immediate=False` makes SQLite use the portable optimistic path (unique seq,
-        compare-and-swap on the head, retry) that other databases use; for tests."""
+        compare-and-swap on the head, retry) that other databases use; for tests.
+        `create=False` never creates anything: a missing database or missing tables raise
+        LedgerNotFoundError. `signer` signs every record appended; `anchor_repo` is the git
+        repository whose `anchor_ref` each append advances (failures become `warnings`);
+        `trusted` are the public keys `verify` accepts (None: signatures not checked)."""
         self.url = url
         self._immediate = sqlite_immediate
         self._actor = actor
         self._timeout_s = timeout_s
-        self._engine = self._make_engine(url, timeout_s)
-        self._ensure_schema()
+        self.signer = signer
+        self.anchor_repo = anchor_repo
+        self.anchor_ref = anchor_ref
+        self.trusted = trusted
+        self.warnings: list[str] = []
+        """Problems that did not stop an append (an anchor that could not be written)."""
+        self._engine = self._make_engine(url, timeout_s, create=create)
+        self._has_sigs = True
+        self._ensure_schema(create=create)
 
     # -- plumbing -----------------------------------------------------------------------
 
     @staticmethod
-    def _make_engine(url: str, timeout_s: float) -> Engine:
+    def _make_engine(url: str, timeout_s: float, *, create: bool = True) -> Engine:
         try:
             u = make_url(url)
         except ArgumentError as exc:
@@ -268,13 +355,21 @@ class Ledger:
             if memory:
                 kwargs["poolclass"] = StaticPool
             elif u.database and not u.database.startswith("file:"):  # not a sqlite URI name
-                Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                path = Path(u.database).expanduser()
+                if create:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                elif not path.is_file():
+                    # Checked before connecting: sqlite3 would create an empty file.
+                    raise LedgerNotFoundError(
+                        f"no ledger at {redact_url(url)} (the file {path} does not exist)",
+                        url=redact_url(url),
+                    )
         try:
             engine = create_engine(u, **kwargs)
         except (SQLAlchemyError, ImportError) as exc:
             raise LedgerError(f"cannot open ledger {redact_url(url)}: {exc}") from exc
         if sqlite:
-            _sqlite_transactions(engine, wal=not kwargs.get("poolclass"))
+            _sqlite_transactions(engine, wal=not kwargs.get("poolclass") and create)
         return engine
 
     @contextmanager
@@ -293,25 +388,116 @@ class Ledger:
         except SQLAlchemyError as exc:
             raise LedgerError(f"cannot read ledger {redact_url(self.url)}: {exc}") from exc
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self, *, create: bool = True) -> None:
         try:
             insp = inspect(self._engine)
-            if insp.has_table("events") and insp.has_table("ledger_head"):
-                return  # no write lock needed: a read-only auditor can still query
+            have = {t for t in ("events", "ledger_head", "event_signatures") if insp.has_table(t)}
         except SQLAlchemyError as exc:
             raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
-        for attempt in range(5):
+        if {"events", "ledger_head"} <= have and (not create or "event_signatures" in have):
+            # No write lock needed: a read-only auditor can still query a ledger written
+            # before signatures existed.
+            self._has_sigs = "event_signatures" in have
+            return
+        if not create:
+            raise LedgerNotFoundError(
+                f"no ledger at {redact_url(self.url)} (the database has no ledger tables)",
+                url=redact_url(self.url),
+            )
+        for attempt in range(8):
             try:
                 with self._write() as conn:
+                    if conn.dialect.name == "postgresql":
+                        # Serialise first-time creators: concurrent CREATE TABLE on
+                        # PostgreSQL fails on its catalog's unique index, not "exists".
+                        conn.execute(text("SELECT pg_advisory_xact_lock(7269417751)"))
                     _meta.create_all(conn, checkfirst=True)
+                self._has_sigs = True
                 return
-            except OperationalError as exc:
+            except (OperationalError, IntegrityError, ProgrammingError) as exc:
                 # Another process created the tables between our check and our CREATE.
-                if attempt == 4 or not _retryable(exc):
+                retry = isinstance(exc, IntegrityError) or "already exists" in str(exc).lower()
+                if isinstance(exc, OperationalError):
+                    retry = retry or _retryable(exc)
+                if attempt == 7 or not retry:
                     raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
                 time.sleep(0.05 * (attempt + 1))
             except SQLAlchemyError as exc:
                 raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+
+    def _select(self) -> Any:
+        """SELECT of every record column, with its signature when the table exists."""
+        t = events_table
+        if not self._has_sigs:
+            return select(t)
+        sig = signatures_table
+        return select(t, sig.c.key_id, sig.c.signature).select_from(
+            t.outerjoin(sig, sig.c.seq == t.c.seq)
+        )
+
+    def lock(self, name: str, *, timeout_s: float | None = None) -> AbstractContextManager[Any]:
+        """Hold the named lock (e.g. `env:production`, `release:<id>`) in this ledger's
+        database for the block; raises LedgerLockTimeoutError after `timeout_s`
+        (default: the ledger's timeout). Not re-entrant."""
+        return locks.hold(
+            self._engine,
+            name,
+            write=self._write,
+            owner=self._default_actor(),
+            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+        )
+
+    def head(self) -> tuple[int, str] | None:
+        """(seq, hash) of the newest record as the head row says, or None when empty."""
+        with self._read() as conn:
+            row = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
+        return (int(row.seq), str(row.hash)) if row is not None else None
+
+    def anchor(self) -> anchors.Anchor | None:
+        """Advance the git anchor to the current head (`releasekit ledger anchor`); None
+        when it already anchors that head. Raises AnchorError when there is no repository."""
+        if self.anchor_repo is None:
+            raise anchors.AnchorError("no git repository configured for ledger anchors")
+        head = self.head()
+        if head is None:
+            return None
+        key = None
+        if self._has_sigs:
+            with self._read() as conn:
+                key = conn.execute(
+                    select(signatures_table.c.key_id).where(signatures_table.c.seq == head[0])
+                ).scalar()
+        return anchors.anchor(
+            self.anchor_repo,
+            head[0],
+            head[1],
+            key_id=key,
+            ref=self.anchor_ref,
+            ledger=redact_url(self.url),
+        )
+
+    def _anchor_after_append(self, last: LedgerRecord) -> None:
+        if self.anchor_repo is None:
+            return
+        try:
+            anchors.anchor(
+                self.anchor_repo,
+                last.seq,
+                last.hash,
+                key_id=last.key_id,
+                ref=self.anchor_ref,
+                ledger=redact_url(self.url),
+            )
+        except anchors.AnchorMismatchError as exc:
+            self.warnings.append(f"ledger anchor: {exc.message} (run `releasekit ledger verify`)")
+        except anchors.AnchorError as exc:
+            self.warnings.append(
+                f"the ledger head (record {last.seq}) is not anchored in git: {exc.message}"
+            )
+        except OSError as exc:  # the record is committed: an anchor problem must not hide it
+            self.warnings.append(
+                f"the ledger head (record {last.seq}) is not anchored in git: {exc}"
+            )
 
     def close(self) -> None:
         """Release pooled connections."""
@@ -350,7 +536,10 @@ class Ledger:
             attempt += 1
             try:
                 with self._write() as conn:
-                    return self._append_locked(conn, events)
+                    recs = self._append_locked(conn, events)
+                # Committed: now (outside the transaction) move the git anchor forward.
+                self._anchor_after_append(recs[-1])
+                return recs
             except (IntegrityError, _Contention) as exc:
                 last_exc = exc
             except OperationalError as exc:
@@ -422,6 +611,16 @@ class Ledger:
             rows.append(row)
             prev_seq, prev_hash = row["seq"], row["hash"]
         conn.execute(events_table.insert(), rows)
+        sigs: dict[int, tuple[str, str]] = {}
+        if self.signer is not None:
+            if not self._has_sigs:  # pragma: no cover - create=True always makes the table
+                raise LedgerError("this ledger was opened read-only; it cannot sign records")
+            for r in rows:
+                sigs[r["seq"]] = (self.signer.key_id, self.signer.sign(r["hash"]))
+            conn.execute(
+                signatures_table.insert(),
+                [{"seq": k, "key_id": v[0], "signature": v[1]} for k, v in sigs.items()],
+            )
         if head is None:
             conn.execute(head_table.insert().values(id=1, seq=prev_seq, hash=prev_hash, time=now))
         else:
@@ -434,7 +633,13 @@ class Ledger:
                 raise _Contention("head moved")
         return [
             LedgerRecord(
-                **{**r, "time": parse_stored_time(r["time"]), "evidence": json.loads(r["evidence"])}
+                **{
+                    **r,
+                    "time": parse_stored_time(r["time"]),
+                    "evidence": json.loads(r["evidence"]),
+                },
+                key_id=sigs[r["seq"]][0] if r["seq"] in sigs else None,
+                signature=sigs[r["seq"]][1] if r["seq"] in sigs else None,
             )
             for r in rows
         ]
@@ -458,7 +663,7 @@ class Ledger:
         `release` matches either side of an event (from or to); `since`/`until` are inclusive.
         """
         t = events_table
-        q = select(t)
+        q = self._select()
         if environment is not None:
             q = q.where(t.c.environment == environment)
         if release is not None:
@@ -481,7 +686,7 @@ class Ledger:
         """The event that put the current release of `environment` in place at time `at`
         (now if None), or None if nothing was live there yet."""
         t = events_table
-        q = select(t).where(t.c.environment == environment, t.c.live == True)  # noqa: E712
+        q = self._select().where(t.c.environment == environment, t.c.live == True)  # noqa: E712
         if at is not None:
             q = q.where(t.c.time <= format_time(at))
         q = q.order_by(t.c.time.desc(), t.c.seq.desc()).limit(1)
@@ -498,7 +703,7 @@ class Ledger:
             .group_by(t.c.environment)
             .subquery()
         )
-        q = select(t).where(t.c.seq.in_(select(latest.c.seq))).order_by(t.c.environment)
+        q = self._select().where(t.c.seq.in_(select(latest.c.seq))).order_by(t.c.environment)
         with self._read() as conn:
             return [_to_record(r) for r in conn.execute(q)]
 
@@ -517,27 +722,39 @@ class Ledger:
 
     # -- checking -----------------------------------------------------------------------
 
-    def verify(self) -> VerifyResult:
-        """Walk the whole chain; name the first record that was edited, deleted or reordered.
+    def verify(
+        self,
+        *,
+        trusted: Mapping[str, Ed25519PublicKey] | None = None,
+        anchor_repo: Path | None = None,
+    ) -> VerifyResult:
+        """Check the whole ledger; name the first record that was edited, deleted, reordered,
+        re-signed or rewritten behind a git anchor.
 
-        Returns a result (ok or not) rather than raising, so a caller can report it; use
-        `check()` to raise LedgerIntegrityError instead.
+        Checks, in one pass: the chain (seq, prev_hash, hash) and the head row; every
+        signature against `trusted` (default: the keys the ledger was opened with; None
+        and no keys configured: signatures are not checked) and that no record after a signed
+        one is unsigned; and that the ledger extends every anchored head in `anchor_repo`
+        (default: the ledger's anchor repository). Returns a result (ok or not) rather than
+        raising, so a caller can report it; use `check()` to raise instead.
         """
         url = redact_url(self.url)
+        trusted = self.trusted if trusted is None else trusted
+        repo = anchor_repo or self.anchor_repo
         expected_seq, prev_hash, n = 1, GENESIS, 0
-
-        def bad(seq: int, problem: str, event_id: str | None = None) -> VerifyResult:
-            return VerifyResult(
-                ok=False,
-                url=url,
-                records=n,
-                first_bad_seq=seq,
-                event_id=event_id,
-                problem=problem,
-            )
+        chain_bad: tuple[int, str, str | None] | None = None
+        sig_bad: tuple[int, str, str | None] | None = None
+        pairs: list[tuple[int, str]] = []
+        signed = unsigned = 0
+        first_signed: int | None = None
+        key_ids: set[str] = set()
 
         with self._read() as conn:
             head = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
+            sigs: dict[int, tuple[str, str]] = {}
+            if self._has_sigs:
+                for srow in conn.execute(select(signatures_table)):
+                    sigs[int(srow.seq)] = (str(srow.key_id), str(srow.signature))
             result = conn.execution_options(yield_per=2000).execute(
                 select(events_table).order_by(events_table.c.seq)
             )
@@ -545,49 +762,139 @@ class Ledger:
                 m = dict(row._mapping)
                 n += 1
                 seq = m["seq"]
-                if seq != expected_seq:
-                    what = (
-                        f"record {expected_seq} is missing (deleted)"
-                        if expected_seq == seq - 1
-                        else f"records {expected_seq}..{seq - 1} are missing (deleted)"
-                    )
-                    return bad(
-                        expected_seq, f"{what}: the chain jumps from {expected_seq - 1} to {seq}"
-                    )
-                if m["prev_hash"] != prev_hash:
-                    return bad(
-                        seq,
-                        f"record {seq} does not follow record {seq - 1}: its prev_hash does not "
-                        f"match (records were reordered, or record {seq - 1} was rewritten)",
-                        m["event_id"],
-                    )
-                if record_hash(m) != m["hash"]:
-                    return bad(
-                        seq,
-                        f"record {seq} (event {m['event_id']}) was edited: its contents do not "
-                        "match its hash",
-                        m["event_id"],
-                    )
-                prev_hash = m["hash"]
-                expected_seq += 1
+                pairs.append((seq, m["hash"]))
+                if chain_bad is None:
+                    chain_bad = _chain_problem(m, expected_seq, prev_hash)
+                    prev_hash = m["hash"]
+                    expected_seq = seq + 1
+                got = sigs.get(seq)
+                if got is not None:
+                    signed += 1
+                    key_ids.add(got[0])
+                    first_signed = first_signed or seq
+                    if trusted is not None and sig_bad is None:
+                        try:
+                            verify_signature(
+                                trusted,
+                                record_hash=m["hash"],
+                                key_id=got[0],
+                                signature=got[1],
+                                seq=seq,
+                            )
+                        except SignatureError as exc:
+                            sig_bad = (seq, exc.message, m["event_id"])
+                else:
+                    unsigned += 1
+                    if first_signed is not None and sig_bad is None:
+                        sig_bad = (
+                            seq,
+                            f"record {seq} is unsigned although record {first_signed} before "
+                            "it is signed: its signature was removed, or it was written by a "
+                            "process without the signing key",
+                            m["event_id"],
+                        )
         last_seq = expected_seq - 1
-        if head is None:
-            if n:
-                return bad(last_seq + 1, "the ledger head record is missing (deleted)")
-        elif (head.seq, head.hash) != (last_seq, prev_hash):
-            if head.seq > last_seq:
-                return bad(
-                    last_seq + 1,
-                    f"records {last_seq + 1}..{head.seq} are missing (deleted from the end): "
-                    f"the head says the chain ends at {head.seq}",
-                )
-            return bad(last_seq, f"the ledger head does not match record {last_seq} (edited)")
+        if chain_bad is None:
+            if head is None:
+                if n:
+                    chain_bad = (last_seq + 1, "the ledger head record is missing (deleted)", None)
+            elif (head.seq, head.hash) != (last_seq, prev_hash):
+                if head.seq > last_seq:
+                    chain_bad = (
+                        last_seq + 1,
+                        f"records {last_seq + 1}..{head.seq} are missing (deleted from the "
+                        f"end): the head says the chain ends at {head.seq}",
+                        None,
+                    )
+                else:
+                    chain_bad = (
+                        last_seq,
+                        f"the ledger head does not match record {last_seq} (edited)",
+                        None,
+                    )
+
+        notes: list[str] = []
+        anchor_bad: tuple[int, str, str | None] | None = None
+        anchoring = "not checked"
+        n_anchors = 0
+        anchored_seq: int | None = None
+        if repo is None:
+            notes.append("no git repository configured: anchors not checked")
+        else:
+            try:
+                refs = anchors.anchor_refs(repo)
+                checked = [(ref, anchors.read_anchors(repo, ref=ref)) for ref in refs]
+            except anchors.AnchorError as exc:
+                notes.append(f"anchors not checked: {exc.message}")
+                checked = []
+            else:
+                anchoring = "anchored" if any(a for _, a in checked) else "no anchors yet"
+            for _ref, found in checked:
+                n_anchors += len(found)
+                if found:
+                    anchored_seq = max(anchored_seq or 0, found[-1].seq)
+                res = anchors.check_extends(pairs, found)
+                if not res.ok and res.first_bad_seq is not None:
+                    cand = (res.first_bad_seq, res.problem or "anchor mismatch", None)
+                    if anchor_bad is None or cand[0] < anchor_bad[0]:
+                        anchor_bad = cand
+                    continue
+                for a in found:  # the signer an anchor saw must still be there
+                    if a.key_id is None:
+                        continue
+                    now = sigs.get(a.seq)
+                    if now is None or now[0] != a.key_id:
+                        what = "unsigned" if now is None else f"signed by key {now[0]}"
+                        cand = (
+                            a.seq,
+                            f"record {a.seq} was signed by key {a.key_id} when {a.ref} "
+                            f"anchored it; it is now {what}",
+                            None,
+                        )
+                        if anchor_bad is None or cand[0] < anchor_bad[0]:
+                            anchor_bad = cand
+                        break
+        if trusted is None:
+            signing = "not checked"
+        elif n == 0:
+            signing = "empty"
+        elif signed == n:
+            signing = "signed"
+        elif signed == 0:
+            signing = "unsigned"
+        else:
+            signing = "partly signed"
+        if signing == "partly signed" and first_signed:
+            notes.append(f"records 1..{first_signed - 1} predate signing (unsigned)")
+        problems = [p for p in (chain_bad, sig_bad, anchor_bad) if p is not None]
+        base = {
+            "url": url,
+            "records": n,
+            "signing": signing,
+            "signed": signed,
+            "unsigned": unsigned,
+            "key_ids": sorted(key_ids),
+            "anchoring": anchoring,
+            "anchors": n_anchors,
+            "anchored_seq": anchored_seq,
+        }
+        if problems:
+            first = min(problems, key=lambda p: p[0])  # stable: chain, then signature, anchor
+            others = [p[1] for p in problems if p is not first]
+            return VerifyResult(
+                ok=False,
+                first_bad_seq=first[0],
+                event_id=first[2],
+                problem=first[1],
+                notes=notes + others,
+                **base,
+            )
         return VerifyResult(
             ok=True,
-            url=url,
-            records=n,
             head_seq=last_seq or None,
             head_hash=prev_hash if n else None,
+            notes=notes,
+            **base,
         )
 
     def check(self) -> VerifyResult:
@@ -596,6 +903,34 @@ class Ledger:
         if not res.ok:
             raise LedgerIntegrityError(f"ledger {res.url}: {res.problem}", seq=res.first_bad_seq)
         return res
+
+
+def _chain_problem(
+    m: dict[str, Any], expected_seq: int, prev_hash: str
+) -> tuple[int, str, str | None] | None:
+    """The first chain problem at this row, or None: a gap, a broken link, an edited row."""
+    seq = m["seq"]
+    if seq != expected_seq:
+        what = (
+            f"record {expected_seq} is missing (deleted)"
+            if expected_seq == seq - 1
+            else f"records {expected_seq}..{seq - 1} are missing (deleted)"
+        )
+        return (expected_seq, f"{what}: the chain jumps from {expected_seq - 1} to {seq}", None)
+    if m["prev_hash"] != prev_hash:
+        return (
+            seq,
+            f"record {seq} does not follow record {seq - 1}: its prev_hash does not match "
+            f"(records were reordered, or record {seq - 1} was rewritten)",
+            m["event_id"],
+        )
+    if record_hash(m) != m["hash"]:
+        return (
+            seq,
+            f"record {seq} (event {m['event_id']}) was edited: its contents do not match its hash",
+            m["event_id"],
+        )
+    return None
 
 
 def _retryable(exc: OperationalError) -> bool:
@@ -622,3 +957,73 @@ def _sqlite_transactions(engine: Engine, *, wal: bool) -> None:
     def _begin(conn: Connection) -> None:
         immediate = conn.get_execution_options().get("releasekit_immediate", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_project(root: Path) -> bool:
+    """True when `root` looks like a releasekit project: releasekit.toml, .git or manifests/."""
+    return (
+        (root / "releasekit.toml").is_file()
+        or (root / ".git").exists()
+        or (root / "manifests").is_dir()
+    )
+
+
+def require_project(settings: Settings) -> None:
+    """Raise NotAProjectError when the settings' root is not a releasekit project."""
+    if not is_project(settings.root):
+        raise NotAProjectError(
+            f"{settings.root} is not inside a releasekit project (no releasekit.toml, .git or "
+            "manifests/ here or above)",
+            root=settings.root,
+        )
+
+
+def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
+    """The project's ledger, signing with the configured key and anchoring in its git repo.
+
+    `read_only=True` (status, history, at, show, diff, ledger verify) never creates
+    anything: a ledger that does not exist raises LedgerNotFoundError naming the URL (and
+    what the git anchors say it held). Outside a project: NotAProjectError.
+    """
+    require_project(settings)
+    url = settings.ledger_url or ""
+    signer = (
+        None
+        if read_only
+        else find_signer(settings.root, path=settings.signing_key)
+    )
+    try:
+        return Ledger(
+            url,
+            actor=settings.actor,
+            create=not read_only,
+            signer=signer,
+            anchor_repo=settings.root,
+            trusted=trusted_keys(settings.root),
+        )
+    except LedgerNotFoundError as exc:
+        held = _anchored_seq(settings.root)
+        if held:
+            raise LedgerNotFoundError(
+                f"{exc.message}; the git anchor says this ledger held {held} records: it was "
+                "deleted or moved",
+                url=exc.url,
+            ) from exc
+        raise
+
+
+def _anchored_seq(repo: Path) -> int | None:
+    try:
+        refs = anchors.anchor_refs(repo)
+        found = [a for ref in refs for a in anchors.read_anchors(repo, ref=ref)]
+    except anchors.AnchorError:
+        return None
+    return max((a.seq for a in found), default=None)
+
+
+def keygen(settings: Settings, *, private_path: Path | None = None) -> KeyPair:
+    """`releasekit ledger keygen`: a new Ed25519 keypair for the project at `settings.root`
+    (which must be a releasekit project): the private PEM under .releasekit/keys/ (or at
+    `private_path`), the public one at keys/<key id>.pub for the team to commit."""
+    require_project(settings)
+    return generate_keypair(settings.root, private_path=private_path)

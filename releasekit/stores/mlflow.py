@@ -2,11 +2,16 @@
 prompt registry, and environment aliases (`models:/<name>@<env>`) kept in step with the ledger.
 
 MLflow is imported inside functions only, so the CLI starts fast. Every MlflowException is
-re-raised as RegistryError (`from exc`) where it enters.
+re-raised as RegistryError (`from exc`) where it enters; a tracking server that does not
+answer is RegistryUnreachableError, reported within about 15 s: every client this module
+makes runs with a bounded HTTP timeout and retry budget (MLflow's own
+MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES / _BACKOFF_FACTOR, set from the settings unless
+the environment already sets them). Commands that only read never create a store.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 from collections.abc import Iterator
@@ -16,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from releasekit._support.text import redact_url
 from releasekit.config import Settings
-from releasekit.errors import RegistryError
+from releasekit.errors import RegistryError, RegistryStoreMissingError, RegistryUnreachableError
 from releasekit.spec.lock import SHORT
 
 if TYPE_CHECKING:
@@ -73,26 +79,100 @@ def _store_missing(settings: Settings) -> bool:
     return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file()
 
 
-def client_for(settings: Settings) -> MlflowClient:
-    """An MlflowClient on the configured tracking and registry store."""
+DEFAULT_HTTP_TIMEOUT_S = 4
+DEFAULT_HTTP_MAX_RETRIES = 1
+_HTTP_ENV = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": ("mlflow_http_timeout_s", DEFAULT_HTTP_TIMEOUT_S),
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": ("mlflow_http_max_retries", DEFAULT_HTTP_MAX_RETRIES),
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": ("mlflow_http_backoff_factor", 1),
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": ("mlflow_http_backoff_jitter", 0.5),
+}
+_UNREACHABLE = re.compile(
+    r"Max retries exceeded|Connection refused|NewConnectionError|ConnectTimeout|"
+    r"Read timed out|ConnectionError|RemoteDisconnected|Name or service not known|"
+    r"Temporary failure in name resolution",
+    re.IGNORECASE,
+)
+
+
+def http_budget(settings: Settings) -> dict[str, str]:
+    """The MLflow HTTP knobs in force: the environment's own values win, then settings
+    (`mlflow_http_timeout_s`, ...), then releasekit's defaults (4 s and 1 retry: a silent
+    server is reported after about 8 s of waiting, a refused connection at once)."""
+    out = {}
+    for env, (field, default) in _HTTP_ENV.items():
+        value = os.environ.get(env)
+        if value is None:
+            chosen = getattr(settings, field, None)
+            value = str(default if chosen is None else chosen)
+        out[env] = value
+    return out
+
+
+def _apply_http_budget(settings: Settings) -> None:
+    # MLflow reads these per request (there is no per-client setting).
+    for env, value in http_budget(settings).items():
+        os.environ[env] = value
+
+
+def client_for(settings: Settings, *, create: bool = True) -> MlflowClient:
+    """An MlflowClient on the configured tracking and registry store, with a bounded HTTP
+    timeout and retry budget. `create=False` (read-only commands) raises
+    RegistryStoreMissingError instead of creating a missing SQLite store."""
     uri = tracking_uri(settings)
     if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    with mlflow_errors("connecting to MLflow"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.is_file():
+            raise RegistryStoreMissingError(
+                f"no MLflow store at {redact_url(uri)} (the file {path} does not exist)",
+                uri=redact_url(uri),
+            )
+    _apply_http_budget(settings)
+    with mlflow_errors("connecting to MLflow", uri=uri):
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def translate(exc: Exception, what: str, *, uri: str | None = None) -> RegistryError:
+    """Our error for an MLflow failure: RegistryUnreachableError when the server did not
+    answer, RegistryError otherwise (the caller raises it `from exc`)."""
+    msg = str(getattr(exc, "message", exc))
+    if _UNREACHABLE.search(msg) or "failed with exception" in msg:
+        where = redact_url(uri) if uri else _uri_in(msg) or "the tracking URI"
+        return RegistryUnreachableError(
+            f"cannot reach MLflow at {where} ({what}): {_short_cause(msg)}",
+            uri=where,
+        )
+    return RegistryError(f"{what}: {msg}")
+
+
+def _uri_in(msg: str) -> str | None:
+    m = re.search(r"API request to (\S+?)/api/", msg)
+    return redact_url(m.group(1)) if m else None
+
+
+def _short_cause(msg: str) -> str:
+    for pat in ("Read timed out", "Connection refused", "Name or service not known"):
+        if pat.lower() in msg.lower():
+            return pat.lower()
+    if "NewConnectionError" in msg:
+        return "connection refused"
+    return "no answer within the timeout and retries"
+
+
 @contextmanager
-def mlflow_errors(what: str) -> Iterator[None]:
-    """Re-raise MLflow (and artifact I/O) failures as RegistryError naming what failed."""
+def mlflow_errors(what: str, *, uri: str | None = None) -> Iterator[None]:
+    """Re-raise MLflow (and artifact I/O) failures as RegistryError naming what failed
+    (RegistryUnreachableError when the server did not answer)."""
     from mlflow.exceptions import MlflowException
 
     try:
         yield
     except MlflowException as exc:
-        raise RegistryError(f"{what}: {exc.message}") from exc
+        raise translate(exc, what, uri=uri) from exc
     except OSError as exc:
         raise RegistryError(f"{what}: {exc}") from exc
 
@@ -153,7 +233,7 @@ def get_version(settings: Settings, name: str, version: str) -> RegisteredVersio
     except MlflowException as exc:
         if _not_found(exc) or exc.error_code == "INVALID_PARAMETER_VALUE":
             return None
-        raise RegistryError(f"looking up {name} version {version}: {exc.message}") from exc
+        raise translate(exc, f"looking up {name} version {version}") from exc
 
 
 def alias_version(settings: Settings, name: str, alias: str) -> RegisteredVersion | None:
@@ -167,9 +247,78 @@ def _alias(client: MlflowClient, name: str, alias: str) -> RegisteredVersion | N
     try:
         return _version_of(client.get_model_version_by_alias(name, alias))
     except MlflowException as exc:
-        if _not_found(exc):
+        if _not_found(exc) and not _UNREACHABLE.search(str(exc.message)):
             return None
-        raise RegistryError(f"reading alias {name}@{alias}: {exc.message}") from exc
+        raise translate(exc, f"reading alias {name}@{alias}") from exc
+
+
+class AliasHolder(BaseModel):
+    """One registered model version that carries an alias."""
+
+    model_name: str
+    version: str
+
+
+def alias_holders(client: MlflowClient, models: set[str]) -> dict[str, list[AliasHolder]]:
+    """Every alias on releasekit's registered models (tagged `releasekit=deployment`, plus
+    `models`), by alias name: the MLflow side of the ledger cross-check."""
+    out: dict[str, list[AliasHolder]] = {}
+    token: str | None = None
+    seen: set[str] = set()
+    with mlflow_errors("listing registered models and their aliases"):
+        while True:
+            page = client.search_registered_models(max_results=200, page_token=token)
+            for rm in page:
+                tags = dict(rm.tags or {})
+                if tags.get("releasekit") != "deployment" and rm.name not in models:
+                    continue
+                seen.add(rm.name)
+                for alias, version in _aliases_of(rm).items():
+                    out.setdefault(alias, []).append(
+                        AliasHolder(model_name=rm.name, version=str(version))
+                    )
+            token = page.token
+            if not token:
+                break
+        for name in sorted(models - seen):  # named by the ledger but not listed (deleted?)
+            try:
+                rm = client.get_registered_model(name)
+            except Exception as exc:
+                if _not_found(exc):
+                    continue
+                raise
+            for alias, version in _aliases_of(rm).items():
+                out.setdefault(alias, []).append(
+                    AliasHolder(model_name=rm.name, version=str(version))
+                )
+    for holders in out.values():
+        holders.sort(key=lambda h: (h.model_name, int(h.version)))
+    return out
+
+
+def _aliases_of(rm: Any) -> dict[str, str]:
+    aliases = rm.aliases or {}
+    if isinstance(aliases, dict):
+        return {str(k): str(v) for k, v in aliases.items()}
+    return {str(a.alias): str(a.version) for a in aliases}  # older MLflow: a list
+
+
+def set_alias(client: MlflowClient, name: str, alias: str, version: str) -> None:
+    """Point `models:/<name>@<alias>` at `version`."""
+    with mlflow_errors(f"moving alias {name}@{alias}"):
+        client.set_registered_model_alias(name, alias, version)
+
+
+def delete_alias(client: MlflowClient, name: str, alias: str) -> None:
+    """Remove `models:/<name>@<alias>` (gone already is fine)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_registered_model_alias(name, alias)
+    except MlflowException as exc:
+        if _not_found(exc) and not _UNREACHABLE.search(str(exc.message)):
+            return
+        raise translate(exc, f"removing alias {name}@{alias}") from exc
 
 
 def prompt_messages(settings: Settings, prompt_uri: str) -> list[dict[str, str]]:

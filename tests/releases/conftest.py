@@ -353,3 +353,33 @@ def mlflow_server(_mlflow_server_boot: _Server | None) -> str:
     if _mlflow_server_boot is None:  # pragma: no cover - the boot fixture saw this test
         pytest.fail("mlflow server was not started")
     return _mlflow_server_boot.wait_healthy()
+
+
+def _pg_harness() -> Any:
+    """tests/stores/pg_harness.py, loaded once under one name (one server per session)."""
+    import importlib.util
+
+    name = "_releasekit_pg_harness"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "stores" / "pg_harness.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Any:
+    """The session's real PostgreSQL server (shared with tests/stores); skips without one,
+    fails under CI=true."""
+    return _pg_harness().server()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_backend(request: pytest.FixtureRequest) -> str | None:
+    """None (the project's default SQLite ledger) or the URL of a fresh PostgreSQL ledger."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("pg_server").create_database())

@@ -1,0 +1,252 @@
+"""Ed25519 signatures on ledger records: keys outside the ledger database, public keys in git.
+
+How a team issues and names keys:
+
+- `releasekit ledger keygen` (`generate_keypair`) makes an Ed25519 keypair. The private key is
+  written as an unencrypted PKCS#8 PEM to `.releasekit/keys/<key id>.pem` (mode 0600; the state
+  folder is git-ignored) or wherever `RELEASEKIT_SIGNING_KEY` points on a CI runner or a
+  release machine; it never enters the ledger database. The public key goes to
+  `keys/<key id>.pub` in the repository, and a team commits it like code: the set of `.pub`
+  files in the repository *is* the list of trusted signers, reviewed in pull requests.
+- A key id is the first 16 hex digits of sha256 over the raw 32-byte public key, so anyone can
+  recompute it from the `.pub` file. Each ledger record stores the id of the key that signed
+  it next to its signature.
+- Retiring a key: keep its `.pub` (old records stay verifiable) and stop configuring its
+  private half. A compromised key: delete its `.pub`; records it signed then fail `verify`
+  as "unknown key", which is the point.
+
+What is signed: the record's chain hash (which covers every stored field and the previous
+hash), framed with a domain tag and the key id, so a signature cannot be replayed onto another
+record, another key, or another protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from releasekit.errors import LedgerError, SignatureError, SigningKeyError
+
+SIGNING_KEY_ENV = "RELEASEKIT_SIGNING_KEY"
+PRIVATE_KEYS_DIR = Path(".releasekit") / "keys"  # relative to the project root, git-ignored
+PUBLIC_KEYS_DIR = Path("keys")  # relative to the project root, committed
+SIG_DOMAIN = b"releasekit-ledger-signature/1\n"
+KEY_ID_LEN = 16
+_KEY_ID = re.compile(rf"^[0-9a-f]{{{KEY_ID_LEN}}}$")
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_id_of(public_key: Ed25519PublicKey) -> str:
+    """The key id: first 16 hex digits of sha256 over the raw 32-byte public key."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:KEY_ID_LEN]
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A loaded private key and its id; `sign` makes a record's signature."""
+
+    key_id: str
+    private_key: Ed25519PrivateKey
+    path: Path | None = None
+
+    def sign(self, record_hash: str) -> str:
+        """Base64 Ed25519 signature over a record's chain hash."""
+        return sign(self, record_hash)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """Where `generate_keypair` wrote a new key, and its id."""
+
+    key_id: str
+    private_path: Path
+    public_path: Path
+
+
+def _message(key_id: str, record_hash: str) -> bytes:
+    if not _HASH.match(record_hash):
+        raise LedgerError(f"not a record hash: {record_hash!r}")
+    return SIG_DOMAIN + key_id.encode() + b"\n" + record_hash.encode()
+
+
+def sign(signer: Signer, record_hash: str) -> str:
+    """Base64 Ed25519 signature over `record_hash`, bound to the signer's key id."""
+    sig = signer.private_key.sign(_message(signer.key_id, record_hash))
+    return base64.b64encode(sig).decode()
+
+
+def verify_signature(
+    trusted: Mapping[str, Ed25519PublicKey],
+    *,
+    record_hash: str,
+    key_id: str,
+    signature: str,
+    seq: int | None = None,
+) -> None:
+    """Check one record's signature against the trusted public keys.
+
+    Raises SignatureError naming the record when the key id is not trusted, the signature is
+    not base64, or it does not verify.
+    """
+    where = f"record {seq}" if seq is not None else "record"
+    pub = trusted.get(key_id)
+    if pub is None:
+        raise SignatureError(
+            f"{where} is signed by key {key_id}, which the repository does not trust "
+            f"(no {PUBLIC_KEYS_DIR}/{key_id}.pub)",
+            seq=seq,
+            key_id=key_id,
+        )
+    try:
+        raw = base64.b64decode(signature.encode(), validate=True)
+    except ValueError as exc:
+        raise SignatureError(
+            f"{where}: its signature is not base64", seq=seq, key_id=key_id
+        ) from exc
+    try:
+        pub.verify(raw, _message(key_id, record_hash))
+    except InvalidSignature as exc:
+        raise SignatureError(
+            f"{where} was changed after it was signed: its signature by key {key_id} does "
+            "not match its contents",
+            seq=seq,
+            key_id=key_id,
+        ) from exc
+
+
+def generate_keypair(
+    root: Path,
+    *,
+    private_path: Path | None = None,
+    public_dir: Path | None = None,
+) -> KeyPair:
+    """Make a new Ed25519 keypair: the private PEM (0600) at `private_path` (default
+    `<root>/.releasekit/keys/<key id>.pem`), the public PEM at `<public_dir>/<key id>.pub`
+    (default `<root>/keys/`). Never overwrites an existing private key file."""
+    key = Ed25519PrivateKey.generate()
+    kid = key_id_of(key.public_key())
+    priv = private_path or root / PRIVATE_KEYS_DIR / f"{kid}.pem"
+    pub_dir = public_dir or root / PUBLIC_KEYS_DIR
+    pub = pub_dir / f"{kid}.pub"
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    pub_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    try:
+        priv.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        pub_dir.mkdir(parents=True, exist_ok=True)
+        pub.write_bytes(pub_pem)
+    except FileExistsError as exc:
+        raise SigningKeyError(f"refusing to overwrite the existing key file {priv}") from exc
+    except OSError as exc:
+        raise SigningKeyError(f"cannot write the new key: {exc}") from exc
+    return KeyPair(key_id=kid, private_path=priv, public_path=pub)
+
+
+def load_private_key(path: Path) -> Signer:
+    """Read an Ed25519 private key (PKCS#8 PEM, unencrypted) and compute its key id."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read signing key {path}: {exc}") from exc
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise SigningKeyError(
+            f"{path} is not an unencrypted PEM private key: {exc}",
+            remedy="point at the .pem file `releasekit ledger keygen` wrote",
+        ) from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningKeyError(
+            f"{path} holds a {type(key).__name__}, not an Ed25519 key",
+            remedy="create an Ed25519 key with `releasekit ledger keygen`",
+        )
+    return Signer(key_id=key_id_of(key.public_key()), private_key=key, path=path)
+
+
+def find_signer(
+    root: Path,
+    *,
+    path: Path | str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Signer | None:
+    """The signing key in force, or None when none is configured (the ledger is unsigned).
+
+    Order: `path` (a flag or setting) > `RELEASEKIT_SIGNING_KEY` > the one `.pem` file under
+    `<root>/.releasekit/keys/`. Several local keys and none named is an error, not a guess.
+    """
+    env = os.environ if environ is None else environ
+    explicit = path or env.get(SIGNING_KEY_ENV) or None
+    if explicit:
+        p = Path(explicit).expanduser()
+        return load_private_key(p if p.is_absolute() else root / p)
+    local = sorted((root / PRIVATE_KEYS_DIR).glob("*.pem"))
+    if not local:
+        return None
+    if len(local) > 1:
+        names = ", ".join(p.name for p in local)
+        raise SigningKeyError(
+            f"several signing keys in {root / PRIVATE_KEYS_DIR} ({names}) and none chosen",
+            remedy=f"set {SIGNING_KEY_ENV} to the one to sign with",
+        )
+    return load_private_key(local[0])
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """Read an Ed25519 public key (PEM SubjectPublicKeyInfo)."""
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read public key {path}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise SigningKeyError(
+            f"{path} is not a PEM public key: {exc}",
+            remedy=f"restore the file from git, or remove it from {PUBLIC_KEYS_DIR}/",
+        ) from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise SigningKeyError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+    return key
+
+
+def trusted_keys(root: Path, *, public_dir: Path | None = None) -> dict[str, Ed25519PublicKey]:
+    """Every public key the repository trusts (`<root>/keys/*.pub`), by key id.
+
+    A file's name must be its key id: a renamed or swapped file is an error, so a reviewer
+    can trust the names they read in a diff.
+    """
+    folder = public_dir or root / PUBLIC_KEYS_DIR
+    out: dict[str, Ed25519PublicKey] = {}
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.glob("*.pub")):
+        key = load_public_key(p)
+        kid = key_id_of(key)
+        if p.stem != kid:
+            raise SigningKeyError(
+                f"{p}: the file is named {p.stem} but holds key {kid}",
+                remedy=f"rename it to {kid}.pub (a key's file name is its id)",
+            )
+        out[kid] = key
+    return out
+
+
+def is_key_id(text: str) -> bool:
+    """True for a well-formed key id (16 lowercase hex digits)."""
+    return bool(_KEY_ID.match(text))

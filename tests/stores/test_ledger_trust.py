@@ -1,0 +1,331 @@
+"""The ledger beyond its hash chain, on SQLite and on a real PostgreSQL server: signatures,
+git anchors, named locks across processes, and read-only opening that creates nothing."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from releasekit.stores import anchor as anc
+from releasekit.stores import signing
+from releasekit.stores.ledger import (
+    GENESIS,
+    Event,
+    EventType,
+    Ledger,
+    LedgerNotFoundError,
+    events_table,
+    head_table,
+    record_hash,
+    signatures_table,
+)
+from releasekit.stores.locks import LedgerLockTimeoutError
+
+RID = "ab" * 32
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in repo, return stdout."""
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with a committed public key and its private key under .releasekit/."""
+    r = tmp_path / "proj"
+    r.mkdir()
+    git(r, "init", "-q")
+    git(r, "config", "user.name", "Ada")
+    git(r, "config", "user.email", "ada@example.com")
+    signing.generate_keypair(r)
+    return r
+
+
+def open_signed(url: str, repo: Path, **kw: Any) -> Ledger:
+    """A ledger that signs with the repo's key and anchors in the repo."""
+    return Ledger(
+        url,
+        actor="ci",
+        signer=signing.find_signer(repo, environ={}),
+        anchor_repo=repo,
+        trusted=signing.trusted_keys(repo),
+        **kw,
+    )
+
+
+def fill(led: Ledger, n: int = 5) -> None:
+    """Append n events (a mix of types and environments)."""
+    for i in range(n):
+        led.append(
+            Event(
+                type=EventType.ASSIGN if i % 2 else EventType.BUILD,
+                environment="production" if i % 2 else None,
+                to_release=f"{i:064x}",
+                live=bool(i % 2),
+                reason=f"event {i}",
+            )
+        )
+
+
+def forge(url: str, seq: int, reason: str) -> None:
+    """What someone with write access to the database can do: edit record `seq`, then
+    recompute every later hash and the head, so the chain itself is consistent."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(select(events_table).order_by("seq"))]
+        prev = GENESIS
+        for r in rows:
+            if r["seq"] == seq:
+                r["reason"] = reason
+            r["prev_hash"] = prev
+            r["hash"] = record_hash(r)
+            prev = r["hash"]
+        conn.execute(events_table.delete())
+        conn.execute(events_table.insert(), rows)
+        conn.execute(head_table.update().values(hash=prev))
+    engine.dispose()
+
+
+def truncate(url: str, keep: int) -> None:
+    """Delete every record after `keep` and point the head at record `keep`."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(events_table.delete().where(events_table.c.seq > keep))
+        conn.execute(signatures_table.delete().where(signatures_table.c.seq > keep))
+        h = conn.execute(select(events_table.c.hash).where(events_table.c.seq == keep)).scalar()
+        conn.execute(head_table.update().values(seq=keep, hash=h))
+    engine.dispose()
+
+
+def test_signed_and_anchored_ledger_verifies(ledger_db: str, repo: Path) -> None:
+    """Every record is signed by the repo's key and each append advanced the git anchor."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    assert led.warnings == []
+    res = led.verify()
+    assert res.ok, res.problem
+    assert (res.signing, res.signed, res.anchoring, res.anchored_seq) == (
+        "signed",
+        5,
+        "anchored",
+        5,
+    )
+    (kid,) = signing.trusted_keys(repo)
+    assert res.key_ids == [kid]
+    assert all(r.key_id == kid and r.signature for r in led.records())
+    assert [a.seq for a in anc.read_anchors(repo)] == [1, 2, 3, 4, 5]
+
+
+def test_forger_who_recomputes_chain_and_head_is_named(ledger_db: str, repo: Path) -> None:
+    """Editing record 3 and recomputing every hash and the head passes the chain, but its
+    signature and the git anchor no longer match: verify names record 3."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    forge(ledger_db, 3, "nothing to see here")
+    bare = Ledger(ledger_db).verify(trusted=None)  # the chain alone is fooled
+    assert bare.ok
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 3
+    assert "record 3 was changed after it was signed" in (res.problem or "")
+    assert any("record 3 was rewritten" in n for n in res.notes)  # the anchor saw it too
+
+
+def test_forger_who_also_strips_signatures_fails_on_the_anchor(ledger_db: str, repo: Path) -> None:
+    """Dropping every signature as well as recomputing the chain still fails: the anchor
+    names record 3 (the hash changed) even though no signature is left to check."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    forge(ledger_db, 3, "forged")
+    engine = create_engine(ledger_db)
+    with engine.begin() as conn:
+        conn.execute(signatures_table.delete())
+    engine.dispose()
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 3
+    assert "rewritten" in (res.problem or "")
+
+
+def test_stripping_a_signature_alone_is_named(ledger_db: str, repo: Path) -> None:
+    """A record left unsigned after signed ones fails, even with no anchors to consult."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    engine = create_engine(ledger_db)
+    with engine.begin() as conn:
+        conn.execute(signatures_table.delete().where(signatures_table.c.seq == 4))
+    engine.dispose()
+    res = Ledger(ledger_db, trusted=signing.trusted_keys(repo)).verify()
+    assert not res.ok and res.first_bad_seq == 4 and "unsigned" in (res.problem or "")
+
+
+def test_unknown_signing_key_names_record_and_key(
+    ledger_db: str, repo: Path, tmp_path: Path
+) -> None:
+    """A record signed by a key the repository does not trust fails with that key's id."""
+    rogue = signing.generate_keypair(tmp_path / "rogue")
+    led = Ledger(
+        ledger_db,
+        actor="x",
+        signer=signing.load_private_key(rogue.private_path),
+        trusted=signing.trusted_keys(repo),
+    )
+    led.append(Event(type=EventType.BUILD, to_release=RID))
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 1
+    assert rogue.key_id in (res.problem or "") and "does not trust" in (res.problem or "")
+
+
+def test_truncation_fails_against_the_anchor(ledger_db: str, repo: Path) -> None:
+    """Deleting the newest records (and moving the head back) passes the chain, not the
+    anchor: verify names the first missing record."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    truncate(ledger_db, 3)
+    assert Ledger(ledger_db).verify(trusted=None).ok  # chain and head agree now
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 4
+    assert "records 4..5 were deleted" in (res.problem or "")
+
+
+def test_emptied_ledger_with_anchors_fails(ledger_db: str, repo: Path) -> None:
+    """A replaced, empty ledger (tables present, no rows) fails: the anchors say it had
+    records."""
+    led = open_signed(ledger_db, repo)
+    fill(led, 2)
+    engine = create_engine(ledger_db)
+    with engine.begin() as conn:
+        for t in (signatures_table, events_table, head_table):
+            conn.execute(t.delete())
+    engine.dispose()
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 1 and res.records == 0
+    assert "the ledger is empty" in (res.problem or "")
+
+
+def test_unsigned_ledger_still_works_and_says_so(ledger_db: str, tmp_path: Path) -> None:
+    """Without a key the ledger appends and verifies, and reports itself unsigned."""
+    led = Ledger(ledger_db, actor="x", trusted={})
+    fill(led, 2)
+    res = led.verify()
+    assert res.ok and res.signing == "unsigned" and res.unsigned == 2
+    assert any("anchors not checked" in n or "no git repository" in n for n in res.notes)
+
+
+def test_no_git_repository_is_a_warning_not_a_crash(ledger_db: str, tmp_path: Path) -> None:
+    """Anchoring outside a git repository warns (on the ledger) and the append stands."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    led = Ledger(ledger_db, actor="x", anchor_repo=plain)
+    rec = led.append(Event(type=EventType.BUILD, to_release=RID))
+    assert rec.seq == 1 and led.count() == 1
+    assert led.warnings and "not anchored in git" in led.warnings[0]
+
+
+def test_read_only_open_creates_nothing(tmp_path: Path, pg_url: str) -> None:
+    """create=False on a missing SQLite file or a database without ledger tables raises
+    LedgerNotFoundError naming the URL, and creates neither file nor tables."""
+    missing = tmp_path / "typo" / "ledger.db"
+    with pytest.raises(LedgerNotFoundError, match="no ledger at sqlite:///"):
+        Ledger(f"sqlite:///{missing}", create=False)
+    assert not missing.exists() and not missing.parent.exists()
+    with pytest.raises(LedgerNotFoundError, match="has no ledger tables"):
+        Ledger(pg_url, create=False)
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        n = conn.execute(
+            text("SELECT count(*) FROM information_schema.tables WHERE table_schema='public'")
+        ).scalar_one()
+    engine.dispose()
+    assert n == 0
+
+
+def test_legacy_ledger_without_signature_table_reads_read_only(tmp_path: Path) -> None:
+    """A ledger written before signatures existed opens read-only without being changed."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    fill(Ledger(url, actor="x"), 2)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE event_signatures"))
+    engine.dispose()
+    ro = Ledger(url, create=False, trusted={})
+    assert [r.key_id for r in ro.records()] == [None, None]
+    assert ro.verify().signing == "unsigned"
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from releasekit.stores.ledger import Event, EventType, Ledger
+    url, spans, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    led = Ledger(url, actor="w", timeout_s=120)
+    with led.lock("env:production"):
+        t0 = time.monotonic()
+        if hold > 5:
+            open(spans + ".held", "w").write("1")
+        led.append(Event(type=EventType.BUILD, to_release="cd" * 32))
+        time.sleep(hold)
+        t1 = time.monotonic()
+    with open(spans, "a") as f:
+        f.write(f"{t0} {t1}\\n")
+    """
+)
+
+
+def _spawn(url: str, spans: Path, hold: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", WORKER, url, str(spans), str(hold)])
+
+
+def test_lock_serialises_processes(ledger_db: str, tmp_path: Path) -> None:
+    """Eight processes taking one environment's lock never overlap inside it."""
+    Ledger(ledger_db, actor="x").close()  # schema first: the test is about the lock
+    spans = tmp_path / "spans.txt"
+    procs = [_spawn(ledger_db, spans, 0.05) for _ in range(8)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 8
+    ivs = sorted(tuple(map(float, line.split())) for line in spans.read_text().splitlines())
+    assert len(ivs) == 8
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ivs)), ivs
+    assert Ledger(ledger_db).verify(trusted=None).records == 8
+
+
+def test_lock_of_a_killed_holder_is_released(ledger_db: str, tmp_path: Path) -> None:
+    """SIGKILL while holding the lock does not wedge the environment: the database drops a
+    dead connection's row lock (PostgreSQL), a dead pid's lease is taken over (SQLite)."""
+    Ledger(ledger_db, actor="x").close()
+    spans = tmp_path / "spans.txt"
+    p = _spawn(ledger_db, spans, 60)
+    deadline = time.monotonic() + 60
+    while not Path(str(spans) + ".held").exists():
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    led = Ledger(ledger_db, actor="x")
+    with (
+        pytest.raises(LedgerLockTimeoutError, match="env:production is locked"),
+        led.lock("env:production", timeout_s=0.5),
+    ):
+        pass
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    with led.lock("env:production", timeout_s=30) as info:
+        assert info.name == "env:production"
+
+
+def test_concurrent_first_opens_of_a_postgres_ledger(pg_url: str) -> None:
+    """Four processes creating the same fresh PostgreSQL ledger at once all succeed."""
+    code = "import sys; from releasekit.stores.ledger import Ledger; Ledger(sys.argv[1]).close()"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, pg_url], stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outs = [(p.wait(timeout=120), p.stderr.read() if p.stderr else b"") for p in procs]
+    assert all(rc == 0 for rc, _ in outs), outs
