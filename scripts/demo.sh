@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # The main job on the demo: install, make the demo model, then take the demo releases
-# through the lifecycle: validate, lock, build (quantise, bench, eval, report), register
-# in MLflow, assign to environments, and answer the auditor's questions.
+# through the whole lifecycle: validate, lock, build (quantise, bench + eval on one server,
+# report), register in MLflow, promote behind gates to staging and production through a
+# real gateway, block a bad prompt, roll back, and answer the auditor's questions.
+# It ends with both environments serving; `releasekit down staging` / `down production`
+# stops them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RELEASEKIT_ACTOR="${RELEASEKIT_ACTOR:-demo <demo@releasekit.local>}"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# A gate that blocks is the point of some steps: show it, keep going.
+expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; else echo "(blocked, as expected)"; fi; }
+either() { "$@" || echo "(not promoted: the gate report above says why)"; }
 
 step "demo model: dvc repro (trains only when its inputs changed)"
 dvc repro demo-data demo-model
 
 MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-w4a16.yaml manifests/demo-damaged-prompt.yaml)
-step "validate the demo manifests"
+step "validate the demo manifests (serving args against vLLM's own parser)"
 releasekit validate "${MANIFESTS[@]}"
 
 step "lock: one content-addressed release per manifest"
@@ -21,20 +27,47 @@ for m in "${MANIFESTS[@]}"; do
   printf '%-40s %s\n' "$m" "$(releasekit lock "$m")"
 done
 
-step "build: quantise, load-test, evaluate, compare with bf16, register in MLflow"
+step "build: quantise, load-test and evaluate on one server, compare with bf16, register"
 for m in "${MANIFESTS[@]}"; do
   releasekit build "$m"
 done
 
-step "assign: bf16 to staging and production, then W4A16 to staging"
-releasekit assign manifests/demo-bf16.yaml --env staging --reason "demo: baseline to staging"
-releasekit assign manifests/demo-bf16.yaml --env production --reason "demo: baseline to production"
-releasekit assign manifests/demo-w4a16.yaml --env staging --reason "demo: 4-bit candidate to staging"
+step "promote bf16 to staging, then on to production"
+releasekit promote manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
+releasekit promote manifests/demo-bf16.yaml --to production --reason "demo: baseline"
+
+step "promote W8A8 over bf16: staging, then production"
+either releasekit promote manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
+either releasekit promote manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
+
+step "try the damaged prompt: the quality gate blocks it"
+expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
+
+step "try W4A16: promoted or blocked, as its evidence says"
+either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
+
+step "roll staging back"
+releasekit rollback staging --reason "demo: roll back to the previous release"
 
 step "audit"
-releasekit status
+releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
 releasekit history --env staging
-releasekit diff manifests/demo-bf16.yaml manifests/demo-w4a16.yaml
+releasekit deploy-status
 releasekit ledger verify
 
-printf '\nReports: results/<release id>/report/report.html; MLflow UI: mlflow ui --backend-store-uri sqlite:///.releasekit/mlflow.db\n'
+STAGING=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
+PRODUCTION=$(python -c "from releasekit.config import load_settings as l; print(l().environments['production'].url)")
+cat <<MSG
+
+Both environments are serving:
+  staging     $STAGING/v1
+  production  $PRODUCTION/v1
+Stream a completion through production's gateway:
+  curl -N $PRODUCTION/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "demo", "prompt": "The capital of", "max_tokens": 16, "stream": true}'
+Or use the live release's own prompt (rendered by the gateway):
+  curl -N $PRODUCTION/v1/templates/chat/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"variables": {"question": "What is 2 + 3?"}, "max_tokens": 16, "stream": true}'
+Reports: results/<release id>/report/report.html and .releasekit/reports/ (gate reports).
+Stop everything: releasekit down staging && releasekit down production
+MSG

@@ -15,8 +15,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from releasekit.bench import BenchResult, PointResult, RequestRecord, find_knee, run_bench
 from releasekit.bench.loadgen import iter_specs, parse_stream, sample_lengths
 from releasekit.bench.plot import plot_sweep
-from releasekit.bench.scrape import Scrape, histogram_quantiles, server_delta
-from releasekit.bench.stats import meets_slo, point_result, summarize
+from releasekit.bench.scrape import (
+    HistogramWindow,
+    Scrape,
+    ServerDelta,
+    gauge_values,
+    histogram_quantiles,
+    merge_deltas,
+    parse_metrics,
+    server_delta,
+)
+from releasekit.bench.stats import (
+    combine_runs,
+    knee_is_stable,
+    knee_stop,
+    knees_by_repetition,
+    meets_slo,
+    point_result,
+    spread,
+    summarize,
+)
 from releasekit.spec.loadprofile import SLO, LengthDist, LoadProfile, Sweep
 
 
@@ -118,9 +136,36 @@ def test_slo_holds_only_with_enough_attainment_and_few_errors() -> None:
     assert not point_result([], load=1, mode="concurrency", duration_s=1, slo=slo).slo_ok
 
 
-def _point(load: float, ok: bool) -> PointResult:
-    recs = [rec([0.1, 0.2])] if ok else [rec([], status="error")]
-    return point_result(recs, load=load, mode="concurrency", duration_s=1.0, slo=SLO())
+def _server(recs: list[RequestRecord], *, ttft_s: float | None = None) -> ServerDelta:
+    """A server delta that agrees with the records (or reports `ttft_s` as its TTFT mean)."""
+    done = [r for r in recs if r.status == "ok"]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    e2es = [r.e2e_s for r in done if r.e2e_s is not None]
+    ttft_mean = ttft_s if ttft_s is not None else (float(np.mean(ttfts)) if ttfts else None)
+    return ServerDelta(
+        interval_s=1.0,
+        requests_succeeded=len(done),
+        histograms={
+            "ttft": HistogramWindow(count=len(done), mean_s=ttft_mean),
+            "e2e": HistogramWindow(count=len(done), mean_s=float(np.mean(e2es)) if e2es else None),
+        },
+    )
+
+
+def _point(load: float, ok: bool, *, bursty: bool = False, repetition: int = 0) -> PointResult:
+    if bursty:
+        recs = [rec([0.3] * 8, end=0.3)]  # 8 tokens arriving together
+    else:
+        recs = [rec([0.1, 0.2])] if ok else [rec([], status="error")]
+    return point_result(
+        recs,
+        load=load,
+        mode="concurrency",
+        duration_s=1.0,
+        slo=SLO(),
+        server=_server(recs),
+        repetition=repetition,
+    )
 
 
 def test_knee_is_the_highest_load_whose_slos_hold() -> None:
@@ -137,25 +182,111 @@ def test_a_lucky_point_past_a_broken_one_is_not_the_knee() -> None:
     pts = [_point(1, True), _point(4, False), _point(16, True), _point(48, False)]
     knee = find_knee(pts)
     assert knee is not None and knee.load == 1
+    assert knee_stop(pts) == "load 4 broke its SLOs"
     assert find_knee([_point(1, False), _point(2, False)]) is None
 
 
-def test_token_rate_ratio_compares_client_and_server_over_the_same_interval() -> None:
-    from releasekit.bench.scrape import ServerDelta
+def test_a_flagged_point_is_never_the_knee_even_when_its_slos_hold() -> None:
+    """Point 4 meets its SLOs but was delivered in bursts: the knee stops below it."""
+    pts = [_point(1, True), _point(4, True, bursty=True), _point(16, True)]
+    assert pts[1].slo_ok and [f.code for f in pts[1].flags] == ["bursty"]
+    knee = find_knee(pts)
+    assert knee is not None and knee.load == 1
+    assert knee_stop(pts) == "load 4 is not trusted (bursty)"
 
-    server = ServerDelta(interval_s=2.2, generation_tokens=100)
+
+def _repeated(load: float, oks: list[bool]) -> PointResult:
+    runs = [_point(load, ok, repetition=i) for i, ok in enumerate(oks)]
+    recs = [rec([0.1, 0.2]) if ok else rec([], status="error") for ok in oks]
+    return combine_runs(runs, recs, slo=SLO())
+
+
+def test_the_knee_needs_the_slos_in_every_repetition_and_says_when_reruns_disagree() -> None:
+    """Load 4 held in two of three runs: not the knee, and the knee is unstable."""
+    pts = [_repeated(1, [True, True, True]), _repeated(4, [True, False, True])]
+    assert pts[1].slo_ok is False and pts[1].repetitions == 3
+    assert knees_by_repetition(pts) == [4, 1, 4]
+    knee = find_knee(pts)
+    assert knee is not None and knee.load == 1
+    assert knee_is_stable(pts, knee) is False
+    steady = [_repeated(1, [True, True, True]), _repeated(4, [True, True, True])]
+    knee = find_knee(steady)
+    assert knee is not None and knee.load == 4 and knee_is_stable(steady, knee)
+    # One run cannot show that a knee is reproducible.
+    single = [_point(1, True)]
+    assert knee_is_stable(single, find_knee(single)) is False
+
+
+def test_spread_is_min_median_max_across_runs() -> None:
+    s = spread([3.0, None, 1.0, 2.0])
+    assert (s.n, s.min, s.median, s.max) == (3, 1.0, 2.0, 3.0)
+    assert spread([None]).n == 0 and spread([]).median is None
+
+
+# --- the cross-check against the server -----------------------------------------------------
+
+
+def _check(recs: list[RequestRecord], server: ServerDelta | None, **kw: Any) -> set[str]:
     p = point_result(
-        [rec([0.1] * 9, tokens=45)] * 2,
-        load=2,
-        mode="concurrency",
-        duration_s=2.0,
-        slo=SLO(),
-        server=server,
+        recs, load=kw.pop("load", 2), mode="concurrency", duration_s=1.0, slo=SLO(),
+        server=server, **kw,
+    )  # fmt: skip
+    return {f.code for f in p.flags}
+
+
+def test_client_ttft_within_the_tolerance_of_the_server_is_not_flagged() -> None:
+    recs = [rec([0.100, 0.2])] * 4
+    # 19 % above the server's 84 ms and under 20 ms: inside max(20 %, 10 ms).
+    assert _check(recs, _server(recs, ttft_s=0.084)) == set()
+    # 9 ms above a 2 ms server: inside the 10 ms floor.
+    small = [rec([0.011, 0.02])] * 4
+    assert _check(small, _server(small, ttft_s=0.002)) == set()
+
+
+def test_client_ttft_beyond_the_tolerance_is_flagged_client_bound() -> None:
+    recs = [rec([0.100, 0.2])] * 4
+    assert _check(recs, _server(recs, ttft_s=0.080)) == {"client_bound"}  # 25 % above
+    small = [rec([0.013, 0.02])] * 4
+    assert _check(small, _server(small, ttft_s=0.002)) == {"client_bound"}  # 11 ms above
+
+
+def test_request_counts_must_agree_within_one_or_two_percent() -> None:
+    recs = [rec([0.1, 0.2])] * 100
+    server = _server(recs)
+    assert _check(recs, server.model_copy(update={"requests_succeeded": 102})) == set()
+    assert _check(recs, server.model_copy(update={"requests_succeeded": 103})) == {"count_mismatch"}
+
+
+def test_running_peak_is_checked_against_concurrency_capped_by_max_num_seqs() -> None:
+    recs = [rec([0.1, 0.2])] * 8
+    server = _server(recs).model_copy(update={"running_peak": 3.0, "gauge_samples": 5})
+    # 64 in flight but max-num-seqs 4: expect 4 running, 3 is enough.
+    assert _check(recs, server, load=64, max_num_seqs=4) == set()
+    assert _check(recs, server, load=64) == {"underfilled"}
+    # Too few samples to tell: not flagged.
+    few = server.model_copy(update={"gauge_samples": 3})
+    assert _check(recs, few, load=64) == set()
+
+
+def test_a_point_without_server_figures_is_unverified() -> None:
+    recs = [rec([0.1, 0.2])]
+    assert _check(recs, None) == {"unverified"}
+    assert _check(recs, ServerDelta(interval_s=1.0)) == {"unverified"}
+
+
+def test_bursts_are_counted_as_arrivals_not_events() -> None:
+    """Eight token events in one network read are one delivery: flagged, TPOT withheld."""
+    recs = [rec([0.1, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3], end=0.3)] * 3
+    p = point_result(
+        recs, load=1, mode="concurrency", duration_s=1.0, slo=SLO(), server=_server(recs)
     )
-    assert p.output_token_throughput == pytest.approx(45.0)
-    assert p.server_generation_tokens_per_s == pytest.approx(50.0)
-    assert p.token_rate_ratio == pytest.approx(0.9)
-    assert p.chunks_per_token == pytest.approx(9 / 45)
+    assert p.chunks_per_token == 1.0 and p.deliveries_per_token == pytest.approx(2 / 8)
+    assert {f.code for f in p.flags} == {"bursty"}
+    assert not p.tpot_measurable and p.tpot.n == 0
+    # One bursty request in five is over the 10 % share, even with the rest steady.
+    steady = [rec([0.1 * i for i in range(1, 9)])] * 4
+    mixed = steady + recs[:1]
+    assert _check(mixed, _server(mixed)) == {"bursty"}
 
 
 # --- stream parsing -----------------------------------------------------------------------
@@ -276,6 +407,91 @@ def test_a_counter_reset_between_scrapes_counts_from_zero() -> None:
     assert server_delta(before, _scrape(reg2, 1.0)).generation_tokens == 40
 
 
+def test_merged_windows_pool_counts_means_and_buckets() -> None:
+    """Repetitions of a point merge into one window: counters add, the mean is the pooled
+    mean and quantiles come from the summed buckets, not an average of quantiles."""
+    reg, m = _registry()
+    s0 = _scrape(reg, 0.0)
+    for v in (0.05, 0.05):
+        m["queue"].labels("demo").observe(v)
+    m["gen"].labels("demo").inc(10)
+    s1 = _scrape(reg, 1.0)
+    for v in (0.5, 0.5, 0.5, 0.5):
+        m["queue"].labels("demo").observe(v)
+    m["gen"].labels("demo").inc(30)
+    s2 = _scrape(reg, 3.0)
+    a, b = server_delta(s0, s1), server_delta(s1, s2)
+    merged = merge_deltas([a, b])
+    assert merged.interval_s == pytest.approx(3.0) and merged.generation_tokens == 40
+    q = merged.histograms["queue"]
+    assert q.count == 6 and q.mean_s == pytest.approx((0.1 + 2.0) / 6)
+    whole = server_delta(s0, s2).histograms["queue"]
+    assert (q.p50, q.p90) == (whole.p50, whole.p90)
+
+
+def test_gauge_samples_are_read_without_a_full_parse_and_agree_with_it() -> None:
+    reg, m = _registry()
+    g = Gauge("vllm:num_requests_running", "", ["model_name", "engine"], registry=reg)
+    Gauge("vllm:num_requests_running_extra", "", registry=reg).set(99)
+    g.labels("demo", "0").set(3)
+    g.labels("demo", "1").set(2)
+    m["kv"].labels("demo").set(0.25)
+    text = generate_latest(reg).decode()
+    fast = gauge_values(text)
+    assert fast.get("vllm:num_requests_running") == 5.0
+    assert fast.get("vllm:kv_cache_usage_perc") == 0.25
+    assert fast.get("vllm:num_requests_waiting") is None
+    full = parse_metrics(text)
+    assert full.get("vllm:num_requests_running") == fast.get("vllm:num_requests_running")
+
+
+# --- the cheap stream classifier agrees with JSON parsing -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event", "chat", "content"),
+    [
+        ({"choices": [{"index": 0, "text": " a"}], "usage": None}, False, True),
+        ({"choices": [{"index": 0, "text": ""}], "usage": None}, False, False),
+        ({"choices": [{"index": 0, "text": '"'}], "usage": None}, False, True),
+        ({"choices": [{"index": 0, "text": None}]}, False, False),
+        ({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, True, False),
+        ({"choices": [{"delta": {"content": "x"}}]}, True, True),
+        ({"choices": [{"delta": {"reasoning_content": "r", "content": ""}}]}, True, False),
+        ({"choices": [{"delta": {"content": "usage"}}]}, True, True),
+    ],
+)
+def test_content_events_are_classified_from_bytes_like_json_would(
+    event: dict[str, Any], chat: bool, content: bool
+) -> None:
+    for separators in ((",", ":"), (", ", ": ")):
+        payload = json.dumps(event, separators=separators).encode()
+        parsed = parse_stream([(1.0, b"data: " + payload + b"\n\n")], chat=chat)
+        assert (parsed.chunk_times == [1.0]) is content, payload
+
+
+def test_the_usage_event_is_parsed_even_with_text_beside_it() -> None:
+    ev = {"choices": [{"text": "z"}], "usage": {"prompt_tokens": 4, "completion_tokens": 9}}
+    parsed = parse_stream([(2.0, _ev(ev))], chat=False)
+    assert parsed.chunk_times == [2.0] and parsed.usage_output_tokens == 9
+
+
+def test_the_byte_counting_path_and_the_event_path_agree() -> None:
+    """Whole events per read take the byte-counting path; the same bytes cut mid-event take
+    the event-by-event path; both give the same chunks, usage and end."""
+    events = [_ev({"choices": [{"index": 0, "text": f" w{i}"}], "usage": None}) for i in range(6)]
+    events.insert(0, _ev({"choices": [{"index": 0, "text": ""}], "usage": None}))
+    tail = _ev({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6}})
+    whole = [(float(i), e) for i, e in enumerate(events)] + [(9.0, tail + b"data: [DONE]\n\n")]
+    cut: list[tuple[float, bytes]] = []
+    for t, data in whole:
+        cut += [(t - 0.5, data[:7]), (t, data[7:])]
+    a, b = parse_stream(whole, chat=False), parse_stream(cut, chat=False)
+    assert a.chunk_times == b.chunk_times == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert a.usage_output_tokens == b.usage_output_tokens == 6
+    assert a.done and b.done and a.last_time == b.last_time == 9.0
+
+
 # --- request shapes -----------------------------------------------------------------------
 
 
@@ -329,8 +545,9 @@ def test_sample_lengths_distributions() -> None:
 # --- plot ---------------------------------------------------------------------------------
 
 
-def test_plot_copes_with_a_point_where_everything_failed(tmp_path: Path) -> None:
-    pts = [_point(1, True), _point(2, False)]
+def test_plot_copes_with_failed_and_flagged_points(tmp_path: Path) -> None:
+    """A point where everything failed and a flagged point (crossed out) still plot."""
+    pts = [_point(1, True), _point(2, True, bursty=True), _point(4, False)]
     result = BenchResult(
         profile_name="p",
         model="m",
@@ -351,9 +568,13 @@ def test_plot_copes_with_a_point_where_everything_failed(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_demo_sweep_client_and_server_token_rates_agree(vllm_server: Any, tmp_path: Path) -> None:
-    """On the demo model, client output tok/s and the server's generation_tokens delta agree
-    within 10% at every load up to the knee, and the server deltas are all there."""
+def test_demo_sweep_is_cross_checked_against_the_servers_own_figures(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    """On the demo model, every run's completed requests match vllm:request_success_total,
+    every server figure the cross-check needs is there, and every point the check does not
+    flag has client TTFT/E2E means within the stated tolerance of the server's histograms;
+    the knee, if any, is an unflagged point whose SLOs held in both runs."""
     prof = LoadProfile(
         name="slow-test",
         seed=5,
@@ -364,22 +585,30 @@ def test_demo_sweep_client_and_server_token_rates_agree(vllm_server: Any, tmp_pa
         sweep=Sweep(points=[1, 4, 16], requests_per_point=16),
         slo=SLO(ttft_s=2.0, tpot_s=0.5, attainment=0.9, max_error_rate=0.01),
     )
-    result = run_bench(vllm_server.base_url, vllm_server.model, prof)
-    assert result.knee is not None, [(p.load, p.slo_attainment) for p in result.points]
-    assert result.tokens_per_word > 0
+    result = run_bench(
+        vllm_server.base_url, vllm_server.model, prof, repetitions=2, max_num_seqs=32
+    )
+    assert result.tokens_per_word > 0 and result.repetitions == 2
     for p in result.points:
-        assert p.ok == p.n == 16, p.top_errors
-        assert p.output_tokens == 16 * 32  # ignore_eos: exactly max_tokens each
+        assert p.ok == p.n == 32, p.top_errors
+        assert p.output_tokens == 32 * 32  # ignore_eos: exactly max_tokens each
         s = p.server
         assert s is not None
-        assert s.generation_tokens is not None and s.generation_tokens > 0
-        assert s.requests_succeeded == 16
         for short in ("ttft", "itl", "e2e", "queue", "prefill", "decode"):
             assert short in s.histograms, short
-        assert s.queue_time_mean_s is not None and s.decode_time_mean_s is not None
         assert s.kv_cache_usage_peak is not None and s.running_peak is not None
+        codes = {f.code for f in p.flags}
+        assert not codes & {"count_mismatch", "unverified"}, [f.message for f in p.flags]
+        for run in p.runs:
+            assert run.check is not None and run.check.server_succeeded == 16
+        c = p.check
+        assert c is not None and c.server_ttft_mean_s is not None
+        if not p.flags:
+            assert c.client_ttft_mean_s is not None
+            assert c.client_ttft_mean_s - c.server_ttft_mean_s <= max(
+                0.2 * c.server_ttft_mean_s, 0.010
+            )
         # The prompt calibration keeps prompts near the profile's 16..48 tokens.
         assert p.prompt_tokens_mean is not None and 12 <= p.prompt_tokens_mean <= 64
-        if p.load <= result.knee.load:
-            assert p.token_rate_ratio is not None
-            assert 0.9 <= p.token_rate_ratio <= 1.1, (p.load, p.token_rate_ratio)
+    if result.knee is not None:
+        assert not result.knee.flags and all(r.slo_ok for r in result.knee.runs)

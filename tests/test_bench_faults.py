@@ -1,7 +1,10 @@
 """The load generator against a small local OpenAI-compatible server that misbehaves on
 purpose: HTTP 500s, streams that stall or break, error events, a missing /metrics, a wrong
-model, a closed port. The fake also exposes real Prometheus metrics (prometheus_client), so
-server deltas and the client/server token agreement are checked end to end."""
+model, a closed port; and fakes whose own figures disagree with what the client sees (a
+server-side TTFT far below the client's, tokens delivered in one burst, a request count
+that does not match, a running gauge that stays empty), which the cross-check must flag.
+The fake exposes real Prometheus metrics (prometheus_client), so server deltas and the
+cross-check are exercised end to end."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import uvicorn
@@ -41,7 +44,14 @@ def always_ok(n: int) -> str:
 
 class FakeVLLM:
     """A tiny vLLM look-alike. `behaviour(n)` picks what the n-th generation request (from 0)
-    gets: ok, 500, stall, close (drop the connection mid-stream), error_event, no_done."""
+    gets: ok, 500, stall, close (drop the connection mid-stream), error_event, no_done,
+    no_usage, slow (0.5 s before the first token), burst (every event in one write at the
+    end), one_chunk (all the text in one event).
+
+    Its metrics can be made to lie: `ttft_report_s` is observed as every TTFT whatever the
+    real one, `success_factor` multiplies the completed-request counter, and
+    `running_gauge=False` leaves vllm:num_requests_running at 0. `first_delay_s` is an
+    honest prefill time before the first token."""
 
     def __init__(
         self,
@@ -51,12 +61,20 @@ class FakeVLLM:
         token_delay_s: float = 0.002,
         metrics: bool = True,
         api_key: str | None = None,
+        ttft_report_s: float | None = None,
+        success_factor: int = 1,
+        running_gauge: bool = True,
+        first_delay_s: float = 0.0,
     ) -> None:
         self.behaviour = behaviour
         self.model = model
         self.token_delay_s = token_delay_s
         self.metrics = metrics
         self.api_key = api_key
+        self.ttft_report_s = ttft_report_s
+        self.success_factor = success_factor
+        self.running_gauge = running_gauge
+        self.first_delay_s = first_delay_s
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -70,6 +88,7 @@ class FakeVLLM:
             "vllm:request_success", "ok", ["model_name", "finished_reason"], registry=reg
         )
         self.running = Gauge("vllm:num_requests_running", "r", ["model_name"], registry=reg)
+        self.running.labels(model).set(0)
         Gauge("vllm:num_requests_waiting", "w", ["model_name"], registry=reg).labels(model).set(0)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "kv", ["model_name"], registry=reg)
         buckets = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -147,6 +166,8 @@ class FakeVLLM:
         return JSONResponse({"error": {"message": "broken release"}}, status_code=500)
 
     async def _generate(self, request: Request) -> Response:
+        # Like vLLM, the server's latencies count from the request's arrival.
+        arrived = time.perf_counter()
         body = await request.json()
         n = self.requests
         self.requests += 1
@@ -160,18 +181,19 @@ class FakeVLLM:
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         p_tokens = 2 * len(str(prompt).split())
         return StreamingResponse(
-            self._stream(what, chat, max_tokens, p_tokens), media_type="text/event-stream"
+            self._stream(what, chat, max_tokens, p_tokens, arrived),
+            media_type="text/event-stream",
         )
 
     async def _stream(
-        self, what: str, chat: bool, max_tokens: int, p_tokens: int
+        self, what: str, chat: bool, max_tokens: int, p_tokens: int, start: float
     ) -> AsyncIterator[bytes]:
         m = self.model
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.running.labels(m).set(self.in_flight)
+        if self.running_gauge:
+            self.running.labels(m).set(self.in_flight)
         self.kv.labels(m).set(min(1.0, self.in_flight / 10))
-        start = time.perf_counter()
         try:
             self.prompt_tokens.labels(m).inc(p_tokens)
             self.hist["vllm:request_queue_time_seconds"].labels(m).observe(0.002)
@@ -180,7 +202,27 @@ class FakeVLLM:
                 yield _sse(
                     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
                 )
-            for i in range(max_tokens):
+            if what == "slow":
+                await asyncio.sleep(0.5)
+            elif self.first_delay_s:
+                await asyncio.sleep(self.first_delay_s)
+            held: list[bytes] = []
+            if what == "one_chunk":
+                for _ in range(max_tokens):
+                    await asyncio.sleep(self.token_delay_s)
+                self.gen_tokens.labels(m).inc(max_tokens)
+                self._observe_ttft(time.perf_counter() - start)
+                text = "".join(f" t{i}" for i in range(max_tokens))
+                one: dict[str, object] = (
+                    {"index": 0, "delta": {"content": text}, "finish_reason": "length"}
+                    if chat
+                    else {"index": 0, "text": text, "finish_reason": "length"}
+                )
+                held.append(_sse({"choices": [one], "usage": None}))
+                max_tokens_loop = 0
+            else:
+                max_tokens_loop = max_tokens
+            for i in range(max_tokens_loop):
                 await asyncio.sleep(self.token_delay_s)
                 if what == "stall" and i == 2:
                     await asyncio.sleep(3600)
@@ -192,9 +234,7 @@ class FakeVLLM:
                     return
                 self.gen_tokens.labels(m).inc()
                 if i == 0:
-                    self.hist["vllm:time_to_first_token_seconds"].labels(m).observe(
-                        time.perf_counter() - start
-                    )
+                    self._observe_ttft(time.perf_counter() - start)
                 else:
                     self.hist["vllm:inter_token_latency_seconds"].labels(m).observe(
                         self.token_delay_s
@@ -206,8 +246,14 @@ class FakeVLLM:
                 )
                 if i == max_tokens - 1:
                     choice["finish_reason"] = "length"
-                yield _sse({"choices": [choice], "usage": None})
-            self.success.labels(m, "length").inc()
+                event = _sse({"choices": [choice], "usage": None})
+                if what == "burst":
+                    held.append(event)
+                else:
+                    yield event
+            if held:
+                yield b"".join(held)
+            self.success.labels(m, "length").inc(self.success_factor)
             e2e = time.perf_counter() - start
             self.hist["vllm:e2e_request_latency_seconds"].labels(m).observe(e2e)
             self.hist["vllm:request_decode_time_seconds"].labels(m).observe(e2e)
@@ -220,7 +266,12 @@ class FakeVLLM:
                 yield b"data: [DONE]\n\n"
         finally:
             self.in_flight -= 1
-            self.running.labels(m).set(self.in_flight)
+            if self.running_gauge:
+                self.running.labels(m).set(self.in_flight)
+
+    def _observe_ttft(self, real_s: float) -> None:
+        seen = self.ttft_report_s if self.ttft_report_s is not None else real_s
+        self.hist["vllm:time_to_first_token_seconds"].labels(self.model).observe(seen)
 
 
 class _KeyCheck:
@@ -255,6 +306,7 @@ def profile(
     output_tokens: int = 6,
     api: str = "completions",
     slo: SLO | None = None,
+    max_in_flight: int = 256,
 ) -> LoadProfile:
     return LoadProfile(
         name="test-load",
@@ -269,9 +321,29 @@ def profile(
             points=points or [1, 4],
             requests_per_point=requests,
             duration_s=duration_s,
+            max_in_flight=max_in_flight,
         ),
         slo=slo or SLO(ttft_s=1.0, attainment=0.9, max_error_rate=0.01),
     )
+
+
+def bench(url: str, prof: LoadProfile, **kw: Any) -> BenchResult:
+    """run_bench with one repetition unless a test asks for more."""
+    kw.setdefault("repetitions", 1)
+    return run_bench(url, "fake", prof, **kw)
+
+
+def codes(result: BenchResult, load: float | None = None) -> set[str]:
+    """The flag codes on one point (or on every point)."""
+    return {f.code for p in result.points if load is None or p.load == load for f in p.flags}
+
+
+def honest_fake() -> FakeVLLM:
+    """A fake whose timings a busy machine cannot push past the cross-check's tolerances:
+    300 ms to the first token (so the TTFT tolerance, max(20 %, 10 ms), is 60 ms) and 20 ms
+    a token (long next to a client's read), where a fake sharing the test's process feels
+    every scheduling delay of a loaded machine."""
+    return FakeVLLM(first_delay_s=0.3, token_delay_s=0.02)
 
 
 @pytest.fixture
@@ -280,50 +352,201 @@ def fake() -> Iterator[FakeVLLM]:
         yield f
 
 
-# --- a well-behaved fake: the mechanics -------------------------------------------------
+@pytest.fixture
+def lenient_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests of the sweep's mechanics (repetitions, knee, outputs, CLI), not of the
+    cross-check: widen its latency and burst tolerances so that a busy test machine, which
+    slows a fake in the test's own process, cannot flag their points. The cross-check has
+    its own tests, at the real tolerances."""
+    monkeypatch.setattr("releasekit.bench.stats.LATENCY_ABS_TOL_S", 10.0)
+    monkeypatch.setattr("releasekit.bench.stats.BURST_DELIVERIES_PER_TOKEN", 0.0)
+    monkeypatch.setattr("releasekit.bench.stats.BURSTY_SHARE_TOL", 1.0)
 
 
-def test_client_and_server_token_counts_agree_and_warmup_is_excluded(fake: FakeVLLM) -> None:
-    """Server deltas cover exactly the point's requests: warm-up happens before the first
-    scrape, so the client/server ratio is 1 and the per-point counters match."""
-    result = run_bench(fake.base_url, "fake", profile(warmup=3), gauge_interval_s=0.01)
-    assert fake.requests == 3 + 8 + 8
+# --- a well-behaved fake: the mechanics, and a cross-check that passes ----------------------
+
+
+def test_server_deltas_cover_the_point_and_an_honest_run_raises_no_flag() -> None:
+    """Server deltas cover exactly the point's requests (warm-up happens before the first
+    scrape); client and server agree, so the cross-check raises no flag and the knee is the
+    top point."""
+    with honest_fake() as fake:
+        result = bench(fake.base_url, profile(warmup=3, requests=4), gauge_interval_s=0.05)
+    assert fake.requests == 3 + 4 + 4
     assert result.warmup_requests == 3 and result.warmup_ok == 3
     assert [r.warmup for r in result.requests].count(True) == 3
     for p in result.points:
-        assert p.n == 8 and p.ok == 8
-        assert p.output_tokens == 8 * 6
+        assert p.n == 4 and p.ok == 4
+        assert p.output_tokens == 4 * 6
         assert p.server is not None
-        assert p.server.generation_tokens == 8 * 6
-        assert p.server.requests_succeeded == 8
-        assert p.server.requests_by_reason == {"length": 8}
-        assert p.token_rate_ratio == pytest.approx(1.0)
-        assert p.server.histograms["e2e"].count == 8
+        assert p.server.generation_tokens == 4 * 6
+        assert p.server.requests_succeeded == 4
+        assert p.server.requests_by_reason == {"length": 4}
+        assert p.server.histograms["e2e"].count == 4
         assert p.server.queue_time_mean_s == pytest.approx(0.002)
         assert p.server.prefill_time_mean_s == pytest.approx(0.004)
         assert p.server.missing == []
-    # Gauges sampled during the 4-way point saw 4 requests running.
-    four = result.points[1].server
-    assert four is not None and four.running_peak == 4
+        assert p.flags == [], [f.message for f in p.flags]
+        c = p.check
+        assert c is not None and c.client_ok == 4 and c.server_succeeded == 4
+        assert c.server_ttft_mean_s is not None and c.client_ttft_mean_s is not None
+        assert c.deliveries_per_token is not None and c.deliveries_per_token > 0.5
+        assert p.tpot_measurable and p.tpot.n > 0
+    assert result.knee is not None and result.knee.load == 4
+    assert "token_rate_ratio" not in result.points[0].model_dump()
 
 
-def test_closed_loop_keeps_exactly_the_requested_concurrency(fake: FakeVLLM) -> None:
-    fake.token_delay_s = 0.01
-    run_bench(fake.base_url, "fake", profile(points=[3], requests=12))
-    assert fake.max_in_flight == 3
-
-
-def test_duration_bound_point_stops_issuing_after_the_duration(fake: FakeVLLM) -> None:
-    fake.token_delay_s = 0.01
-    result = run_bench(fake.base_url, "fake", profile(points=[2], requests=None, duration_s=0.6))
+def test_one_connection_per_request_in_flight(fake: FakeVLLM) -> None:
+    """At concurrency 16 the server has 16 requests at once: nothing waits in the client."""
+    fake.token_delay_s = 0.02
+    result = bench(fake.base_url, profile(points=[16], requests=32), gauge_interval_s=0.02)
+    assert fake.max_in_flight == 16
     p = result.points[0]
-    # Each request takes about 60 ms: about 10 per worker in 0.6 s, none after the end.
-    assert 6 <= p.n <= 30
-    assert p.duration_s < 0.6 + 0.5
+    assert p.check is not None and p.check.running_peak == 16
+    assert p.check.expected_running == 16
+    # (Not asserting the TTFT cross-check here: 16 streams through a fake that shares the
+    # test's process and GIL are slow in its HTTP layer, which the check rightly reports.)
+    assert "underfilled" not in codes(result) and "count_mismatch" not in codes(result)
+
+
+def test_a_client_that_queues_inside_itself_is_flagged_client_bound(
+    fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old defect, on purpose: a connection pool smaller than the concurrency makes
+    requests wait in the client after `sent`; the server's TTFT histogram stays low, so the
+    cross-check flags the point and it is not the knee."""
+    fake.token_delay_s = 0.01
+    monkeypatch.setattr("releasekit.bench.runner.pool_size", lambda prof: 1)
+    result = bench(fake.base_url, profile(points=[8], requests=24))
+    assert fake.max_in_flight <= 3  # one connection (+ 2 spare for /metrics): it queued
+    (flag,) = [f for f in result.points[0].flags if f.code == "client_bound"][:1]
+    client, server = flag.values["client_ttft_mean_s"], flag.values["server_ttft_mean_s"]
+    assert client is not None and server is not None and client > server + 0.05
+    assert result.knee is None
+    assert result.knee_stop is not None and "client_bound" in result.knee_stop
+
+
+def test_a_server_whose_ttft_metric_says_5ms_while_the_client_sees_500ms_is_flagged() -> None:
+    """Client TTFT 0.5 s against a server histogram of 5 ms: flagged client-bound, with both
+    numbers, and the point is refused as the knee even though its SLOs hold."""
+    with FakeVLLM(lambda n: "slow", ttft_report_s=0.005) as f:
+        result = bench(f.base_url, profile(points=[2], requests=4))
+    p = result.points[0]
+    assert p.slo_ok  # TTFT 0.5 s is inside the 1 s SLO ...
+    assert "client_bound" in codes(result)  # ... but the point is not trusted
+    flag = next(f for f in p.flags if f.code == "client_bound")
+    assert flag.values["server_ttft_mean_s"] == pytest.approx(0.005)
+    client = flag.values["client_ttft_mean_s"]
+    assert client is not None and client >= 0.5
+    assert "TTFT" in flag.message and "ms" in flag.message
+    assert result.knee is None and result.flagged_points == [2]
+
+
+def test_a_server_that_sends_every_token_in_one_burst_is_flagged_bursty() -> None:
+    """Six token events arriving in one write: one arrival per request, far fewer than its
+    tokens; the point is flagged bursty and TPOT/ITL are reported as not measurable instead
+    of a microsecond TPOT."""
+    with FakeVLLM(lambda n: "burst") as f:
+        result = bench(f.base_url, profile(points=[1], requests=4))
+    p = result.points[0]
+    assert p.ok == 4 and p.chunks_per_token == pytest.approx(1.0)
+    assert p.deliveries_per_token == pytest.approx(1 / 6)
+    assert "bursty" in codes(result)
+    assert p.tpot_measurable is False and p.tpot.n == 0 and p.tpot.p50 is None
+    assert p.itl.n == 0
+    assert result.knee is None
+
+
+def test_all_text_in_one_event_is_flagged_bursty_too() -> None:
+    """One content event carrying six tokens (usage says 6): as untrustworthy as a burst."""
+    with FakeVLLM(lambda n: "one_chunk") as f:
+        result = bench(f.base_url, profile(points=[1], requests=4))
+    p = result.points[0]
+    assert p.ok == 4 and p.output_tokens == 24
+    assert p.chunks_per_token == pytest.approx(1 / 6)
+    assert "bursty" in codes(result) and not p.tpot_measurable
+
+
+def test_a_request_count_that_does_not_match_the_server_is_flagged() -> None:
+    """A server that counts twice the completions the client saw: its window describes
+    other requests too, so the point is flagged and carries both counts."""
+    with FakeVLLM(success_factor=2) as f:
+        result = bench(f.base_url, profile(points=[2], requests=8))
+    flag = next(f for f in result.points[0].flags if f.code == "count_mismatch")
+    assert flag.values == {"server_succeeded": 16.0, "client_ok": 8.0}
+    assert result.knee is None
+
+
+def test_a_running_gauge_that_never_sees_the_requests_is_flagged_underfilled() -> None:
+    """Four requests in flight by the client's count, none running at the server (over many
+    gauge samples): flagged underfilled against min(concurrency, max-num-seqs)."""
+    with FakeVLLM(token_delay_s=0.02, running_gauge=False) as f:
+        result = bench(
+            f.base_url, profile(points=[4], requests=16), gauge_interval_s=0.02, max_num_seqs=2
+        )
+    p = result.points[0]
+    flag = next(f for f in p.flags if f.code == "underfilled")
+    assert flag.values == {"running_peak": 0.0, "expected_running": 2.0}
+    assert p.check is not None and p.check.gauge_samples >= 4
+
+
+def test_a_server_without_metrics_benches_but_is_unverified() -> None:
+    """Without /metrics nothing checks the client: the point is measured but flagged
+    unverified, so no knee is claimed."""
+    with FakeVLLM(metrics=False) as f:
+        result = bench(f.base_url, profile(points=[1], requests=2))
+    p = result.points[0]
+    assert p.ok == 2 and p.server is None and p.server_generation_tokens_per_s is None
+    assert codes(result) == {"unverified"} and result.knee is None
+
+
+# --- repetitions and the knee's stability -----------------------------------------------------
+
+
+def test_repetitions_pool_their_requests_and_report_a_spread(
+    fake: FakeVLLM, lenient_check: None
+) -> None:
+    """Three runs of the sweep: each point pools 3 x 8 requests, carries one summary per run
+    and min/median/max of its key figures; every run gives the same knee: stable."""
+    result = bench(fake.base_url, profile(points=[1, 2]), repetitions=3)
+    assert fake.requests == 3 * 2 * 8
+    assert result.repetitions == 3
+    for p in result.points:
+        assert p.repetitions == 3 and p.n == 24 and p.ok == 24
+        assert [r.repetition for r in p.runs] == [0, 1, 2]
+        sp = p.spread["output_token_throughput"]
+        assert sp.n == 3 and sp.min is not None and sp.max is not None
+        assert sp.min <= (sp.median or 0) <= sp.max
+        assert p.server is not None and p.server.requests_succeeded == 24
+    assert {r.repetition for r in result.requests} == {0, 1, 2}
+    assert result.knee_by_repetition == [2, 2, 2]
+    assert result.knee is not None and result.knee.load == 2 and result.knee_stable
+
+
+def test_a_knee_that_breaks_in_one_repetition_is_not_stable(lenient_check: None) -> None:
+    """The 4-way point fails in the second run only: the knee falls back to the point that
+    held in every run, and the result says the knee is not stable."""
+    # Order of requests: run 0 (load 1: 0-7, load 4: 8-15), run 1 (16-23, 24-31), run 2.
+
+    def fails(n: int) -> str:
+        return "500" if 24 <= n < 32 and n % 4 == 0 else "ok"
+
+    with FakeVLLM(fails) as f:
+        result = bench(f.base_url, profile(points=[1, 4]), repetitions=3)
+    four = result.points[1]
+    assert [r.slo_ok for r in four.runs] == [True, False, True]
+    assert four.slo_ok is False
+    assert result.knee_by_repetition == [4, 1, 4]
+    assert result.knee is not None and result.knee.load == 1
+    assert result.knee_stable is False
+    assert result.knee_stop == "load 4 broke its SLOs in repetition(s) 1"
+
+
+# --- open loop -------------------------------------------------------------------------------
 
 
 def test_open_loop_poisson_arrivals_follow_the_rate(fake: FakeVLLM) -> None:
-    result = run_bench(fake.base_url, "fake", profile(mode="rate", points=[40.0], requests=60))
+    result = bench(fake.base_url, profile(mode="rate", points=[40.0], requests=60))
     p = result.points[0]
     assert p.n == 60 and p.ok == 60
     gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
@@ -333,8 +556,40 @@ def test_open_loop_poisson_arrivals_follow_the_rate(fake: FakeVLLM) -> None:
     assert all(r.scheduled_s is not None for r in result.requests)
 
 
+def test_open_loop_latency_counts_from_the_scheduled_arrival() -> None:
+    """Coordinated omission: with one request allowed in flight, a stalled first answer
+    holds back every later arrival; their latency includes that wait (timed from when they
+    were due, not from when the client got round to sending them), and the point is
+    flagged because the wait happened outside the server."""
+    with FakeVLLM(lambda n: "slow" if n == 0 else "ok") as f:
+        result = bench(
+            f.base_url, profile(mode="rate", points=[50.0], requests=10, max_in_flight=1)
+        )
+    later = [r for r in result.requests if r.index > 0]
+    assert all(r.send_lag_s is not None for r in later)
+    held = [r for r in later if (r.send_lag_s or 0) > 0.2]
+    assert len(held) >= 5
+    for r in held:
+        assert r.ttft_s is not None and r.ttft_s >= r.send_lag_s  # type: ignore[operator]
+    p = result.points[0]
+    assert p.ttft.p50 is not None and p.ttft.p50 > 0.2
+    assert "client_bound" in codes(result)
+
+
+# --- request mechanics -------------------------------------------------------------------------
+
+
+def test_duration_bound_point_stops_issuing_after_the_duration(fake: FakeVLLM) -> None:
+    fake.token_delay_s = 0.01
+    result = bench(fake.base_url, profile(points=[2], requests=None, duration_s=0.6))
+    p = result.points[0]
+    # Each request takes about 60 ms: about 10 per worker in 0.6 s, none after the end.
+    assert 6 <= p.n <= 30
+    assert p.duration_s < 0.6 + 0.5
+
+
 def test_requests_carry_the_streaming_contract(fake: FakeVLLM) -> None:
-    run_bench(fake.base_url, "fake", profile(points=[1], requests=2))
+    bench(fake.base_url, profile(points=[1], requests=2))
     body = fake.bodies[0]
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
@@ -346,7 +601,7 @@ def test_requests_carry_the_streaming_contract(fake: FakeVLLM) -> None:
 
 
 def test_chat_api_counts_content_not_the_role_chunk(fake: FakeVLLM) -> None:
-    result = run_bench(fake.base_url, "fake", profile(points=[2], api="chat"))
+    result = bench(fake.base_url, profile(points=[2], api="chat"))
     assert "messages" in fake.bodies[0]
     rec = result.requests[0]
     assert rec.status == "ok" and len(rec.chunk_s) == 6 and rec.output_tokens == 6
@@ -354,13 +609,17 @@ def test_chat_api_counts_content_not_the_role_chunk(fake: FakeVLLM) -> None:
 
 def test_without_usage_tokens_are_counted_from_chunks() -> None:
     with FakeVLLM(lambda n: "no_usage") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=2))
+        result = bench(f.base_url, profile(points=[1], requests=2))
     rec = result.requests[0]
     assert rec.status == "ok" and rec.tokens_from == "chunks" and rec.output_tokens == 6
 
 
-def test_outputs_written_and_read_back(fake: FakeVLLM, tmp_path: Path) -> None:
-    result = run_bench(fake.base_url, "fake", profile(), release_id="abc" * 20, profile_digest="d")
+def test_outputs_written_and_read_back(fake: FakeVLLM, tmp_path: Path, lenient_check: None) -> None:
+    """bench.json keeps the fields its readers use and adds the cross-check, flags, runs,
+    spread and knee stability; requests.jsonl round-trips."""
+    result = bench(
+        fake.base_url, profile(), release_id="abc" * 20, profile_digest="d", repetitions=2
+    )
     write_outputs(result, tmp_path)
     data = json.loads((tmp_path / "bench.json").read_text())
     point = data["points"][0]
@@ -368,21 +627,27 @@ def test_outputs_written_and_read_back(fake: FakeVLLM, tmp_path: Path) -> None:
         "load", "mode", "n", "ok", "errors", "timeouts", "duration_s", "request_throughput",
         "output_token_throughput", "server_generation_tokens_per_s", "goodput",
         "slo_attainment", "slo_ok", "ttft", "tpot", "itl", "e2e", "server",
+        "repetitions", "check", "flags", "runs", "spread", "tpot_measurable",
+        "deliveries_per_token",
     ):  # fmt: skip
         assert key in point, key
     assert set(point["ttft"]) >= {"p50", "p90", "p95", "p99", "mean"}
+    assert "buckets" not in point["server"]["histograms"]["ttft"]
     assert data["release_id"] == "abc" * 20 and data["profile_digest"] == "d"
     assert "requests" not in data
     assert data["knee"]["load"] == 4
+    assert data["knee_stable"] is True and data["knee_by_repetition"] == [4, 4]
+    assert data["repetitions"] == 2 and data["flagged_points"] == []
     png = (tmp_path / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert width > 800 and height > 400
     lines = (tmp_path / "requests.jsonl").read_text().splitlines()
-    assert len(lines) == 16
+    assert len(lines) == 32
     back = load_bench(tmp_path)
     assert isinstance(back, BenchResult)
-    assert back.knee == result.knee and len(back.requests) == 16
+    assert back.knee is not None and result.knee is not None
+    assert back.knee.model_dump() == result.knee.model_dump() and len(back.requests) == 32
 
 
 # --- faults -------------------------------------------------------------------------------
@@ -390,7 +655,7 @@ def test_outputs_written_and_read_back(fake: FakeVLLM, tmp_path: Path) -> None:
 
 def test_http_500_counts_as_error_and_breaks_the_slo() -> None:
     with FakeVLLM(lambda n: "500" if n % 4 == 3 else "ok") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[2], requests=16))
+        result = bench(f.base_url, profile(points=[2], requests=16))
     p = result.points[0]
     assert (p.n, p.ok, p.errors, p.timeouts) == (16, 12, 4, 0)
     assert p.error_rate == pytest.approx(0.25)
@@ -400,12 +665,14 @@ def test_http_500_counts_as_error_and_breaks_the_slo() -> None:
     assert p.output_tokens == 12 * 6
     bad = [r for r in result.requests if r.status == "error"]
     assert all(r.http_status == 500 for r in bad)
+    # Failed requests are not completions: client and server still agree on the count.
+    assert "count_mismatch" not in codes(result)
 
 
 def test_a_stalled_stream_times_out_without_holding_up_the_point() -> None:
     with FakeVLLM(lambda n: "stall" if n % 2 == 1 else "ok") as f:
         start = time.perf_counter()
-        result = run_bench(f.base_url, "fake", profile(points=[4], requests=8, timeout_s=0.5))
+        result = bench(f.base_url, profile(points=[4], requests=8, timeout_s=0.5))
         took = time.perf_counter() - start
     p = result.points[0]
     assert (p.ok, p.timeouts, p.errors) == (4, 4, 0)
@@ -418,24 +685,24 @@ def test_a_stalled_stream_times_out_without_holding_up_the_point() -> None:
 
 def test_a_dropped_connection_mid_stream_is_an_error() -> None:
     with FakeVLLM(lambda n: "close" if n == 1 else "ok") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=4))
+        result = bench(f.base_url, profile(points=[1], requests=4))
     p = result.points[0]
     assert (p.ok, p.errors) == (3, 1)
     bad = next(r for r in result.requests if r.status == "error")
-    assert bad.error is not None and "Protocol" in bad.error
+    assert bad.error is not None and "Payload" in bad.error
     assert len(bad.chunk_s) == 2
 
 
 def test_an_error_event_in_the_stream_is_an_error() -> None:
     with FakeVLLM(lambda n: "error_event" if n == 0 else "ok") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=3))
+        result = bench(f.base_url, profile(points=[1], requests=3))
     bad = result.requests[0]
     assert bad.status == "error" and "engine died" in (bad.error or "")
 
 
 def test_a_stream_that_ends_without_done_is_an_error() -> None:
     with FakeVLLM(lambda n: "no_done" if n == 0 else "ok") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=3))
+        result = bench(f.base_url, profile(points=[1], requests=3))
     assert result.requests[0].status == "error"
     assert result.requests[0].error == "stream ended before [DONE]"
 
@@ -445,7 +712,7 @@ def test_every_request_failing_raises_bench_error() -> None:
         FakeVLLM(lambda n: "500") as f,
         pytest.raises(BenchError, match=r"no request of the sweep completed.*HTTP 500"),
     ):
-        run_bench(f.base_url, "fake", profile(points=[1], requests=3))
+        bench(f.base_url, profile(points=[1], requests=3))
 
 
 def test_a_closed_port_raises_server_unreachable() -> None:
@@ -454,32 +721,25 @@ def test_a_closed_port_raises_server_unreachable() -> None:
     port = s.getsockname()[1]
     s.close()
     with pytest.raises(ServerUnreachableError, match="cannot reach"):
-        run_bench(f"http://127.0.0.1:{port}", "fake", profile())
+        bench(f"http://127.0.0.1:{port}", profile())
 
 
 def test_a_model_the_server_does_not_serve_is_named(fake: FakeVLLM) -> None:
     with pytest.raises(BenchError, match=r"does not serve model 'other'.*fake"):
-        run_bench(fake.base_url, "other", profile())
+        run_bench(fake.base_url, "other", profile(), repetitions=1)
 
 
 def test_an_api_key_is_sent_as_a_bearer_token() -> None:
     with FakeVLLM(api_key="s3cret") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=2), api_key="s3cret")
+        result = bench(f.base_url, profile(points=[1], requests=2), api_key="s3cret")
         assert result.points[0].ok == 2
         with pytest.raises(BenchError, match="wants an API key"):
-            run_bench(f.base_url, "fake", profile(points=[1], requests=2))
-
-
-def test_a_server_without_metrics_still_benches_without_deltas() -> None:
-    with FakeVLLM(metrics=False) as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], requests=2))
-    p = result.points[0]
-    assert p.ok == 2 and p.server is None and p.server_generation_tokens_per_s is None
+            bench(f.base_url, profile(points=[1], requests=2))
 
 
 def test_a_timed_out_warmup_is_excluded_from_the_point_stats() -> None:
     with FakeVLLM(lambda n: "stall" if n == 0 else "ok") as f:
-        result = run_bench(f.base_url, "fake", profile(points=[1], warmup=2, timeout_s=0.3))
+        result = bench(f.base_url, profile(points=[1], warmup=2, timeout_s=0.3))
     assert result.warmup_ok == 1
     assert result.points[0].timeouts == 0 and result.points[0].ok == 8
 
@@ -487,40 +747,72 @@ def test_a_timed_out_warmup_is_excluded_from_the_point_stats() -> None:
 # --- CLI ----------------------------------------------------------------------------------
 
 
-def test_cli_bench_url_mode_prints_rates_and_knee(fake: FakeVLLM, tmp_path: Path) -> None:
-    prof = tmp_path / "load.yaml"
-    prof.write_text(profile().model_dump_json())  # JSON is YAML
+def _write_profile(tmp_path: Path, prof: LoadProfile) -> Path:
+    path = tmp_path / "load.yaml"
+    path.write_text(prof.model_dump_json())  # JSON is YAML
+    return path
+
+
+def test_cli_bench_url_mode_prints_the_cross_check_spread_and_knee(
+    fake: FakeVLLM, tmp_path: Path, lenient_check: None
+) -> None:
+    """Three runs by default: the table shows client and server TTFT, the spread, and the
+    knee line says it is stable over 3 runs."""
+    prof = _write_profile(tmp_path, profile())
     out = tmp_path / "bench"
     res = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
-            fake.base_url,
-            "--model",
-            "fake",
-            "--profile",
-            str(prof),
-            "--out",
-            str(out),
-        ],
-    )
+        ["bench", "--url", fake.base_url, "--model", "fake", "--profile", str(prof),
+         "--out", str(out)],
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "client output tok/s" in res.output and "server generation tok/s" in res.output
-    assert "client / server ratio" in res.output
-    assert "knee: concurrency 4" in res.output
+    assert "output tok/s" in res.output and "TTFT mean client / server" in res.output
+    assert "client / server ratio" not in res.output
+    assert "spread: output tok/s" in res.output
+    assert "knee: concurrency 4 (stable over 3 runs)" in res.output
     assert (out / "bench.json").is_file() and (out / "bench.png").is_file()
 
 
-def test_cli_bench_json_prints_the_result(fake: FakeVLLM, tmp_path: Path) -> None:
-    prof = tmp_path / "load.yaml"
-    prof.write_text(profile(points=[2]).model_dump_json())
+def test_cli_bench_shows_flags_in_the_table(tmp_path: Path) -> None:
+    """A flagged point names its flag in the point table and the summary, and no knee."""
+    prof = _write_profile(tmp_path, profile(points=[1], requests=3))
+    with FakeVLLM(lambda n: "burst") as f:
+        res = CliRunner().invoke(
+            app,
+            ["bench", "--url", f.base_url, "--model", "fake", "--profile", str(prof),
+             "--repetitions", "1"],
+        )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "FLAG bursty" in res.output and "not measurable (bursty)" in res.output
+    assert "no trusted load point meets the SLOs" in res.output
+
+
+def test_cli_bench_url_mode_sends_the_api_key(tmp_path: Path) -> None:
+    """`--api-key` reaches the server (it used to be accepted and dropped)."""
+    prof = _write_profile(tmp_path, profile(points=[1], requests=2))
+    args = ["bench", "--url", "", "--model", "fake", "--profile", str(prof), "--repetitions", "1"]
+    with FakeVLLM(api_key="s3cret") as f:
+        args[2] = f.base_url
+        res = CliRunner().invoke(app, [*args, "--api-key", "s3cret"])
+        assert res.exit_code == 0, res.output
+        denied = CliRunner().invoke(app, args, env={"VLLM_API_KEY": ""})
+        assert denied.exit_code == 1 and "wants an API key" in denied.output
+    assert f.requests == 2
+
+
+def test_cli_bench_json_prints_the_result(
+    fake: FakeVLLM, tmp_path: Path, lenient_check: None
+) -> None:
+    prof = _write_profile(tmp_path, profile(points=[2]))
     res = CliRunner().invoke(
-        app, ["bench", "--url", fake.base_url, "--model", "fake", "--profile", str(prof), "--json"]
-    )
+        app,
+        ["bench", "--url", fake.base_url, "--model", "fake", "--profile", str(prof), "--json",
+         "--repetitions", "1"],
+    )  # fmt: skip
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["knee"]["load"] == 2 and data["points"][0]["ok"] == 8
+    assert data["knee_stable"] is False  # one run cannot show stability
 
 
 def test_cli_bench_needs_a_manifest_or_a_url() -> None:
@@ -530,8 +822,7 @@ def test_cli_bench_needs_a_manifest_or_a_url() -> None:
 
 
 def test_cli_bench_unreachable_url_is_one_red_line(tmp_path: Path) -> None:
-    prof = tmp_path / "load.yaml"
-    prof.write_text(profile().model_dump_json())
+    prof = _write_profile(tmp_path, profile())
     res = CliRunner().invoke(
         app, ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--profile", str(prof)]
     )
@@ -574,7 +865,7 @@ class FakeReleaseServer:
 
 
 @pytest.fixture
-def release_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def release_project(project: Path, monkeypatch: pytest.MonkeyPatch, lenient_check: None) -> Path:
     """The project copy with a stand-in model folder, a small load profile, settings rooted
     in it, and VLLMServer replaced by the fake."""
     model = project / "models" / "demo-base"

@@ -1,5 +1,6 @@
 """Load testing: a streaming load generator, latency/throughput statistics, server-side
-metric deltas, the knee of a sweep and its plot.
+metric deltas, the cross-check of the client against the server, the knee of a repeated
+sweep (and whether it is stable) and its plot.
 
     result = run_bench("http://127.0.0.1:8000", "demo", load_profile(path))
     write_outputs(result, Path("results/<release_id>/bench"))
@@ -7,28 +8,45 @@ metric deltas, the knee of a sweep and its plot.
 
 from __future__ import annotations
 
-from releasekit.bench.loadgen import RequestRecord
+from releasekit.bench.loadgen import LoadClient, RequestRecord
 from releasekit.bench.runner import (
+    DEFAULT_REPETITIONS,
     BenchResult,
     bench_release,
     load_bench,
     point_label,
+    profile_repetitions,
     run_bench,
     write_outputs,
 )
 from releasekit.bench.scrape import ServerDelta
-from releasekit.bench.stats import LatencySummary, PointResult, find_knee
+from releasekit.bench.stats import (
+    CrossCheck,
+    LatencySummary,
+    PointFlag,
+    PointResult,
+    RunSummary,
+    Spread,
+    find_knee,
+)
 
 __all__ = [
+    "DEFAULT_REPETITIONS",
     "BenchResult",
+    "CrossCheck",
     "LatencySummary",
+    "LoadClient",
+    "PointFlag",
     "PointResult",
     "RequestRecord",
+    "RunSummary",
     "ServerDelta",
+    "Spread",
     "bench_release",
     "find_knee",
     "load_bench",
     "point_label",
+    "profile_repetitions",
     "run_bench",
     "write_outputs",
 ]

@@ -2,9 +2,17 @@
 Poisson arrivals, and one raw record per request (send time, every chunk's arrival, tokens,
 status, error).
 
+The client must never queue a request inside itself, or it measures its own queue: every
+request in flight has its own connection (an aiohttp connector sized to the load, which hands
+an idle connection to exactly one request and opens a new one otherwise), and `sent` is taken
+immediately before the request is written. Open-loop points time each request from its
+scheduled arrival, so a late send (the client or its in-flight cap holding it back) counts as
+latency instead of vanishing (coordinated omission).
+
 The hot path does as little as possible, because the client shares the CPU with the server
 it measures: per network read it stores `(time.perf_counter(), bytes)` and nothing else. The
-SSE stream is split and parsed only after the load point has ended (`parse_stream`).
+SSE stream is split after the load point has ended (`parse_stream`), classifying content
+events from their bytes; only the final usage event (and anything odd) is JSON-parsed.
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 import numpy as np
 from pydantic import BaseModel, Field
+from yarl import URL
 
 from releasekit.errors import BenchError, ServerUnreachableError
 from releasekit.spec.loadprofile import LengthDist, LoadProfile
@@ -47,25 +57,33 @@ _WORDS: tuple[str, ...] = (
     "road", "paper",
 )
 # fmt: on
+# Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive timeout closes them:
+# reusing a connection the server is closing at that instant fails the request through no
+# fault of the server.
 _KEEPALIVE_S = 2.0
 _HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
 class RequestRecord(BaseModel):
-    """One request as the client saw it. Times are seconds; `sent_s` is relative to the
-    start of the bench run, `chunk_s` and `end_s` are relative to `sent_s`."""
+    """One request as the client saw it. Times are seconds. `sent_s` (when the request was
+    written) and `scheduled_s` (open loop: its planned arrival) are relative to the start of
+    the bench run; `chunk_s` and `end_s` are relative to the request's start: its scheduled
+    arrival in open loop, the moment it was sent in closed loop."""
 
     point: int = Field(description="index of the load point (-1 for warm-up)")
     index: int = Field(description="index of the request within its point")
+    repetition: int = Field(0, description="which repetition of the sweep sent it")
     warmup: bool = False
     sent_s: float
     scheduled_s: float | None = Field(
         None, description="open loop: planned arrival time, relative to the run start"
     )
     chunk_s: list[float] = Field(
-        default_factory=list, description="arrival of every content chunk, after sending"
+        default_factory=list,
+        description="arrival of every content event, after the request's start (events "
+        "that arrived in the same network read share a time)",
     )
-    end_s: float | None = Field(None, description="arrival of the last chunk, after sending")
+    end_s: float | None = Field(None, description="arrival of the last event, after the start")
     prompt_words: int
     max_tokens: int
     prompt_tokens: int | None = None
@@ -76,13 +94,18 @@ class RequestRecord(BaseModel):
     error: str | None = None
 
     @property
+    def send_lag_s(self) -> float | None:
+        """Open loop: how late the request went out after its scheduled arrival."""
+        return None if self.scheduled_s is None else self.sent_s - self.scheduled_s
+
+    @property
     def ttft_s(self) -> float | None:
-        """Request sent to first content chunk."""
+        """Request start to first content chunk."""
         return self.chunk_s[0] if self.chunk_s else None
 
     @property
     def e2e_s(self) -> float | None:
-        """Request sent to last chunk."""
+        """Request start to last chunk."""
         return self.end_s
 
     @property
@@ -98,6 +121,12 @@ class RequestRecord(BaseModel):
         """Gaps between consecutive content chunks."""
         c = self.chunk_s
         return [b - a for a, b in pairwise(c)]
+
+    @property
+    def deliveries(self) -> int:
+        """Distinct arrival times of content: how many times text reached the client. Far
+        fewer than output tokens means the stream came in bursts."""
+        return len(set(self.chunk_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,65 +218,102 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def make_client(
-    base_url: str, *, max_connections: int, timeout_s: float, api_key: str | None = None
-) -> httpx.AsyncClient:
-    """One pooled client for the whole run, sized so requests never wait for a connection.
+class LoadClient:
+    """The load client: one aiohttp session whose connector holds at least one connection
+    per request in flight, so no request ever waits for a connection inside the client.
 
-    Idle connections are dropped after 2 s, before uvicorn's 5 s keep-alive timeout closes
-    them: reusing a connection the server is closing at that instant fails the request
-    (ReadError) through no fault of the server.
+    Use it as an async context manager; `send` never raises for a failed request.
     """
-    return httpx.AsyncClient(
-        base_url=base_url,
-        headers=auth_headers(api_key),
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=_KEEPALIVE_S,
-        ),
-        timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0), pool=None),
-    )
 
+    def __init__(
+        self, base_url: str, *, max_connections: int, timeout_s: float, api_key: str | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_connections = max(1, max_connections)
+        self.timeout_s = timeout_s
+        self._headers = {**_HEADERS, **auth_headers(api_key)}
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
 
-async def send_one(
-    client: httpx.AsyncClient,
-    path: str,
-    spec: RequestSpec,
-    *,
-    timeout_s: float,
-    scheduled: float | None = None,
-) -> RawResult:
-    """Send one streaming request; never raises for a failed request (that is data)."""
-    clock = time.perf_counter
-    raw = RawResult(spec=spec, sent=clock(), scheduled=scheduled)
-    reads = raw.reads
-    append = reads.append
-    try:
-        async with (
-            asyncio.timeout(timeout_s),
-            client.stream("POST", path, content=spec.body, headers=_HEADERS) as resp,
-        ):
-            raw.http_status = resp.status_code
-            if resp.status_code != 200:
-                body = await resp.aread()
-                raw.status = "error"
-                raw.error = f"HTTP {resp.status_code}: {_snippet(body)}"
-            else:
-                async for data in resp.aiter_raw():
-                    append((clock(), data))
-    except (TimeoutError, httpx.TimeoutException):
-        raw.status = "timeout"
-        raw.error = f"no complete answer within {timeout_s:g} s"
-    except httpx.HTTPError as exc:
-        raw.status = "error"
-        raw.error = _describe(exc)
-    raw.end = clock()
-    return raw
+    async def __aenter__(self) -> LoadClient:
+        # Two spare connections, so a /metrics sample never takes a request's connection.
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections + 2,
+            limit_per_host=self.max_connections + 2,
+            keepalive_timeout=_KEEPALIVE_S,
+            force_close=False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(self.timeout_s, 10.0)),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, path: str) -> URL:
+        """The absolute URL of `path`, parsed once."""
+        u = self._urls.get(path)
+        if u is None:
+            u = self._urls[path] = URL(self.base_url + path)
+        return u
+
+    async def get_text(self, path: str) -> str | None:
+        """GET `path` (e.g. /metrics) and return its body; None on any failure."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("LoadClient used outside `async with`")
+        try:
+            async with session.get(self.url(path)) as resp:
+                if resp.status != 200:
+                    return None
+                return (await resp.read()).decode(errors="replace")
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def send(
+        self, path: str, spec: RequestSpec, *, scheduled: float | None = None
+    ) -> RawResult:
+        """Send one streaming request and keep every read with its arrival time."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("LoadClient used outside `async with`")
+        url = self.url(path)
+        clock = time.perf_counter
+        raw = RawResult(spec=spec, sent=0.0, scheduled=scheduled)
+        append = raw.reads.append
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                raw.sent = clock()
+                async with session.post(url, data=spec.body) as resp:
+                    raw.http_status = resp.status
+                    if resp.status != 200:
+                        body = await resp.read()
+                        raw.status = "error"
+                        raw.error = f"HTTP {resp.status}: {_snippet(body)}"
+                    else:
+                        async for data in resp.content.iter_any():
+                            append((clock(), data))
+        except TimeoutError:
+            raw.status = "timeout"
+            raw.error = f"no complete answer within {self.timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            raw.status = "error"
+            raw.error = _describe(exc)
+        raw.end = clock()
+        if raw.sent == 0.0:
+            raw.sent = raw.end
+        return raw
 
 
 def _describe(exc: BaseException) -> str:
-    """`Type: message`, falling back to the underlying cause when httpx says nothing."""
+    """`Type: message`, falling back to the underlying cause when the library says nothing."""
     detail = str(exc) or repr(exc.__cause__ or exc.__context__ or "")
     return f"{type(exc).__name__}: {detail}" if detail and detail != "''" else type(exc).__name__
 
@@ -261,14 +327,13 @@ ProgressFn = Callable[[], None]
 
 
 async def run_closed_loop(
-    client: httpx.AsyncClient,
+    client: LoadClient,
     path: str,
     specs: Iterable[RequestSpec],
     *,
     concurrency: int,
     requests: int | None,
     duration_s: float | None,
-    timeout_s: float,
     on_done: ProgressFn | None = None,
 ) -> list[RawResult]:
     """`concurrency` workers each send their next request as soon as the previous one ends,
@@ -287,7 +352,7 @@ async def run_closed_loop(
                 return
             issued += 1
             spec = next(it)
-            results.append(await send_one(client, path, spec, timeout_s=timeout_s))
+            results.append(await client.send(path, spec))
             if on_done is not None:
                 on_done()
 
@@ -296,7 +361,7 @@ async def run_closed_loop(
 
 
 async def run_open_loop(
-    client: httpx.AsyncClient,
+    client: LoadClient,
     path: str,
     specs: Iterable[RequestSpec],
     *,
@@ -305,11 +370,11 @@ async def run_open_loop(
     requests: int | None,
     duration_s: float | None,
     max_in_flight: int,
-    timeout_s: float,
     on_done: ProgressFn | None = None,
 ) -> list[RawResult]:
     """Poisson arrivals at `rate` requests/s, independent of how fast answers come back,
-    capped at `max_in_flight` outstanding requests (an arrival beyond it waits)."""
+    capped at `max_in_flight` outstanding requests. An arrival held back by the cap (or by a
+    busy client) is still timed from its scheduled arrival."""
     results: list[RawResult] = []
     gate = asyncio.Semaphore(max_in_flight)
     tasks: list[asyncio.Task[None]] = []
@@ -318,9 +383,7 @@ async def run_open_loop(
 
     async def fire(spec: RequestSpec, scheduled: float) -> None:
         try:
-            results.append(
-                await send_one(client, path, spec, timeout_s=timeout_s, scheduled=scheduled)
-            )
+            results.append(await client.send(path, spec, scheduled=scheduled))
         finally:
             gate.release()
         if on_done is not None:
@@ -355,54 +418,162 @@ class ParsedStream:
     error: str | None = None
 
 
+_COMPLETION_KEY = b'"text":'
+_CHAT_KEY = b'"content":'
+
+
+def _has_text(payload: bytes, key: bytes) -> bool | None:
+    """Whether an event carries non-empty text, read from its bytes: True, False, or None
+    when the bytes do not say (then the caller parses the JSON)."""
+    i = payload.find(key)
+    if i < 0:
+        return None
+    j = i + len(key)
+    c = payload[j : j + 1]
+    if c == b" ":
+        j += 1
+        c = payload[j : j + 1]
+    if c == b'"':  # a string: empty when the next byte closes it
+        return payload[j + 1 : j + 2] not in (b'"', b"")
+    if c == b"n":  # null
+        return False
+    return None
+
+
+def _event_text(event: dict[str, Any], chat: bool) -> bool:
+    choices = event.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return False
+    choice = choices[0]
+    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+    return bool(text)
+
+
+def _fast_parse(reads: list[tuple[float, bytes]], chat: bool) -> ParsedStream | None:
+    """The usual stream, counted from its bytes: every read holds whole `data: {...}` events
+    (or the final `data: [DONE]`), none is an error. Per read it costs two byte counts; only
+    events that may carry usage (`_tokens` in them) are JSON-parsed. None when the stream is
+    anything else (then `parse_stream` goes event by event)."""
+    if not reads:
+        return None
+    whole = b"".join(d for _, d in reads)
+    objects = whole.count(b"}\n\n")
+    if (
+        b'"error"' in whole
+        or whole.count(b"\n\n") != objects + whole.count(b"data: [DONE]\n\n")
+        or whole.count(b"data: {") != objects
+    ):
+        return None
+    key = b'"content":' if chat else b'"text":'
+    if key + b' "' in whole:  # `"key": "..."`: the json.dumps default separators
+        key += b" "
+    text, empty = key + b'"', key + b'""'
+    parsed = ParsedStream()
+    times = parsed.chunk_times
+    nn = b"\n\n"
+    for t, data in reads:
+        if not data.endswith(nn):
+            return None
+        n = data.count(text) - data.count(empty)
+        if n == 1:
+            times.append(t)
+        elif n:
+            times.extend([t] * n)
+    parsed.last_time = reads[-1][0]
+    parsed.done = whole.startswith(b"data: [DONE]") or b"\ndata: [DONE]\n" in whole
+    at = whole.find(b"_tokens")
+    while at >= 0:
+        start = whole.rfind(b"data:", 0, at)
+        end = whole.find(nn, at)
+        try:
+            event = json.loads(whole[start + 5 : end])
+        except ValueError:
+            return None
+        usage = event.get("usage") if isinstance(event, dict) else None
+        if isinstance(usage, dict):
+            if usage.get("completion_tokens") is not None:
+                parsed.usage_output_tokens = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens") is not None:
+                parsed.usage_prompt_tokens = int(usage["prompt_tokens"])
+        at = whole.find(b"_tokens", end)
+    return parsed
+
+
 def parse_stream(reads: list[tuple[float, bytes]], *, chat: bool) -> ParsedStream:
     """Split raw reads into SSE `data:` events; an event is timed by the read that completed
-    it. Content chunks are events whose choice carries non-empty text."""
+    it. Content chunks are events whose choice carries non-empty text.
+
+    Ordinary streams are counted from their bytes without a JSON parse per event
+    (`_fast_parse`); anything else goes event by event, where token events are still
+    classified from their bytes and only usage, errors and odd events are parsed."""
+    fast = _fast_parse(reads, chat)
+    if fast is not None:
+        return fast
     parsed = ParsedStream()
+    key = _CHAT_KEY if chat else _COMPLETION_KEY
+    times = parsed.chunk_times
     buf = b""
     for t, data in reads:
-        buf += data
+        if buf:
+            data = buf + data
+            buf = b""
         if b"\n" not in data:
+            buf = data
             continue
-        *lines, buf = buf.split(b"\n")
+        *lines, buf = data.split(b"\n")
         for line in lines:
-            line = line.strip()
             if not line.startswith(b"data:"):
-                continue
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
             payload = line[5:].strip()
             parsed.last_time = t
             if payload == b"[DONE]":
                 parsed.done = True
                 continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                parsed.error = f"unparseable stream event: {_snippet(payload, 120)}"
-                continue
-            if not isinstance(event, dict):
-                continue
-            if event.get("error"):
-                err = event["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                parsed.error = f"server error in stream: {_snippet(str(msg).encode(), 160)}"
-                continue
-            choices = event.get("choices") or []
-            if choices and isinstance(choices[0], dict):
-                choice = choices[0]
-                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                if text:
-                    parsed.chunk_times.append(t)
-            usage = event.get("usage")
-            if isinstance(usage, dict):
-                if usage.get("completion_tokens") is not None:
-                    parsed.usage_output_tokens = int(usage["completion_tokens"])
-                if usage.get("prompt_tokens") is not None:
-                    parsed.usage_prompt_tokens = int(usage["prompt_tokens"])
+            if (
+                payload[:1] == b"{"
+                and payload[-1:] == b"}"
+                and b"_tokens" not in payload
+                and b'"error"' not in payload
+            ):
+                is_text = _has_text(payload, key)
+                if is_text is not None:
+                    if is_text:
+                        times.append(t)
+                    continue
+            _parse_event(parsed, payload, t, chat)
     return parsed
 
 
-def to_record(raw: RawResult, *, point: int, run_start: float, chat: bool) -> RequestRecord:
-    """Turn a raw result into a RequestRecord (parses the stream; call after the point)."""
+def _parse_event(parsed: ParsedStream, payload: bytes, t: float, chat: bool) -> None:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        parsed.error = f"unparseable stream event: {_snippet(payload, 120)}"
+        return
+    if not isinstance(event, dict):
+        return
+    if event.get("error"):
+        err = event["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        parsed.error = f"server error in stream: {_snippet(str(msg).encode(), 160)}"
+        return
+    if _event_text(event, chat):
+        parsed.chunk_times.append(t)
+    usage = event.get("usage")
+    if isinstance(usage, dict):
+        if usage.get("completion_tokens") is not None:
+            parsed.usage_output_tokens = int(usage["completion_tokens"])
+        if usage.get("prompt_tokens") is not None:
+            parsed.usage_prompt_tokens = int(usage["prompt_tokens"])
+
+
+def to_record(
+    raw: RawResult, *, point: int, run_start: float, chat: bool, repetition: int = 0
+) -> RequestRecord:
+    """Turn a raw result into a RequestRecord (parses the stream; call after the point).
+    Latencies count from the scheduled arrival when there is one, else from sending."""
     parsed = parse_stream(raw.reads, chat=chat)
     status, error = raw.status, raw.error
     if status == "ok":
@@ -417,15 +588,16 @@ def to_record(raw: RawResult, *, point: int, run_start: float, chat: bool) -> Re
         out_tokens = parsed.usage_output_tokens
     else:
         out_tokens, tokens_from = len(parsed.chunk_times), "chunks"
-    sent = raw.sent
+    origin = raw.scheduled if raw.scheduled is not None else raw.sent
     return RequestRecord(
         point=point,
         index=raw.spec.index,
+        repetition=repetition,
         warmup=point < 0,
-        sent_s=round(sent - run_start, 6),
+        sent_s=round(raw.sent - run_start, 6),
         scheduled_s=None if raw.scheduled is None else round(raw.scheduled - run_start, 6),
-        chunk_s=[round(t - sent, 6) for t in parsed.chunk_times],
-        end_s=None if parsed.last_time is None else round(parsed.last_time - sent, 6),
+        chunk_s=[round(t - origin, 6) for t in parsed.chunk_times],
+        end_s=None if parsed.last_time is None else round(parsed.last_time - origin, 6),
         prompt_words=raw.spec.prompt_words,
         max_tokens=raw.spec.max_tokens,
         prompt_tokens=parsed.usage_prompt_tokens,

@@ -1,4 +1,5 @@
-"""The sweep plot: output-token throughput against TTFT and E2E percentiles, knee marked."""
+"""The sweep plot: output-token throughput against TTFT and E2E percentiles, the knee marked,
+points the cross-check did not trust crossed out in red with their flags."""
 
 from __future__ import annotations
 
@@ -58,6 +59,27 @@ def _panel(
                 fontsize=8,
                 color="dimgray",
             )
+    flagged = [p for p in points if p.flags and getattr(p, metric).p95 is not None]
+    if flagged:
+        ax.plot(
+            [p.output_token_throughput for p in flagged],
+            [getattr(p, metric).p95 for p in flagged],
+            marker="X",
+            markersize=11,
+            color="tab:red",
+            linestyle="none",
+            label="flagged: not trusted",
+        )
+        for p in flagged:
+            codes = ", ".join(sorted({f.code for f in p.flags}))
+            ax.annotate(
+                codes,
+                (p.output_token_throughput, getattr(p, metric).p95),
+                textcoords="offset points",
+                xytext=(4, -12),
+                fontsize=7,
+                color="tab:red",
+            )
     if slo is not None:
         ax.axhline(slo, color="tab:red", linewidth=1, alpha=0.7, label=f"SLO {slo:g} s")
     if knee is not None:
@@ -93,7 +115,20 @@ def plot_sweep(result: BenchResult, path: Path) -> None:
     _panel(ax_ttft, points, "ttft", "TTFT", result.slo.ttft_s, result.knee)
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model
-    knee = f"knee at {_load_label(result.knee)}" if result.knee else "no point meets the SLOs"
+    if result.knee is None:
+        knee = "no trusted point meets the SLOs"
+    else:
+        knee = f"knee at {_load_label(result.knee)}"
+        if result.repetitions < 2:
+            knee += " (one run)"
+        elif result.knee_stable:
+            knee += f" (stable over {result.repetitions} runs)"
+        else:
+            per = ", ".join("-" if k is None else f"{k:g}" for k in result.knee_by_repetition)
+            knee += f" (NOT stable: per-run knees {per})"
+    flagged = ", ".join(_load_label(p) for p in points if p.flags)
+    if flagged:
+        knee += f"; flagged: {flagged}"
     fig.suptitle(f"{result.profile_name} on {who}: {knee}", fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

@@ -1,6 +1,7 @@
-"""Run a load profile against a server (warm-up, then each point bracketed by /metrics
-scrapes), assemble the BenchResult, write and read its outputs, and bench a locked release
-on its own vLLM server."""
+"""Run a load profile against a server (warm-up, then the sweep `repetitions` times, each run
+of a point bracketed by /metrics scrapes and cross-checked against them), pool each point's
+runs with their spread, choose the knee and say whether reruns agree on it, write and read
+the outputs, and bench a locked release on its own vLLM server."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit._support.procs import sigterm_as_interrupt
-from releasekit._support.progress import Progress
+from releasekit._support.progress import (
+    Progress,
+)
 from releasekit.bench.loadgen import (
+    LoadClient,
     RawResult,
     RequestRecord,
     RequestSpec,
@@ -30,19 +34,26 @@ from releasekit.bench.loadgen import (
     auth_headers,
     check_server,
     iter_specs,
-    make_client,
     run_closed_loop,
     run_open_loop,
     to_record,
     tokens_per_word,
 )
 from releasekit.bench.scrape import Scrape, fetch, server_delta
-from releasekit.bench.stats import PointResult, find_knee, point_result
+from releasekit.bench.stats import (
+    PointResult,
+    combine_runs,
+    find_knee,
+    knee_is_stable,
+    knee_stop,
+    knees_by_repetition,
+    point_result,
+)
 from releasekit.config import Settings
 from releasekit.errors import BenchError
 from releasekit.serving.vllm import api_key_of, serve_release
 from releasekit.spec.loadprofile import SLO, LoadProfile, load_profile
-from releasekit.spec.lock import locked_release
+from releasekit.spec.lock import locked_release, serving_args
 
 PointCallback = Callable[[PointResult], None]
 
@@ -52,11 +63,16 @@ REQUESTS_JSONL = "requests.jsonl"
 _WARMUP_KEY = 1_000_003
 _WARMUP_CONCURRENCY = 4
 _SETTLE_S = 0.1  # lets the server's stats logger count the last step before the scrape
+_GAUGE_MIN_S = 0.05
+_GAUGE_MAX_S = 0.5
+DEFAULT_REPETITIONS = 3
+"""Sweeps run this often unless the profile (`sweep.repetitions`) or the caller says."""
 
 
 class BenchResult(BaseModel):
-    """A load-test result: one PointResult per load point and the knee. `requests` (the raw
-    per-request records) is written to requests.jsonl, not into bench.json."""
+    """A load-test result: one PointResult per load point (pooled over its repetitions) and
+    the knee. `requests` (the raw per-request records) is written to requests.jsonl, not
+    into bench.json."""
 
     release_id: str | None = None
     profile_digest: str | None = None
@@ -68,16 +84,36 @@ class BenchResult(BaseModel):
     slo: SLO
     started_at: str
     tokens_per_word: float = Field(description="prompt tokens per synthetic word (calibrated)")
+    repetitions: int = Field(1, description="how many times the sweep ran")
+    max_num_seqs: int | None = Field(
+        None, description="the server's max-num-seqs, when known (cross-check of running)"
+    )
     warmup_requests: int = 0
     warmup_ok: int = 0
     points: list[PointResult]
     knee: PointResult | None = None
+    knee_stable: bool = Field(
+        False, description="at least two repetitions ran and each gives the same knee alone"
+    )
+    knee_by_repetition: list[float | None] = Field(
+        default_factory=list, description="the knee each repetition gives on its own"
+    )
+    knee_stop: str | None = Field(None, description="what stopped the knee where it is")
+    flagged_points: list[float] = Field(
+        default_factory=list, description="loads of points carrying a reliability flag"
+    )
+    client_cpu_s: float | None = Field(None, description="client CPU seconds over all points")
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
 
 
 def point_label(mode: str, load: float) -> str:
     """How a load point is named in progress and tables."""
     return f"concurrency {load:g}" if mode == "concurrency" else f"rate {load:g} req/s"
+
+
+def profile_repetitions(profile: LoadProfile) -> int:
+    """How often to run the sweep: the profile's `sweep.repetitions`."""
+    return profile.sweep.repetitions
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -103,21 +139,32 @@ def run_bench(
     profile_digest: str | None = None,
     progress: Progress | None = None,
     on_point: PointCallback | None = None,
-    gauge_interval_s: float | None = 0.5,
+    gauge_interval_s: float | None = None,
     api_key: str | None = None,
+    repetitions: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> BenchResult:
     """Run `profile` against the OpenAI-compatible server at `base_url` serving `model`.
 
-    Warm-up requests run first and are excluded from statistics; every load point is then
-    bracketed by /metrics scrapes (server deltas) and gauges are sampled every
-    `gauge_interval_s` during it (None: no sampling). `progress(label, done, total)` is
-    called as requests finish (total 0 when the point is bounded by time only);
-    `on_point` receives each point's result as soon as it is computed. `api_key` is sent as
-    a bearer token, for servers started with --api-key.
+    Warm-up requests run first and are excluded from statistics. The sweep then runs
+    `repetitions` times (default: `profile_repetitions(profile)`); every run of a point is
+    bracketed by /metrics scrapes (server deltas), gauges are sampled during it (every
+    `gauge_interval_s`; default: a few samples per point), and its client figures are
+    cross-checked against the server's (`stats.cross_check`; `max_num_seqs`, when known,
+    bounds the running requests expected). Each point's runs are pooled, with their spread;
+    the knee needs the SLOs to hold in every run and no flag.
+
+    `progress(label, done, total)` is called as requests finish (total 0 when the point is
+    bounded by time only); `on_point` receives each point's pooled result once its last
+    repetition is done. `api_key` is sent as a bearer token, for servers started with
+    --api-key.
 
     Raises ServerUnreachableError if the server does not answer, BenchError if it does not
     serve `model` or if no request of the whole sweep completed.
     """
+    reps = repetitions if repetitions is not None else profile_repetitions(profile)
+    if reps < 1:
+        raise BenchError(f"repetitions must be at least 1, not {reps}")
     return _run_async(
         _bench(
             base_url.rstrip("/"),
@@ -129,16 +176,33 @@ def run_bench(
             on_point=on_point,
             gauge_interval_s=gauge_interval_s,
             api_key=api_key,
+            repetitions=reps,
+            max_num_seqs=max_num_seqs,
         )
     )
 
 
-async def _sample_gauges(client: httpx.AsyncClient, every_s: float, out: list[Scrape]) -> None:
+async def _sample_gauges(client: LoadClient, every_s: float, out: list[Scrape]) -> None:
     while True:
         await asyncio.sleep(every_s)
-        s = await fetch(client)
-        if s is not None:
-            out.append(s)
+        text = await client.get_text("/metrics")
+        if text is not None:
+            out.append(Scrape(t=time.perf_counter(), text=text))
+
+
+def _gauge_every(profile: LoadProfile, requested: float | None) -> float:
+    if requested is not None:
+        return requested
+    d = profile.sweep.duration_s
+    # A few samples per point: enough to see the running peak, cheap for the server.
+    return min(_GAUGE_MAX_S, max(_GAUGE_MIN_S, d / 8)) if d else _GAUGE_MAX_S
+
+
+def pool_size(profile: LoadProfile) -> int:
+    """Connections the client may hold: one per request it can have in flight."""
+    sweep = profile.sweep
+    pool = int(max(sweep.points)) if sweep.mode == "concurrency" else sweep.max_in_flight
+    return max(pool, _WARMUP_CONCURRENCY)
 
 
 async def _bench(
@@ -152,21 +216,34 @@ async def _bench(
     on_point: PointCallback | None,
     gauge_interval_s: float | None,
     api_key: str | None,
+    repetitions: int,
+    max_num_seqs: int | None,
 ) -> BenchResult:
     sweep = profile.sweep
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     run_start = time.perf_counter()
+    cpu_start = time.process_time()
     chat = profile.api == "chat"
     path = api_path(profile)
-    pool = int(max(sweep.points)) if sweep.mode == "concurrency" else sweep.max_in_flight
-    pool = max(pool, _WARMUP_CONCURRENCY)
+    every = _gauge_every(profile, gauge_interval_s)
     records: list[RequestRecord] = []
+    runs: dict[int, list[PointResult]] = {i: [] for i in range(len(sweep.points))}
+    point_records: dict[int, list[RequestRecord]] = {i: [] for i in range(len(sweep.points))}
     points: list[PointResult] = []
     async with (
-        make_client(
-            base_url, max_connections=pool, timeout_s=profile.request_timeout_s, api_key=api_key
+        LoadClient(
+            base_url,
+            max_connections=pool_size(profile),
+            timeout_s=profile.request_timeout_s,
+            api_key=api_key,
         ) as client,
-        httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=auth_headers(api_key)) as meta,
+        httpx.AsyncClient(
+            base_url=base_url,
+            timeout=10.0,
+            headers=auth_headers(api_key),
+            # Loading the CA bundle costs ~0.1 s of CPU; plain http never needs it.
+            verify=base_url.startswith("https:"),
+        ) as meta,
     ):
         await check_server(meta, model)
         tpw = await tokens_per_word(meta, model)
@@ -194,62 +271,58 @@ async def _bench(
                 concurrency=min(warm_n, _WARMUP_CONCURRENCY),
                 requests=warm_n,
                 duration_s=None,
-                timeout_s=profile.request_timeout_s,
                 on_done=ticker("warm-up", warm_n),
             )
             warm = [to_record(r, point=-1, run_start=run_start, chat=chat) for r in raws]
             warm_ok = sum(1 for r in warm if r.status == "ok")
             records.extend(warm)
 
-        for idx, load in enumerate(sweep.points):
-            specs: Iterable[RequestSpec] = iter_specs(profile, model, key=idx, tokens_per_word=tpw)
-            if sweep.requests_per_point is not None:
-                # Build every body before the clock starts.
-                specs = list(islice(specs, sweep.requests_per_point))
-            tick = ticker(point_label(sweep.mode, load), sweep.requests_per_point or 0)
-            before = await fetch(meta)
-            samples: list[Scrape] = []
-            sampler = (
-                asyncio.create_task(_sample_gauges(meta, gauge_interval_s, samples))
-                if gauge_interval_s and before is not None
-                else None
-            )
-            cpu0 = time.process_time()
-            raws = await _run_point(client, path, specs, profile, idx, load, tick)
-            cpu = time.process_time() - cpu0
-            if progress is not None:  # closes time-bound bars, whose total was unknown
-                progress(point_label(sweep.mode, load), len(raws), len(raws))
-            if sampler is not None:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
-            await asyncio.sleep(_SETTLE_S)
-            after = await fetch(meta)
-            point_records = [to_record(r, point=idx, run_start=run_start, chat=chat) for r in raws]
-            records.extend(point_records)
-            duration = _wall(raws)
-            delta = (
-                server_delta(before, after, samples)
-                if before is not None and after is not None
-                else None
-            )
-            result = point_result(
-                point_records,
-                load=load,
-                mode=sweep.mode,
-                duration_s=duration,
-                slo=profile.slo,
-                server=delta,
-                client_cpu_s=cpu,
-            )
-            points.append(result)
-            if on_point is not None:
-                on_point(result)
+        # The whole sweep repeats (rather than each point back to back), so slow drift of a
+        # shared machine spreads over every point instead of biasing one.
+        for rep in range(repetitions):
+            for idx, load in enumerate(sweep.points):
+                label = point_label(sweep.mode, load)
+                if repetitions > 1:
+                    label += f" (run {rep + 1}/{repetitions})"
+                # Each repetition sends the same requests: runs differ only by the server.
+                specs: Iterable[RequestSpec] = iter_specs(
+                    profile, model, key=idx, tokens_per_word=tpw
+                )
+                if sweep.requests_per_point is not None:
+                    # Build every body before the clock starts.
+                    specs = list(islice(specs, sweep.requests_per_point))
+                result, recs = await _run_once(
+                    client,
+                    meta,
+                    path,
+                    specs,
+                    profile,
+                    idx=idx,
+                    load=load,
+                    rep=rep,
+                    run_start=run_start,
+                    gauge_every=every,
+                    tick=ticker(label, sweep.requests_per_point or 0),
+                    max_num_seqs=max_num_seqs,
+                )
+                if progress is not None:  # closes time-bound bars, whose total was unknown
+                    progress(label, len(recs), len(recs))
+                records.extend(recs)
+                runs[idx].append(result)
+                point_records[idx].extend(recs)
+                if rep == repetitions - 1:
+                    pooled = combine_runs(
+                        runs[idx], point_records[idx], slo=profile.slo, max_num_seqs=max_num_seqs
+                    )
+                    points.append(pooled)
+                    if on_point is not None:
+                        on_point(pooled)
 
     if not any(p.ok for p in points):
         failures = [r.error for r in records if r.error and not r.warmup]
         first = failures[0] if failures else "no requests were sent"
         raise BenchError(f"no request of the sweep completed against {base_url}: {first}")
+    knee = find_knee(points)
     return BenchResult(
         release_id=release_id,
         profile_digest=profile_digest,
@@ -261,54 +334,101 @@ async def _bench(
         slo=profile.slo,
         started_at=started_at,
         tokens_per_word=round(tpw, 4),
+        repetitions=repetitions,
+        max_num_seqs=max_num_seqs,
         warmup_requests=warm_n,
         warmup_ok=warm_ok,
         points=points,
-        knee=find_knee(points),
+        knee=knee,
+        knee_stable=knee_is_stable(points, knee),
+        knee_by_repetition=knees_by_repetition(points),
+        knee_stop=knee_stop(points),
+        flagged_points=[p.load for p in points if p.flags],
+        client_cpu_s=round(time.process_time() - cpu_start, 4),
         requests=records,
     )
 
 
-async def _run_point(
-    client: httpx.AsyncClient,
+async def _run_once(
+    client: LoadClient,
+    meta: httpx.AsyncClient,
     path: str,
     specs: Iterable[RequestSpec],
     profile: LoadProfile,
+    *,
     idx: int,
     load: float,
+    rep: int,
+    run_start: float,
+    gauge_every: float,
     tick: Callable[[], None] | None,
-) -> list[RawResult]:
+    max_num_seqs: int | None,
+) -> tuple[PointResult, list[RequestRecord]]:
+    """One run of one load point: scrape, load, scrape, then parse and cross-check."""
     sweep = profile.sweep
+    before = await fetch(meta)
+    samples: list[Scrape] = []
+    sampler = (
+        asyncio.create_task(_sample_gauges(client, gauge_every, samples))
+        if gauge_every > 0 and before is not None
+        else None
+    )
+    cpu0 = time.process_time()
     if sweep.mode == "concurrency":
-        return await run_closed_loop(
+        raws = await run_closed_loop(
             client,
             path,
             specs,
             concurrency=int(load),
             requests=sweep.requests_per_point,
             duration_s=sweep.duration_s,
-            timeout_s=profile.request_timeout_s,
             on_done=tick,
         )
-    return await run_open_loop(
-        client,
-        path,
-        specs,
-        rate=load,
-        rng=np.random.default_rng([profile.seed, idx, 7]),
-        requests=sweep.requests_per_point,
-        duration_s=sweep.duration_s,
-        max_in_flight=sweep.max_in_flight,
-        timeout_s=profile.request_timeout_s,
-        on_done=tick,
+    else:
+        raws = await run_open_loop(
+            client,
+            path,
+            specs,
+            rate=load,
+            # The same arrival times in every repetition.
+            rng=np.random.default_rng([profile.seed, idx, 7]),
+            requests=sweep.requests_per_point,
+            duration_s=sweep.duration_s,
+            max_in_flight=sweep.max_in_flight,
+            on_done=tick,
+        )
+    if sampler is not None:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    await asyncio.sleep(_SETTLE_S)
+    after = await fetch(meta)
+    chat = profile.api == "chat"
+    recs = [to_record(r, point=idx, run_start=run_start, chat=chat, repetition=rep) for r in raws]
+    # Parsing the streams is client work too: count it in the point's CPU.
+    cpu = time.process_time() - cpu0
+    delta = (
+        server_delta(before, after, samples) if before is not None and after is not None else None
     )
+    result = point_result(
+        recs,
+        load=load,
+        mode=sweep.mode,
+        duration_s=_wall(raws),
+        slo=profile.slo,
+        server=delta,
+        client_cpu_s=cpu,
+        max_num_seqs=max_num_seqs,
+        repetition=rep,
+    )
+    return result, recs
 
 
 def _wall(raws: list[RawResult]) -> float:
-    """First request sent to last request finished."""
+    """First request started (scheduled or sent) to last request finished."""
     if not raws:
         return 0.0
-    start = min(r.sent for r in raws)
+    start = min(r.scheduled if r.scheduled is not None else r.sent for r in raws)
     end = max(r.end if r.end is not None else r.sent for r in raws)
     return end - start
 
@@ -362,12 +482,13 @@ def bench_release(
     port: int | None = None,
     progress: Progress | None = None,
     on_point: PointCallback | None = None,
+    repetitions: int | None = None,
 ) -> tuple[BenchResult, Path]:
     """Lock a manifest, serve its release (`releasekit.server.serve_release`: the quantised
     model under results/<release_id>/ once built, else model.source; its exact engine
     arguments and environment), run its load profile, write the outputs (default
     results/<release_id>/bench) and stop the server, also on Ctrl-C or SIGTERM. The server
-    listens on `port`, or on a free one.
+    listens on `port`, or on a free one. `repetitions` overrides the profile's.
 
     Raises ReleaseNotBuiltError for a quantised release that was not built yet.
 
@@ -379,6 +500,7 @@ def bench_release(
     out = out_dir or settings.release_dir(lk.release_id) / "bench"
     out.mkdir(parents=True, exist_ok=True)
     api_key = api_key_of(m)
+    max_num_seqs = _max_num_seqs(serving_args(m))
     server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
     with sigterm_as_interrupt():
         if progress is not None:
@@ -395,8 +517,19 @@ def bench_release(
                 progress=progress,
                 on_point=on_point,
                 api_key=api_key,
+                repetitions=repetitions,
+                max_num_seqs=max_num_seqs,
             )
             # A server that died during the sweep left errors, not evidence.
             server.check_alive()
     write_outputs(result, out)
     return result, out
+
+
+def _max_num_seqs(args: dict[str, str]) -> int | None:
+    """The release's max-num-seqs engine argument, when it sets one."""
+    raw = args.get("max-num-seqs")
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None

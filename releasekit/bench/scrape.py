@@ -101,6 +101,10 @@ class HistogramWindow(BaseModel):
     p90: float | None = None
     p95: float | None = None
     p99: float | None = None
+    # Bucket deltas (upper bound, cumulative count), kept in memory so windows of repeated
+    # runs can be merged; not written to bench.json.
+    buckets: list[tuple[float, float]] = Field(default_factory=list, exclude=True)
+    sum_s: float | None = Field(None, exclude=True)
 
 
 class ServerDelta(BaseModel):
@@ -124,6 +128,9 @@ class ServerDelta(BaseModel):
     kv_cache_usage_after: float | None = None
     running_peak: float | None = None
     waiting_peak: float | None = None
+    in_system_peak: float | None = Field(
+        None, description="highest running + waiting seen in one gauge sample"
+    )
     gauge_samples: int = 0
     missing: list[str] = Field(
         default_factory=list, description="metrics this server did not expose"
@@ -188,6 +195,8 @@ def _histogram_window(before: Metrics, after: Metrics, family: str) -> Histogram
         p90=qs[1],
         p95=qs[2],
         p99=qs[3],
+        buckets=list(zip(bounds, deltas, strict=True)),
+        sum_s=total,
     )
 
 
@@ -198,7 +207,48 @@ def _succeeded(before: Metrics, after: Metrics, reasons: dict[str, float]) -> fl
     return sum(v for r, v in reasons.items() if r not in _NOT_SUCCESS)
 
 
-def _gauge(m: Metrics, names: Sequence[str]) -> float | None:
+GAUGES: tuple[str, ...] = (RUNNING, WAITING, *KV_USAGE)
+
+
+class GaugeValues:
+    """The gauge samples of one scrape (summed over label sets), read line by line."""
+
+    def __init__(self, values: dict[str, float]) -> None:
+        self.values = values
+
+    def get(self, name: str) -> float | None:
+        """A gauge's value, or None if the scrape lacks it."""
+        return self.values.get(name)
+
+
+def gauge_values(text: str, names: Sequence[str] = GAUGES) -> GaugeValues:
+    """The named gauges of a Prometheus text scrape, without parsing the rest of it."""
+    values: dict[str, float] = {}
+    for name in names:
+        start = 0
+        while (i := text.find(name, start)) >= 0:
+            start = i + len(name)
+            if i > 0 and text[i - 1] != "\n":
+                continue
+            nxt = text[start : start + 1]
+            if nxt not in ("{", " "):
+                continue
+            end = text.find("\n", start)
+            line = text[start : end if end >= 0 else len(text)]
+            if nxt == "{":
+                close = line.rfind("}")
+                line = line[close + 1 :]
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                values[name] = values.get(name, 0.0) + float(parts[0])
+            except ValueError:
+                continue
+    return GaugeValues(values)
+
+
+def _gauge(m: Metrics | GaugeValues, names: Sequence[str]) -> float | None:
     for n in names:
         v = m.get(n)
         if v is not None:
@@ -211,11 +261,20 @@ def _peak(values: Sequence[float | None]) -> float | None:
     return max(present) if present else None
 
 
+def _in_system(m: Metrics | GaugeValues) -> float | None:
+    running, waiting = m.get(RUNNING), m.get(WAITING)
+    if running is None:
+        return None
+    return running + (waiting or 0.0)
+
+
 def server_delta(before: Scrape, after: Scrape, samples: Sequence[Scrape] = ()) -> ServerDelta:
     """Deltas between two scrapes; `samples` are gauge scrapes taken during the point."""
     b, a = parse_metrics(before.text), parse_metrics(after.text)
-    mid = [parse_metrics(s.text) for s in samples]
-    every = [*mid, a]
+    # Samples only feed gauge peaks: read just those lines (a full parse of every sample
+    # would cost the client more than the load it sends).
+    mid = [gauge_values(s.text) for s in samples]
+    every: list[Metrics | GaugeValues] = [*mid, a]
     hist: dict[str, HistogramWindow] = {}
     missing: list[str] = []
     for short, family in HISTOGRAMS.items():
@@ -253,6 +312,77 @@ def server_delta(before: Scrape, after: Scrape, samples: Sequence[Scrape] = ()) 
         kv_cache_usage_after=_gauge(a, KV_USAGE),
         running_peak=_peak([m.get(RUNNING) for m in every]),
         waiting_peak=_peak([m.get(WAITING) for m in every]),
+        in_system_peak=_peak([_in_system(m) for m in every]),
         gauge_samples=len(mid),
         missing=missing,
+    )
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _merge_windows(windows: Sequence[HistogramWindow]) -> HistogramWindow:
+    count = sum(w.count for w in windows)
+    total = _sum([w.sum_s for w in windows])
+    merged: dict[float, float] = defaultdict(float)
+    for w in windows:
+        for le, c in w.buckets:
+            merged[le] += c
+    bounds = sorted(merged)
+    counts = [merged[le] for le in bounds]
+    qs = histogram_quantiles(bounds, counts, QUANTILES) if count > 0 and bounds else [None] * 4
+    return HistogramWindow(
+        count=count,
+        mean_s=(total / count) if (total is not None and count > 0) else None,
+        p50=qs[0],
+        p90=qs[1],
+        p95=qs[2],
+        p99=qs[3],
+        buckets=list(zip(bounds, counts, strict=True)),
+        sum_s=total,
+    )
+
+
+def merge_deltas(deltas: Sequence[ServerDelta]) -> ServerDelta:
+    """One delta for several windows (repetitions of a load point): counters and intervals
+    add up, histogram means and quantiles come from the pooled observations and buckets,
+    peaks are the highest of any window."""
+    if not deltas:
+        raise ValueError("merge_deltas needs at least one delta")
+    if len(deltas) == 1:
+        return deltas[0]
+    hist: dict[str, HistogramWindow] = {}
+    for short in HISTOGRAMS:
+        windows = [d.histograms[short] for d in deltas if short in d.histograms]
+        if len(windows) == len(deltas):
+            hist[short] = _merge_windows(windows)
+    reasons: dict[str, float] = defaultdict(float)
+    for d in deltas:
+        for r, v in d.requests_by_reason.items():
+            reasons[r] += v
+
+    def mean(short: str) -> float | None:
+        w = hist.get(short)
+        return w.mean_s if w is not None else None
+
+    return ServerDelta(
+        interval_s=sum(d.interval_s for d in deltas),
+        generation_tokens=_sum([d.generation_tokens for d in deltas]),
+        prompt_tokens=_sum([d.prompt_tokens for d in deltas]),
+        preemptions=_sum([d.preemptions for d in deltas]),
+        requests_succeeded=_sum([d.requests_succeeded for d in deltas]),
+        requests_by_reason=dict(sorted(reasons.items())),
+        queue_time_mean_s=mean("queue"),
+        prefill_time_mean_s=mean("prefill"),
+        decode_time_mean_s=mean("decode"),
+        histograms=hist,
+        kv_cache_usage_peak=_peak([d.kv_cache_usage_peak for d in deltas]),
+        kv_cache_usage_after=deltas[-1].kv_cache_usage_after,
+        running_peak=_peak([d.running_peak for d in deltas]),
+        waiting_peak=_peak([d.waiting_peak for d in deltas]),
+        in_system_peak=_peak([d.in_system_peak for d in deltas]),
+        gauge_samples=sum(d.gauge_samples for d in deltas),
+        missing=sorted({m for d in deltas for m in d.missing}),
     )

@@ -7,7 +7,16 @@ from typing import Annotated
 import typer
 
 from releasekit import __version__
-from releasekit.cli import audit_cmds, bench_cmds, build_cmds, eval_cmds, manifest_cmds
+from releasekit.cli import (
+    audit_cmds,
+    bench_cmds,
+    build_cmds,
+    capacity_cmds,
+    deploy_cmds,
+    diagnose_cmds,
+    eval_cmds,
+    manifest_cmds,
+)
 from releasekit.cli._common import State
 
 app = typer.Typer(
@@ -38,7 +47,16 @@ def _root(
     State.traceback = traceback
 
 
-for _group in (manifest_cmds, build_cmds, bench_cmds, eval_cmds, audit_cmds):
+for _group in (
+    manifest_cmds,
+    build_cmds,
+    bench_cmds,
+    eval_cmds,
+    audit_cmds,
+    deploy_cmds,
+    capacity_cmds,
+    diagnose_cmds,
+):
     _group.register(app)
 
 

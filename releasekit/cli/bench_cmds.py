@@ -47,29 +47,76 @@ def _num(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _spread(p: PointResult, key: str, fmt: str = ".0f", *, ms: bool = False) -> str:
+    """`min / median / max` of a figure across repetitions ("-" with one run)."""
+    s = p.spread.get(key)
+    if s is None or s.n < 2:
+        return "-"
+    show = _ms if ms else (lambda v: _num(v, fmt))
+    return f"{show(s.min)} / {show(s.median)} / {show(s.max)}"
+
+
+def _flag_codes(p: PointResult) -> str:
+    return ", ".join(sorted({f.code for f in p.flags}))
+
+
 def point_table(p: PointResult) -> Table:
-    """One load point: requests, client vs server token rate, latencies, SLOs, server."""
+    """One load point: requests, throughput, latencies, SLOs, the server's own figures and
+    the cross-check, every flag with its numbers, and the spread across repetitions."""
     t = Table(title=point_label(p.mode, p.load), show_header=True, title_justify="left")
     for col in ("metric", "value"):
         t.add_column(col)
-    s = p.server
+    s, c = p.server, p.check
+    tpot = (
+        f"{_ms(p.tpot.p50)} / {_ms(p.tpot.p95)}" if p.tpot_measurable else "not measurable (bursty)"
+    )
     rows: list[tuple[str, str]] = [
+        ("repetitions", str(p.repetitions)),
         ("requests ok / errors / timeouts", f"{p.ok} / {p.errors} / {p.timeouts}"),
         ("wall time (s)", f"{p.duration_s:.2f}"),
         ("requests/s", f"{p.request_throughput:.2f}"),
-        ("client output tok/s", f"{p.output_token_throughput:.1f}"),
-        ("server generation tok/s", _num(p.server_generation_tokens_per_s)),
-        ("client / server ratio", _num(p.token_rate_ratio, ".3f")),
+        ("output tok/s", f"{p.output_token_throughput:.1f}"),
         ("TTFT p50 / p95 / p99 (ms)", f"{_ms(p.ttft.p50)} / {_ms(p.ttft.p95)} / {_ms(p.ttft.p99)}"),
-        ("TPOT p50 / p95 (ms)", f"{_ms(p.tpot.p50)} / {_ms(p.tpot.p95)}"),
-        ("ITL p50 / p95 (ms)", f"{_ms(p.itl.p50)} / {_ms(p.itl.p95)}"),
+        ("TPOT p50 / p95 (ms)", tpot),
+        (
+            "ITL p50 / p95 (ms)",
+            f"{_ms(p.itl.p50)} / {_ms(p.itl.p95)}" if p.tpot_measurable else "-",
+        ),
         ("E2E p50 / p95 / p99 (ms)", f"{_ms(p.e2e.p50)} / {_ms(p.e2e.p95)} / {_ms(p.e2e.p99)}"),
         ("goodput (req/s)", f"{p.goodput:.2f}"),
-        ("SLO attainment", f"{p.slo_attainment:.1%} ({'holds' if p.slo_ok else 'broken'})"),
+        (
+            "SLO attainment",
+            f"{p.slo_attainment:.1%} ({'holds in every run' if p.slo_ok else 'broken'})",
+        ),
         ("client CPU share", _num(p.client_cpu_share, ".0%")),
     ]
+    if p.repetitions > 1:
+        rows += [
+            ("spread: output tok/s (min / med / max)", _spread(p, "output_token_throughput")),
+            ("spread: TTFT p95 (ms)", _spread(p, "ttft_p95_s", ms=True)),
+            ("spread: E2E p95 (ms)", _spread(p, "e2e_p95_s", ms=True)),
+            ("spread: SLO attainment", _spread(p, "slo_attainment", ".2f")),
+        ]
+    if c is not None:
+        rows += [
+            (
+                "TTFT mean client / server (ms)",
+                f"{_ms(c.client_ttft_mean_s)} / {_ms(c.server_ttft_mean_s)}",
+            ),
+            (
+                "E2E mean client / server (ms)",
+                f"{_ms(c.client_e2e_mean_s)} / {_ms(c.server_e2e_mean_s)}",
+            ),
+            ("completed client / server", f"{c.client_ok} / {_num(c.server_succeeded, '.0f')}"),
+            (
+                "running peak / expected",
+                f"{_num(c.running_peak, '.0f')} / {_num(c.expected_running, '.0f')}",
+            ),
+            ("content arrivals per token", _num(c.deliveries_per_token, ".2f")),
+        ]
     if s is not None:
         rows += [
+            ("server generation tok/s", _num(p.server_generation_tokens_per_s)),
             (
                 "server queue / prefill / decode mean (ms)",
                 f"{_ms(s.queue_time_mean_s)} / {_ms(s.prefill_time_mean_s)} / "
@@ -82,6 +129,11 @@ def point_table(p: PointResult) -> Table:
                 f"{_num(s.running_peak, '.0f')} / {_num(s.waiting_peak, '.0f')}",
             ),
         ]
+    for f in p.flags:
+        where = (
+            f" (run {f.repetition + 1})" if f.repetition is not None and p.repetitions > 1 else ""
+        )
+        rows.append((f"[red]FLAG {f.code}[/red]{where}", f.message))
     for name, count in p.top_errors.items():
         rows.append((f"failure x{count}", name))
     for r in rows:
@@ -90,33 +142,59 @@ def point_table(p: PointResult) -> Table:
 
 
 def summary_table(result: BenchResult) -> Table:
-    """One row per point, the knee marked; narrow enough for an 80-column terminal."""
+    """One row per point, the knee marked, flagged points named; narrow enough for an
+    80-column terminal."""
     t = Table(
-        title=f"{result.profile_name}: sweep (latencies in ms)",
+        title=f"{result.profile_name}: sweep (latencies in ms, {result.repetitions} run(s))",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
     for col in (
-        "load", "ok/n", "client\ntok/s", "server\ntok/s", "ratio",
-        "TTFT\np95", "E2E\np95", "goodput\nreq/s", "SLO",
+        "load", "ok/n", "tok/s", "TTFT\np95", "TTFT\nsrv", "E2E\np95",
+        "goodput\nreq/s", "SLO", "flags",
     ):  # fmt: skip
         t.add_column(col, no_wrap=True)
     knee = result.knee
     for p in result.points:
         is_knee = knee is not None and p.load == knee.load
+        srv = p.check.server_ttft_mean_s if p.check is not None else None
         t.add_row(
             f"c={p.load:g}" if p.mode == "concurrency" else f"{p.load:g}/s",
             f"{p.ok}/{p.n}",
             f"{p.output_token_throughput:.0f}",
-            _num(p.server_generation_tokens_per_s, ".0f"),
-            _num(p.token_rate_ratio, ".3f"),
             _ms(p.ttft.p95),
+            _ms(srv),
             _ms(p.e2e.p95),
             f"{p.goodput:.1f}",
             "[bold green]knee[/bold green]" if is_knee else ("ok" if p.slo_ok else "broken"),
+            f"[red]{_flag_codes(p)}[/red]" if p.flags else "",
         )
     return t
+
+
+def knee_line(result: BenchResult) -> str:
+    """The knee with its spread across repetitions and whether reruns agree."""
+    knee = result.knee
+    per = ", ".join("none" if k is None else f"{k:g}" for k in result.knee_by_repetition)
+    stop = f"; {result.knee_stop}" if result.knee_stop else ""
+    if knee is None:
+        return f"[yellow]no trusted load point meets the SLOs: no knee{stop}[/yellow]"
+    if result.repetitions < 2:
+        stability = "[yellow]one run: stability not shown[/yellow]"
+    elif result.knee_stable:
+        stability = f"[green]stable[/green] over {result.repetitions} runs"
+    else:
+        stability = f"[yellow]NOT stable[/yellow]: per-run knees {per}"
+    spread = ""
+    if knee.repetitions > 1:
+        spread = (
+            f"\n  spread over runs (min / median / max): output tok/s "
+            f"{_spread(knee, 'output_token_throughput')}, TTFT p95 ms "
+            f"{_spread(knee, 'ttft_p95_s', ms=True)}, E2E p95 ms "
+            f"{_spread(knee, 'e2e_p95_s', ms=True)}"
+        )
+    return f"knee: [bold]{point_label(knee.mode, knee.load)}[/bold] ({stability}{stop}){spread}"
 
 
 @handle_errors
@@ -146,9 +224,19 @@ def bench(
         str | None,
         typer.Option("--api-key", envvar="VLLM_API_KEY", help="bearer token for --url servers"),
     ] = None,
+    repetitions: Annotated[
+        int | None,
+        typer.Option(
+            "--repetitions",
+            min=1,
+            help="run the sweep this many times (default: the profile's, else 3); the knee "
+            "needs the SLOs to hold in every run",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Load-test a server: a sweep of load points, latency percentiles, goodput, the knee."""
+    """Load-test a server: a repeated sweep of load points, latency percentiles, goodput, each
+    point cross-checked against the server's own metrics, and the knee with its spread."""
     by_url = url is not None or model is not None or profile is not None
     complete = url is not None and model is not None and profile is not None
     if (manifest is not None and by_url) or (manifest is None and not complete):
@@ -174,6 +262,7 @@ def bench(
                 port=port,
                 progress=bars,
                 on_point=on_point,
+                repetitions=repetitions,
             )
         else:
             result = run_bench(
@@ -182,6 +271,8 @@ def bench(
                 load_profile(Path(str(profile))),
                 progress=bars,
                 on_point=on_point,
+                api_key=api_key,
+                repetitions=repetitions,
             )
             written = out_dir
             if out_dir is not None:
@@ -190,9 +281,6 @@ def bench(
         emit_json(result)
         return
     out.print(summary_table(result))
-    if result.knee is None:
-        out.print("[yellow]no load point meets the SLOs: no knee[/yellow]")
-    else:
-        out.print(f"knee: [bold]{point_label(result.knee.mode, result.knee.load)}[/bold]")
+    out.print(knee_line(result))
     if written is not None:
         out.print(f"wrote {written}/bench.json, bench.png, requests.jsonl")

@@ -45,6 +45,9 @@ class Sweep(_Strict):
     duration_s: float | None = Field(None, gt=0)
     # Under open-loop arrivals, cap in-flight requests so a dead server can't pile up sockets.
     max_in_flight: int = Field(256, ge=1)
+    repetitions: int = Field(
+        3, ge=1, le=20, description="runs of each point; the knee must hold in every one"
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Sweep:

@@ -213,7 +213,9 @@ def test_assign_changes_nothing_when_the_ledger_is_busy(mlproj: Proj) -> None:
     holder.execute("BEGIN IMMEDIATE")
     try:
         with pytest.raises(LedgerError, match="write lock"):
-            assign(s, b.release_id, env="production", reason="blocked", ledger=led)
+            assign(
+                s, b.release_id, env="production", reason="blocked", ledger=led, lock_timeout_s=2
+            )
     finally:
         holder.execute("ROLLBACK")
         holder.close()

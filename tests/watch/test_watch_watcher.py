@@ -191,9 +191,9 @@ def test_scrape_timeout_is_a_failed_scrape_not_a_crash(
     window spans the gap and is judged."""
     fm, url = faulty
     rb = FakeRollback(sim)
-    w = watcher(url, clock, rb, [TTFT], timeout_s=0.3)
+    w = watcher(url, clock, rb, [TTFT], timeout_s=2.0)  # generous: the box may be busy
     w.tick()
-    fm.delay_s["gateway"] = 2.0
+    fm.delay_s["gateway"] = 6.0
     sim.serve(50)
     clock.advance(30)
     t = w.tick()

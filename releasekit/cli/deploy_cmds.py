@@ -1,0 +1,209 @@
+"""CLI: promote a release behind gates, roll an environment back, stop it, and show what runs
+where (deploy-status)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from releasekit.cli._common import (
+    JsonOpt,
+    State,
+    emit_json,
+    err,
+    handle_errors,
+    out,
+    progress_reporter,
+    table,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("promote")(promote_cmd)
+    app.command("rollback")(rollback_cmd)
+    app.command("down")(down_cmd)
+    app.command("deploy-status")(deploy_status_cmd)
+
+
+def _short(rid: str | None) -> str:
+    return rid[:12] if rid else "-"
+
+
+def _print_gates(report: object) -> None:
+    from releasekit.promote.gates import GateReport
+    from releasekit.promote.report import COLUMNS, gate_rows
+
+    if not isinstance(report, GateReport):
+        return
+    against = (
+        f"{report.live_name} {_short(report.live_release_id)}"
+        if report.live_release_id
+        else "nothing live (absolute checks)"
+    )
+    table(
+        f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
+        f"{report.environment} (against {against})",
+        COLUMNS,
+        gate_rows(report),
+    )
+    if report.comparison_rule:
+        out.print(f"[dim]quality rule: {report.comparison_rule}[/dim]", highlight=False)
+
+
+@handle_errors
+def promote_cmd(
+    release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
+    to: Annotated[str, typer.Option("--to", help="environment, e.g. staging")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the gate report; change nothing")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="override failed gates (needs --reason; recorded)")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Promote RELEASE to an environment: gates against the live release, then a blue/green
+    deploy through the environment's gateway, then the record (exit 1 if blocked or failed)."""
+    from releasekit.promote.promote import promote
+
+    with progress_reporter(enabled=not json_) as rep:
+        res = promote(
+            State.settings(), release, env=to, reason=reason, dry_run=dry_run, force=force,
+            progress=rep,
+        )  # fmt: skip
+    if json_:
+        emit_json(res)
+        if not res.ok:
+            raise typer.Exit(1)
+        return
+    if res.report is not None:
+        _print_gates(res.report)
+    who = f"{res.release_name} {_short(res.release_id)}"
+    if res.status == "dry_run":
+        verdict = "would pass" if res.ok else "would be BLOCKED"
+        out.print(f"dry run: {who} -> {res.environment} {verdict}; nothing changed")
+    elif res.status == "blocked":
+        failed = ", ".join(g.name for g in res.report.failed) if res.report else ""
+        err.print(f"[red]blocked:[/red] {who} -> {res.environment}: {failed}", highlight=False)
+        if res.report_html:
+            err.print(f"  report: {res.report_html}", highlight=False)
+        err.print("  [dim]hint: fix the release, or --force --reason TEXT[/dim]")
+    elif res.status == "deploy_failed" and res.deploy is not None:
+        failed_deploy = res.deploy
+        back = "; traffic went back to the previous release" if failed_deploy.reverted else ""
+        err.print(
+            f"[red]deploy failed[/red] ({failed_deploy.failed_stage}): "
+            f"{failed_deploy.failure}{back}; "
+            f"{_short(failed_deploy.previous_release_id)} keeps serving",
+            highlight=False,
+        )
+    elif res.status == "already_live":
+        out.print(f"{who} is already live in {res.environment}; nothing to do")
+    else:
+        d = res.deploy
+        forced = (
+            f" [yellow](forced over: {', '.join(res.overridden)})[/yellow]"
+            if res.overridden
+            else ""
+        )
+        how = " (prompt-only: same vLLM server)" if d and d.reused_server else ""
+        out.print(
+            f"[green]{res.environment}[/green] -> {who}{how}{forced} at {res.gateway_url}",
+            highlight=False,
+        )
+        if d and d.warm:
+            out.print(f"  kept warm: {', '.join(_short(r) for r in d.warm)}")
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+@handle_errors
+def rollback_cmd(
+    env: Annotated[str, typer.Argument(help="environment to roll back")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")],
+    to: Annotated[
+        str | None, typer.Option("--to", help="release to go back to (default: the previous)")
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Move ENV back to the release live before the current one (or --to), no gates; the
+    release rolled back from is marked bad."""
+    from releasekit.promote.rollback import rollback
+
+    res = rollback(State.settings(), env, to=to, reason=reason)
+    if json_:
+        emit_json(res)
+    elif res.status == "rolled_back":
+        how = "warm" if res.warm else "cold start"
+        out.print(
+            f"[green]{env}[/green] rolled back {_short(res.from_release)} -> "
+            f"{_short(res.to_release)} ({how}, switched after {res.switch_s:.2f} s); "
+            f"{_short(res.from_release)} marked bad",
+            highlight=False,
+        )
+    else:
+        err.print(f"[red]rollback {res.status}:[/red] {res.message}", highlight=False)
+    if res.status != "rolled_back":
+        raise typer.Exit(1)
+
+
+@handle_errors
+def down_cmd(
+    env: Annotated[str, typer.Argument(help="environment to stop")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    json_: JsonOpt = False,
+) -> None:
+    """Stop ENV's gateway and servers cleanly (the release of record stays recorded)."""
+    from releasekit.promote.deploy import down
+
+    res = down(State.settings(), env, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    what = (["gateway"] if res.gateway_stopped else []) + [
+        f"server {_short(r)}" for r in res.servers_stopped
+    ]
+    out.print(f"{env}: stopped {', '.join(what) or 'nothing (nothing ran)'}")
+
+
+@handle_errors
+def deploy_status_cmd(
+    env: Annotated[str | None, typer.Argument(help="one environment (default: all)")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """What runs for each environment: its gateway, routes and servers, and whether the
+    gateway serves the ledger's live release."""
+    from releasekit.promote.deploy import deploy_status
+
+    envs = deploy_status(State.settings(), env=env)
+    if json_:
+        emit_json(envs)
+        return
+    rows = []
+    for e in envs:
+        routes = ", ".join(f"{_short(r['release_id'])}@{r['base_url']}" for r in e.routes) or "-"
+        servers = ", ".join(
+            f"{_short(s.release_id)} {s.role} pid {s.pid}{'' if s.healthy else ' (down)'}"
+            for s in e.servers
+        )
+        rows.append(
+            [
+                e.environment,
+                e.gateway_url or "-",
+                "up" if e.gateway_healthy else "down",
+                routes,
+                servers or "-",
+                _short(e.ledger_release_id),
+                "yes" if e.agrees else "NO",
+            ]
+        )
+    table(
+        "deployments",
+        ["environment", "gateway", "state", "routes", "servers", "ledger live", "agrees"],
+        rows,
+    )

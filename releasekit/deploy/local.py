@@ -1,0 +1,558 @@
+"""The `local` deploy target: each release's vLLM server is a detached process group on this
+host with its own port, and the environment's gateway is a detached process in front.
+
+Servers and the gateway outlive the releasekit command that started them (own session, no
+parent-death signal); their pids and ports live in the deploy state file
+(deploy/state.py), recorded as soon as a process exists. `LocalTarget.reconcile()` runs at
+the start of every command: it forgets processes that died, stops servers a crashed command
+left half-started, and stops warm servers whose warm period is over. A small detached
+"expirer" (`python -m releasekit.deploy.local expire --state-dir DIR --env ENV`) does the
+last one on time when no command runs; it exits once no warm server is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from releasekit._support.procs import group_alive, last_error_line, tail
+from releasekit.config import EnvironmentConfig
+from releasekit.deploy.gateway import (
+    GatewayConfig,
+    GatewayError,
+    GatewayUnreachableError,
+    Route,
+    ThreadedGateway,
+)
+from releasekit.deploy.gateway_client import GatewayClient, launch_gateway
+from releasekit.deploy.smoke import run_smoke
+from releasekit.deploy.state import (
+    EnvState,
+    GatewayRecord,
+    ServerRecord,
+    StateHandle,
+    deploy_dir,
+    env_lock,
+    proc_start_time,
+    read_state,
+    same_process,
+    write_state,
+)
+from releasekit.deploy.target import (
+    DeployError,
+    DeployTarget,
+    OnSpawn,
+    ReleaseSpec,
+    ReleaseStartError,
+    SmokeProbe,
+    SmokeResult,
+    Upstream,
+)
+from releasekit.serving.vllm import PIDDIR_ENV, VLLMServer, pick_port
+
+if TYPE_CHECKING:
+    from releasekit.config import Settings
+
+_BIND_ERRORS = ("Address already in use", "[Errno 98]")
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Processes this process spawned, kept only to reap them (they are not stopped at exit)."""
+
+
+def _reap() -> None:
+    for pid, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            _CHILDREN.pop(pid, None)
+
+
+def process_alive(pid: int, proc_start: int | None) -> bool:
+    """True while the recorded process group runs: some member is alive, and the leader, if
+    still there, is the process that was recorded (not a reused pid)."""
+    _reap()
+    if not group_alive(pid):
+        return False
+    return proc_start_time(pid) is None or same_process(pid, proc_start)
+
+
+def stop_group(pid: int, proc_start: int | None, *, grace_s: float) -> None:
+    """SIGTERM the process group `pid`, SIGKILL what is left after `grace_s`; idempotent."""
+    if not process_alive(pid, proc_start):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        _reap()
+        if not group_alive(pid):
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    end = time.monotonic() + 5.0
+    while group_alive(pid) and time.monotonic() < end:
+        _reap()
+        time.sleep(0.05)
+    _reap()
+
+
+def server_command(spec: ReleaseSpec, *, python: Path, host: str, port: int) -> list[str]:
+    """The exact argv that serves `spec` (serving.vllm's builder: model, served name, host,
+    port and the release's engine args, nothing added)."""
+    return VLLMServer(
+        Path(spec.model_dir),
+        served_name=spec.served_name,
+        engine_args=spec.engine_args,
+        env=spec.env,
+        python=python,
+        log_path=Path(os.devnull),
+        host=host,
+        port=port,
+    ).command()
+
+
+def spawn_detached(
+    argv: Sequence[str], *, env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (it outlives this process), output to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    return proc
+
+
+def _server_env(spec: ReleaseSpec) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **spec.env,
+    }
+    env.pop(PIDDIR_ENV, None)
+    return env
+
+
+def check_health(base_url: str, model: str, *, api_key: str | None, timeout_s: float = 5.0) -> bool:
+    """True when `base_url` answers /health with 200 and lists `model` on /v1/models."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(base_url=base_url, timeout=timeout_s, trust_env=False) as c:
+            if c.get("/health").status_code != 200:
+                return False
+            r = c.get("/v1/models", headers=headers)
+            return r.status_code == 200 and any(
+                m.get("id") == model for m in r.json().get("data", [])
+            )
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
+class LocalTarget(DeployTarget):
+    """Release servers and the gateway of one environment on this host; every change is
+    written to the environment's state (whose lock the caller holds)."""
+
+    name = "local"
+
+    def __init__(
+        self, settings: Settings, env: str, config: EnvironmentConfig, handle: StateHandle
+    ) -> None:
+        self.settings = settings
+        self.env = env
+        self.config = config
+        self.handle = handle
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def _state(self) -> EnvState:
+        return self.handle.state
+
+    def record(self, upstream: Upstream) -> ServerRecord | None:
+        """The state record of `upstream`'s process."""
+        pid = upstream.handle.get("pid")
+        for s in self._state.servers:
+            if s.pid == pid:
+                return s
+        return None
+
+    def upstream_of(self, rec: ServerRecord) -> Upstream:
+        """An Upstream handle for a recorded server."""
+        return Upstream(
+            release_id=rec.release_id,
+            serving_key=rec.serving_key,
+            base_url=rec.base_url,
+            model=rec.model,
+            api_key=rec.api_key,
+            handle={
+                "pid": rec.pid,
+                "port": rec.port,
+                "log": rec.log_path,
+                "proc_start": rec.proc_start,
+            },
+        )
+
+    def after_change(self) -> None:
+        """Schedule the end of the warm period (the detached expirer)."""
+        self.spawn_expirer()
+
+    def reconcile(self, *, now: float | None = None) -> list[str]:
+        """Bring the state in line with the processes: forget dead ones, stop servers a
+        crashed command left `starting`, stop warm servers past their warm period.
+        Returns what it did, in words."""
+        now = time.time() if now is None else now
+        notes: list[str] = []
+        st = self._state
+        gw = st.gateway
+        if gw is not None and not process_alive(gw.pid, gw.proc_start):
+            notes.append(f"gateway pid {gw.pid} is gone")
+            st.gateway = None
+        keep: list[ServerRecord] = []
+        routed = set(st.routed_release_ids())
+        for s in st.servers:
+            if not process_alive(s.pid, s.proc_start):
+                notes.append(f"server of {s.release_id[:12]} (pid {s.pid}) is gone")
+                continue
+            if s.role == "starting" and s.release_id not in routed:
+                notes.append(f"stopped a half-started server of {s.release_id[:12]}")
+                stop_group(s.pid, s.proc_start, grace_s=self.settings.server_stop_grace_s)
+                continue
+            if s.role == "warm" and s.warm_until is not None and s.warm_until <= now:
+                notes.append(f"stopped the warm server of {s.release_id[:12]} (period over)")
+                stop_group(s.pid, s.proc_start, grace_s=self.settings.server_stop_grace_s)
+                continue
+            keep.append(s)
+        st.servers = keep
+        self.handle.save()
+        return notes
+
+    # -- servers -----------------------------------------------------------------------
+
+    def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
+        """Start `spec`'s vLLM detached on a free port (RELEASEKIT_PORT_RANGE) and wait until
+        it is healthy. Recorded as `starting` as soon as it exists; on failure it is
+        stopped, forgotten, and ReleaseStartError quotes its log."""
+        if not Path(spec.model_dir).is_dir():
+            raise ReleaseStartError(
+                f"release {spec.release_id[:12]}: model folder not found: {spec.model_dir}"
+            )
+        host = self.settings.server_host
+        tried: set[int] = {s.port for s in self._state.servers}
+        for _attempt in range(3):
+            port = pick_port(host, avoid=tried)
+            tried.add(port)
+            try:
+                return self._start_once(spec, host, port, on_spawn)
+            except ReleaseStartError as exc:
+                if not any(m in exc.log_tail for m in _BIND_ERRORS):
+                    raise
+        raise ReleaseStartError(f"release {spec.release_id[:12]}: no port could be bound")
+
+    def _start_once(
+        self, spec: ReleaseSpec, host: str, port: int, on_spawn: OnSpawn | None
+    ) -> Upstream:
+        log = self.settings.state_dir / "logs" / f"serve-{self.env}-{spec.release_id[:12]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"")
+        argv = server_command(spec, python=self.settings.python, host=host, port=port)
+        proc = spawn_detached(argv, env=_server_env(spec), log_path=log)
+        rec = ServerRecord(
+            release_id=spec.release_id,
+            serving_key=spec.serving_key,
+            base_url=f"http://{host}:{port}",
+            port=port,
+            pid=proc.pid,
+            proc_start=proc_start_time(proc.pid),
+            model=spec.served_name,
+            api_key=spec.api_key,
+            log_path=str(log),
+            role="starting",
+            started_at=time.time(),
+        )
+        self._state.servers.append(rec)
+        self.handle.save()
+        up = self.upstream_of(rec)
+        if on_spawn is not None:
+            on_spawn(up)
+        try:
+            self._wait_healthy(proc, rec, log)
+        except BaseException:
+            stop_group(rec.pid, rec.proc_start, grace_s=self.settings.server_stop_grace_s)
+            self._forget(rec.pid)
+            raise
+        return up
+
+    def _wait_healthy(self, proc: subprocess.Popen[bytes], rec: ServerRecord, log: Path) -> None:
+        deadline = time.monotonic() + self.settings.server_start_timeout_s
+        while time.monotonic() < deadline:
+            rc = proc.poll()
+            if rc is not None:
+                text = tail(log, 200)
+                cause = last_error_line(text)
+                raise ReleaseStartError(
+                    f"vLLM for release {rec.release_id[:12]} exited with code {rc} before "
+                    f"becoming healthy{': ' + cause if cause else ''} (log: {log})",
+                    log_tail=tail(log),
+                    log_path=str(log),
+                )
+            if check_health(rec.base_url, rec.model, api_key=rec.api_key, timeout_s=2.0):
+                return
+            time.sleep(0.5)
+        raise ReleaseStartError(
+            f"vLLM for release {rec.release_id[:12]} did not become healthy within "
+            f"{self.settings.server_start_timeout_s:.0f} s (log: {log})",
+            log_tail=tail(log),
+            log_path=str(log),
+        )
+
+    def _forget(self, pid: int) -> None:
+        self._state.servers = [s for s in self._state.servers if s.pid != pid]
+        self.handle.save()
+
+    def health(self, upstream: Upstream) -> bool:
+        """True while the server answers /health and lists its model."""
+        return check_health(upstream.base_url, upstream.model, api_key=upstream.api_key)
+
+    def smoke(self, upstream: Upstream, spec: ReleaseSpec, probe: SmokeProbe) -> SmokeResult:
+        """Run `probe` through a private gateway in this process whose only route is the
+        candidate (the same templating and relaying as the environment's gateway), so
+        the release is checked before any client reaches it."""
+        config = GatewayConfig(
+            env=f"{self.env}-preview",
+            host="127.0.0.1",
+            port=0,
+            admin_token=secrets.token_urlsafe(24),
+            routes=[upstream.route(spec)],
+            log_level="error",
+        )
+        with ThreadedGateway(config) as tg:
+            return run_smoke(tg.url, probe, release_id=spec.release_id, where="preview")
+
+    def stop(self, upstream: Upstream, *, grace_s: float = 10.0) -> None:
+        """Stop the server's process group and forget it."""
+        pid = upstream.handle.get("pid")
+        if not isinstance(pid, int):
+            return
+        start = upstream.handle.get("proc_start")
+        stop_group(pid, start if isinstance(start, int) else None, grace_s=grace_s)
+        self._forget(pid)
+
+    def list(self) -> list[Upstream]:
+        """The release servers recorded for the environment that still run."""
+        return [
+            self.upstream_of(s) for s in self._state.servers if process_alive(s.pid, s.proc_start)
+        ]
+
+    # -- gateway -----------------------------------------------------------------------
+
+    def _client(self) -> GatewayClient:
+        gw = self._state.gateway
+        if gw is None:
+            raise DeployError(f"environment {self.env!r} has no gateway running")
+        return GatewayClient(gw.url, admin_token=gw.admin_token)
+
+    def gateway_ok(self) -> bool:
+        """True when the recorded gateway runs and its admin API answers."""
+        gw = self._state.gateway
+        if gw is None or not process_alive(gw.pid, gw.proc_start):
+            return False
+        try:
+            with self._client() as c:
+                c.state()
+        except GatewayError:
+            return False
+        return True
+
+    def ensure_router(self, routes: Sequence[Route]) -> str:
+        """The environment's gateway URL, starting the gateway (with `routes`, else the
+        recorded table) if it is not running."""
+        if self.gateway_ok():
+            assert self._state.gateway is not None
+            return self._state.gateway.url
+        gw = self._state.gateway
+        if gw is not None:  # recorded, but not answering: replace it
+            stop_group(gw.pid, gw.proc_start, grace_s=5.0)
+            self._state.gateway = None
+        table = list(routes) or list(self._state.routes)
+        d = deploy_dir(self.settings.state_dir)
+        token = secrets.token_urlsafe(32)
+        config = GatewayConfig(
+            env=self.env,
+            host=self.config.host,
+            port=self.config.port,
+            admin_token=token,
+            api_keys=list(self.config.api_keys),
+            max_in_flight=self.config.max_in_flight,
+            max_queue_wait_s=self.config.max_queue_wait_s,
+            shutdown_timeout_s=max(self.config.drain_deadline_s, 1.0),
+            routes=table,
+        )
+        launched = launch_gateway(
+            config,
+            config_path=d / f"{self.env}-gateway.json",
+            log_path=self.settings.state_dir / "logs" / f"gateway-{self.env}.log",
+            python=Path(sys.executable),
+        )
+        if launched.process is not None:
+            _CHILDREN[launched.process.pid] = launched.process
+        self._state.gateway = GatewayRecord(
+            url=launched.url,
+            host=launched.endpoint.host,
+            port=launched.endpoint.port,
+            pid=launched.pid,
+            proc_start=proc_start_time(launched.pid),
+            admin_token=token,
+            config_path=str(launched.config_path),
+            log_path=str(launched.log_path),
+            started_at=launched.endpoint.started_at,
+        )
+        self._state.routes = table
+        self.handle.save()
+        return launched.url
+
+    def route(self, routes: Sequence[Route]) -> None:
+        """Swap the gateway's table atomically and record it."""
+        with self._client() as c:
+            c.set_routes(list(routes))
+        self._state.routes = list(routes)
+        self.handle.save()
+
+    def wait_drained(self, release_id: str, *, deadline_s: float) -> bool:
+        """True once the gateway has nothing in flight to `release_id`."""
+        try:
+            with self._client() as c:
+                return c.wait_drained(release_id, deadline_s)
+        except GatewayUnreachableError:
+            return True  # no gateway: nothing can be in flight through it
+
+    def stop_router(self) -> None:
+        """Stop the gateway (it lets in-flight requests finish for its shutdown timeout)."""
+        gw = self._state.gateway
+        if gw is not None:
+            stop_group(gw.pid, gw.proc_start, grace_s=max(self.config.drain_deadline_s, 5.0) + 5)
+        self._state.gateway = None
+        self._state.routes = []
+        self.handle.save()
+
+    # -- warm period -------------------------------------------------------------------
+
+    def spawn_expirer(self) -> None:
+        """Start the detached expirer that stops warm servers when their period ends."""
+        if not any(s.role == "warm" and s.warm_until for s in self._state.servers):
+            return
+        spawn_detached(
+            [
+                sys.executable,
+                "-m",
+                "releasekit.deploy.local",
+                "expire",
+                "--state-dir",
+                str(self.settings.state_dir),
+                "--env",
+                self.env,
+                "--grace-s",
+                str(self.settings.server_stop_grace_s),
+                "--drain-s",
+                str(self.config.drain_deadline_s),
+            ],
+            env=dict(os.environ),
+            log_path=self.settings.state_dir / "logs" / f"expire-{self.env}.log",
+        )
+
+
+def expire_warm(
+    state_dir: Path,
+    env: str,
+    *,
+    grace_s: float = 10.0,
+    drain_deadline_s: float = 60.0,
+    now: float | None = None,
+) -> int:
+    """Stop `env`'s warm servers whose warm period is over (under the env's lock), after
+    the gateway has nothing in flight to them (up to `drain_deadline_s`); returns how many
+    it stopped."""
+    stopped = 0
+    with env_lock(state_dir, env, timeout_s=3600):
+        st = read_state(state_dir, env)
+        t = time.time() if now is None else now
+        keep = []
+        routed = {r.base_url for r in st.routes if r.weight > 0}
+        for s in st.servers:
+            if (
+                s.role == "warm"
+                and s.warm_until is not None
+                and s.warm_until <= t
+                and s.base_url not in routed
+            ):
+                if st.gateway is not None:  # streams still pinned to it finish first
+                    with (
+                        contextlib.suppress(GatewayError),
+                        GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token) as c,
+                    ):
+                        c.wait_drained(s.release_id, drain_deadline_s)
+                stop_group(s.pid, s.proc_start, grace_s=grace_s)
+                stopped += 1
+                continue
+            keep.append(s)
+        if stopped:
+            st.servers = keep
+            write_state(state_dir, st)
+    return stopped
+
+
+def _expire_loop(
+    state_dir: Path, env: str, grace_s: float, drain_s: float, poll_s: float = 2.0
+) -> int:
+    while True:
+        try:
+            st = read_state(state_dir, env)
+        except DeployError:
+            return 1
+        except Exception:
+            time.sleep(poll_s)
+            continue
+        due = [s.warm_until for s in st.servers if s.role == "warm" and s.warm_until is not None]
+        if not due:
+            return 0
+        if min(due) <= time.time():
+            expire_warm(state_dir, env, grace_s=grace_s, drain_deadline_s=drain_s)
+            continue
+        time.sleep(min(poll_s, max(0.05, min(due) - time.time())))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m releasekit.deploy.local expire --state-dir DIR --env ENV`."""
+    parser = argparse.ArgumentParser(prog="python -m releasekit.deploy.local")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("expire", help="stop warm servers when their warm period ends")
+    ex.add_argument("--state-dir", required=True, type=Path)
+    ex.add_argument("--env", required=True)
+    ex.add_argument("--grace-s", type=float, default=10.0)
+    ex.add_argument("--drain-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    return _expire_loop(args.state_dir, args.env, args.grace_s, args.drain_s)
+
+
+if __name__ == "__main__":
+    from releasekit.deploy.local import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,522 @@
+"""The blue/green deploy step shared by promote and rollback, and `down`/status of an
+environment.
+
+`deploy_release` runs under the environment's deploy lock:
+
+1. reconcile the recorded processes (forget dead ones, stop half-started or expired ones);
+2. make sure the environment's gateway runs;
+3. reuse a live or warm server with the same serving key (a prompt-only release never
+   restarts vLLM) or start the release's server on its own port;
+4. smoke it through a private gateway (no client traffic yet);
+5. switch the gateway's table to it atomically;
+6. smoke it again through the environment's gateway;
+7. move the record (the caller's `record`: ledger event via `assign`, then aliases);
+8. drain the old upstream at the gateway, then keep its server warm for `warm_s` or stop it.
+
+A failure in 3-4 leaves the old release serving and is a `deploy_failed` ledger event; a
+failure in 6-7 switches the table back to what it was by itself, and records why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit.config import EnvironmentConfig, Settings
+from releasekit.deploy.gateway import GatewayError, Route
+from releasekit.deploy.local import LocalTarget, check_health
+from releasekit.deploy.smoke import run_smoke
+from releasekit.deploy.state import (
+    EnvState,
+    StateHandle,
+    locked_state,
+    read_state,
+)
+from releasekit.deploy.target import (
+    DeployError,
+    ReleaseSpec,
+    ReleaseStartError,
+    SmokeProbe,
+    SmokeResult,
+    Upstream,
+)
+from releasekit.errors import ConfigError, ReleasekitError
+from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+
+DeployStage = Literal["start", "smoke", "switch", "gateway_smoke", "record"]
+
+
+class EnvironmentNotConfiguredError(ConfigError):
+    """Raised when a command names an environment that releasekit.toml does not define."""
+
+    remedy = "add [environments.NAME] (port, target, policy) to releasekit.toml"
+
+
+class ConcurrentChangeError(DeployError):
+    """Raised when what is live in the environment changed while this command waited for
+    the environment's deploy lock (another promote or rollback got there first)."""
+
+    remedy = "look at `releasekit status` and run the command again if it still applies"
+
+
+class DeployStep(BaseModel):
+    """One step of a deploy, how long it took, and what it found."""
+
+    step: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+class DeployOutcome(BaseModel):
+    """What a deploy did: where the environment's traffic goes now, and why if it failed."""
+
+    environment: str
+    release_id: str
+    previous_release_id: str | None = None
+    gateway_url: str | None = None
+    ok: bool
+    failed_stage: DeployStage | None = None
+    failure: str | None = None
+    reverted: bool = Field(False, description="traffic was switched back after a late failure")
+    reused_server: bool = Field(False, description="no new vLLM: a running server serves it")
+    switched: bool = False
+    switch_s: float | None = Field(None, description="from the start of the step to the switch")
+    smoke_preview: SmokeResult | None = None
+    smoke_gateway: SmokeResult | None = None
+    warm: list[str] = Field(default_factory=list, description="releases kept warm")
+    stopped: list[str] = Field(default_factory=list, description="releases whose server stopped")
+    drained: bool | None = None
+    notes: list[str] = Field(default_factory=list)
+    steps: list[DeployStep] = Field(default_factory=list)
+    failure_event: LedgerRecord | None = None
+
+
+RecordFn = Callable[[str], Any]
+"""Moves the record once traffic is on the new release; gets the gateway URL. Raising
+reverts the switch."""
+
+
+def env_config(settings: Settings, env: str) -> EnvironmentConfig:
+    """The environment's settings; EnvironmentNotConfiguredError if releasekit.toml has none."""
+    cfg = settings.environments.get(env)
+    if cfg is None:
+        known = ", ".join(sorted(settings.environments)) or "none"
+        raise EnvironmentNotConfiguredError(
+            f"environment {env!r} is not configured in releasekit.toml (configured: {known})"
+        )
+    return cfg
+
+
+def target_for(
+    settings: Settings, env: str, cfg: EnvironmentConfig, handle: StateHandle
+) -> LocalTarget:
+    """The deploy target an environment names (`target` in releasekit.toml): `local`."""
+    if cfg.target == "local":
+        return LocalTarget(settings, env, cfg, handle)
+    raise EnvironmentNotConfiguredError(f"environment {env!r}: unknown target {cfg.target!r}")
+
+
+def _routes_alive(state: EnvState) -> list[Route]:
+    urls = {s.base_url for s in state.servers}
+    return [r for r in state.routes if r.base_url in urls]
+
+
+def _fail_event(
+    ledger: Ledger,
+    *,
+    env: str,
+    release_id: str,
+    previous: str | None,
+    stage: str,
+    failure: str,
+    actor: str | None,
+    extra: dict[str, Any] | None = None,
+) -> LedgerRecord:
+    return ledger.append(
+        Event(
+            type=EventType.DEPLOY_FAILED,
+            environment=env,
+            from_release=previous,
+            to_release=release_id,
+            reason=f"{stage}: {failure}"[:2000],
+            evidence={"stage": stage, **(extra or {})},
+            live=False,
+            actor=actor,
+        )
+    )
+
+
+def _smoke_summary(s: SmokeResult | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {
+        "where": s.where,
+        "passed": s.passed,
+        "n": s.n,
+        "answered": s.answered,
+        "pass_rate": s.pass_rate,
+        "problem": s.problem,
+    }
+
+
+def deploy_release(
+    settings: Settings,
+    *,
+    env: str,
+    spec: ReleaseSpec,
+    probe: SmokeProbe | None,
+    record: RecordFn,
+    ledger: Ledger,
+    expected_live: str | None,
+    actor: str | None = None,
+    lock_timeout_s: float = 600.0,
+    started_at: float | None = None,
+) -> DeployOutcome:
+    """Blue/green deploy of `spec` to `env` (see the module docstring). `probe` None skips
+    both smoke runs (rollback to a known-good release). `expected_live` is the release the
+    caller saw live; ConcurrentChangeError if another command changed it meanwhile.
+    `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from."""
+    cfg = env_config(settings, env)
+    t0 = time.monotonic() if started_at is None else started_at
+    out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
+
+    def step(name: str, ok: bool, since: float, detail: str = "") -> None:
+        out.steps.append(
+            DeployStep(step=name, ok=ok, seconds=round(time.monotonic() - since, 3), detail=detail)
+        )
+
+    with locked_state(settings.state_dir, env, timeout_s=lock_timeout_s) as handle:
+        live_rec = ledger.live_at(env)
+        live_now = live_rec.to_release if live_rec else None
+        if live_now != expected_live:
+            raise ConcurrentChangeError(
+                f"{env} changed while waiting: {str(live_now)[:12]} is live now, "
+                f"not {str(expected_live)[:12]}"
+            )
+        out.previous_release_id = live_now
+        target = target_for(settings, env, cfg, handle)
+        out.notes += target.reconcile()
+        handle.state.routes = _routes_alive(handle.state)
+        ts = time.monotonic()
+        out.gateway_url = target.ensure_router(handle.state.routes)
+        step("gateway", True, ts, out.gateway_url)
+
+        # 3. a server for the release
+        ts = time.monotonic()
+        reusable = handle.state.server_serving(spec.serving_key)
+        up: Upstream | None = None
+        newly_started = False
+        if reusable is not None:
+            cand = target.upstream_of(reusable)
+            if target.health(cand):
+                up, out.reused_server = cand, True
+                step("server", True, ts, f"reused {reusable.base_url} (pid {reusable.pid})")
+        if up is None:
+            try:
+                up = target.start(spec)
+                newly_started = True
+                step("server", True, ts, f"started {up.base_url} (pid {up.handle.get('pid')})")
+            except ReleaseStartError as exc:
+                step("server", False, ts, exc.message.splitlines()[0])
+                out.failed_stage, out.failure = "start", exc.message.splitlines()[0]
+                out.failure_event = _fail_event(
+                    ledger,
+                    env=env,
+                    release_id=spec.release_id,
+                    previous=live_now,
+                    stage="start",
+                    failure=out.failure,
+                    actor=actor,
+                    extra={"log": exc.log_path, "log_tail": exc.log_tail[-2000:]},
+                )
+                return out
+
+        def drop_new() -> None:
+            if newly_started and up is not None:
+                target.stop(up, grace_s=settings.server_stop_grace_s)
+                out.stopped.append(spec.release_id)
+
+        # 4. smoke before any client traffic
+        if probe is not None:
+            ts = time.monotonic()
+            problem: str | None
+            try:
+                out.smoke_preview = target.smoke(up, spec, probe)
+            except (GatewayError, ReleasekitError) as exc:
+                out.smoke_preview = None
+                problem = f"preview gateway failed: {exc}"
+            else:
+                problem = out.smoke_preview.problem
+            step("smoke (preview)", problem is None, ts, problem or "passed")
+            if problem is not None:
+                drop_new()
+                out.failed_stage, out.failure = "smoke", problem
+                out.failure_event = _fail_event(
+                    ledger,
+                    env=env,
+                    release_id=spec.release_id,
+                    previous=live_now,
+                    stage="smoke",
+                    failure=problem,
+                    actor=actor,
+                    extra={"smoke": _smoke_summary(out.smoke_preview)},
+                )
+                return out
+
+        # 5. switch
+        previous_routes = list(handle.state.routes)
+        roles_before = {s.pid: (s.role, s.warm_until) for s in handle.state.servers}
+        rec = target.record(up)
+        ts = time.monotonic()
+        try:
+            target.route([up.route(spec)])
+        except (GatewayError, DeployError) as exc:
+            step("switch", False, ts, str(exc))
+            drop_new()
+            out.failed_stage, out.failure = "switch", str(exc)
+            out.failure_event = _fail_event(
+                ledger,
+                env=env,
+                release_id=spec.release_id,
+                previous=live_now,
+                stage="switch",
+                failure=str(exc),
+                actor=actor,
+            )
+            return out
+        out.switched = True
+        out.switch_s = round(time.monotonic() - t0, 3)
+        step("switch", True, ts)
+        for s in handle.state.servers:
+            if rec is not None and s.pid == rec.pid:
+                s.role, s.warm_until = "live", None
+        handle.save()
+
+        def revert(stage: DeployStage, problem: str, extra: dict[str, Any]) -> DeployOutcome:
+            tr = time.monotonic()
+            try:
+                target.route(previous_routes)
+                out.reverted = True
+            except (GatewayError, DeployError) as exc:
+                problem += f"; switching back ALSO failed: {exc}"
+            for s in handle.state.servers:
+                if s.pid in roles_before:
+                    s.role, s.warm_until = roles_before[s.pid]
+            handle.save()
+            step("revert", out.reverted, tr)
+            if not (rec is not None and any(r.base_url == rec.base_url for r in previous_routes)):
+                if out.reverted:
+                    target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
+                drop_new()
+            out.failed_stage, out.failure = stage, problem
+            out.failure_event = _fail_event(
+                ledger,
+                env=env,
+                release_id=spec.release_id,
+                previous=live_now,
+                stage=stage,
+                failure=problem,
+                actor=actor,
+                extra={**extra, "reverted": out.reverted, "reverted_to": live_now},
+            )
+            return out
+
+        # 6. smoke through the environment's gateway
+        if probe is not None:
+            ts = time.monotonic()
+            key = cfg.api_keys[0] if cfg.api_keys else None
+            out.smoke_gateway = run_smoke(
+                out.gateway_url, probe, release_id=spec.release_id, where="gateway", api_key=key
+            )
+            step(
+                "smoke (gateway)",
+                out.smoke_gateway.passed,
+                ts,
+                out.smoke_gateway.problem or "passed",
+            )
+            if not out.smoke_gateway.passed:
+                return revert(
+                    "gateway_smoke",
+                    out.smoke_gateway.problem or "smoke failed",
+                    {"smoke": _smoke_summary(out.smoke_gateway)},
+                )
+
+        # 7. the record
+        ts = time.monotonic()
+        try:
+            record(out.gateway_url)
+        except ReleasekitError as exc:
+            step("record", False, ts, exc.message)
+            return revert("record", f"recording the release failed: {exc.message}", {})
+        step("record", True, ts)
+
+        # 8. the old upstream: drain, then warm or stop
+        ts = time.monotonic()
+        new_pid = rec.pid if rec is not None else None
+        olds = [s for s in handle.state.servers if s.pid != new_pid]
+        leaving = [s for s in olds if s.role == "live"]
+        keep = leaving[0] if cfg.warm_s > 0 and leaving else None
+        to_stop = [s for s in olds if s is not keep]
+        if to_stop:
+            drained = True
+            for rid in dict.fromkeys(r.release_id for r in previous_routes):
+                if rid != spec.release_id:
+                    ok = target.wait_drained(rid, deadline_s=cfg.drain_deadline_s)
+                    drained = drained and ok
+            out.drained = drained
+        for s in to_stop:
+            target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
+            out.stopped.append(s.release_id)
+        if keep is not None:
+            keep.role, keep.warm_until = "warm", time.time() + cfg.warm_s
+            out.warm.append(keep.release_id)
+        handle.save()
+        target.after_change()
+        step("retire old", out.drained is not False, ts, f"warm {out.warm}, stopped {out.stopped}")
+        out.ok = True
+        return out
+
+
+class DownResult(BaseModel):
+    """What `down` stopped."""
+
+    environment: str
+    gateway_stopped: bool
+    servers_stopped: list[str]
+    notes: list[str] = Field(default_factory=list)
+    record: LedgerRecord | None = None
+
+
+def down(
+    settings: Settings,
+    env: str,
+    *,
+    reason: str = "",
+    actor: str | None = None,
+    ledger: Ledger | None = None,
+) -> DownResult:
+    """Stop `env`'s gateway (in-flight requests get its drain deadline) and every server,
+    clear its state and record a `down` event. The release of record does not change: the
+    next promote or rollback compares with it and starts what it needs."""
+    cfg = settings.environments.get(env) or EnvironmentConfig(port=1)
+    led = ledger or open_ledger(settings)
+    with locked_state(settings.state_dir, env) as handle:
+        target = target_for(settings, env, cfg, handle)
+        notes = target.reconcile()
+        had_gateway = handle.state.gateway is not None
+        target.stop_router()
+        stopped = []
+        for s in list(handle.state.servers):
+            target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
+            stopped.append(s.release_id)
+        handle.state.servers = []
+        handle.save()
+    rec = None
+    if had_gateway or stopped:
+        live = led.live_at(env)
+        rec = led.append(
+            Event(
+                type=EventType.DOWN,
+                environment=env,
+                from_release=live.to_release if live else None,
+                reason=reason or "releasekit down",
+                evidence={"servers_stopped": stopped, "gateway_stopped": had_gateway},
+                live=False,
+                actor=actor,
+            )
+        )
+    return DownResult(
+        environment=env,
+        gateway_stopped=had_gateway,
+        servers_stopped=stopped,
+        notes=notes,
+        record=rec,
+    )
+
+
+class ServerStatus(BaseModel):
+    """One recorded server, as it is now."""
+
+    release_id: str
+    role: str
+    base_url: str
+    pid: int
+    healthy: bool
+    warm_until: dt.datetime | None = None
+    log_path: str
+
+
+class EnvDeployStatus(BaseModel):
+    """What runs for one environment right now, from its state file and a health check."""
+
+    environment: str
+    configured: bool
+    gateway_url: str | None = None
+    gateway_healthy: bool = False
+    gateway_pid: int | None = None
+    routes: list[dict[str, Any]] = Field(default_factory=list)
+    servers: list[ServerStatus] = Field(default_factory=list)
+    ledger_release_id: str | None = Field(None, description="the release of record")
+    serving: bool = Field(description="the gateway is up and routes to the release of record")
+    agrees: bool = Field(
+        description="no contradiction: the gateway routes only to the release of record, "
+        "or nothing runs (after `down`)"
+    )
+
+
+def deploy_status(
+    settings: Settings, *, env: str | None = None, ledger: Ledger | None = None
+) -> list[EnvDeployStatus]:
+    """Every configured (or recorded) environment's gateway, routes and servers; reads the
+    state without taking the lock and changes nothing."""
+    from releasekit.deploy.local import process_alive
+    from releasekit.deploy.state import list_envs
+
+    led = ledger or open_ledger(settings, read_only=True)
+    names = [env] if env else sorted({*settings.environments, *list_envs(settings.state_dir)})
+    out: list[EnvDeployStatus] = []
+    for name in names:
+        st = read_state(settings.state_dir, name)
+        gw = st.gateway
+        gw_ok = bool(gw and process_alive(gw.pid, gw.proc_start))
+        live = led.live_at(name)
+        routed = st.routed_release_ids()
+        servers = [
+            ServerStatus(
+                release_id=s.release_id,
+                role=s.role,
+                base_url=s.base_url,
+                pid=s.pid,
+                healthy=process_alive(s.pid, s.proc_start)
+                and check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=2.0),
+                warm_until=dt.datetime.fromtimestamp(s.warm_until, dt.UTC)
+                if s.warm_until
+                else None,
+                log_path=s.log_path,
+            )
+            for s in st.servers
+        ]
+        out.append(
+            EnvDeployStatus(
+                environment=name,
+                configured=name in settings.environments,
+                gateway_url=gw.url if gw else None,
+                gateway_healthy=gw_ok,
+                gateway_pid=gw.pid if gw else None,
+                routes=[
+                    {"release_id": r.release_id, "base_url": r.base_url, "weight": r.weight}
+                    for r in st.routes
+                ],
+                servers=servers,
+                ledger_release_id=live.to_release if live else None,
+                serving=gw_ok and bool(live) and routed == [live.to_release if live else None],
+                agrees=(not gw_ok and not routed)
+                or (bool(live) and routed == [live.to_release if live else None]),
+            )
+        )
+    return out

@@ -1,0 +1,536 @@
+"""Promotion gates over evidence: a candidate against the release live in the environment.
+
+Gates, each with its numbers and its rule in words (`GateResult`):
+
+- evidence: each release's eval and bench results exist, were made for that release (their
+  `release_id`), on the suites its lock pinned (suite-file sha256 + suite config = the lock's
+  `eval/<suite>` digest) and on its locked load profile (`load/profile`). Against a live
+  release, both must share every suite file (same sha256) and the load profile (same
+  digest). Missing, stale or mismatched evidence fails, never passes.
+- quality (one per suite): the paired comparison candidate vs the LIVE release
+  (releasekit.evaluate.compare) with the candidate manifest's margins; only `non_inferior`
+  and `superior` pass. The candidate's report/compare.json is used when it is against the
+  live release; otherwise the comparison is computed from both releases' eval results.
+- perf: the profile's SLOs hold at the candidate's knee (and the knee carries no
+  reliability flag and, when the bench recorded it, is stable across repetitions); against
+  a live release, at the live release's knee load the candidate's SLOs hold, TTFT p95 is
+  at most live x (1 + tolerance) and goodput at least live x (1 - tolerance). Tolerances
+  come from the manifest's gates on `bench.knee.ttft_p95_s` / `bench.knee.goodput`
+  (`margin`, a fraction of the live value), else DEFAULT_TOLERANCES.
+- manifest gates with `kind: min | max` (a threshold) on any `eval.<suite>.pass_rate` or
+  `bench.knee.<metric>`, and `max_increase` / `non_inferior` on other `bench.knee.*`
+  metrics (relative to the live value).
+
+With nothing live in the environment (`mode: absolute`), the candidate's own evidence must
+hold: each suite evaluated on its locked file with pass rate >= its `min_pass_rate` (when
+set), and the SLOs at its knee.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit._support.digests import digest_obj
+from releasekit.bench.runner import BenchResult, load_bench
+from releasekit.bench.stats import PointResult
+from releasekit.config import Settings
+from releasekit.errors import ReleasekitError
+from releasekit.evaluate.compare import Comparison, compare, load_comparison
+from releasekit.evaluate.runner import EvalResult, load_result
+from releasekit.promote.context import ReleaseInfo
+from releasekit.stores.results import ReleasePaths
+
+GateKind = Literal["policy", "evidence", "quality", "perf"]
+
+DEFAULT_TOLERANCES: dict[str, float] = {"ttft_p95_s": 0.25, "goodput": 0.10}
+"""Relative tolerances at the knee when the manifest names no gate for the metric."""
+
+_HIGHER_BETTER = {"goodput", "output_token_throughput", "request_throughput", "load"}
+
+
+class GateResult(BaseModel):
+    """One gate: did it pass, on what numbers, by which rule."""
+
+    name: str
+    kind: GateKind
+    passed: bool
+    rule: str = Field(description="the rule, in words")
+    candidate: float | None = None
+    live: float | None = None
+    limit: float | None = Field(None, description="the bound the candidate had to meet")
+    detail: str = ""
+
+
+class CurvePoint(BaseModel):
+    """One load point of a latency-throughput curve."""
+
+    load: float
+    output_token_throughput: float
+    goodput: float
+    ttft_p95_s: float | None
+    e2e_p95_s: float | None
+    slo_ok: bool
+
+
+class GateReport(BaseModel):
+    """Every gate of one promotion attempt; `passed` when all pass."""
+
+    environment: str
+    candidate_release_id: str
+    candidate_name: str
+    live_release_id: str | None = None
+    live_name: str | None = None
+    mode: Literal["relative", "absolute"]
+    passed: bool
+    gates: list[GateResult]
+    comparison_source: Literal["report", "computed"] | None = None
+    comparison_rule: str | None = None
+    comparison_path: str | None = Field(None, description="the candidate's compare report")
+    candidate_curve: list[CurvePoint] = Field(default_factory=list)
+    live_curve: list[CurvePoint] = Field(default_factory=list)
+    candidate_knee: float | None = None
+    live_knee: float | None = None
+    created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    @property
+    def failed(self) -> list[GateResult]:
+        """The gates that failed."""
+        return [g for g in self.gates if not g.passed]
+
+    def with_gates(self, extra: list[GateResult]) -> GateReport:
+        """This report with `extra` gates first (policy), `passed` recomputed."""
+        gates = [*extra, *self.gates]
+        return self.model_copy(update={"gates": gates, "passed": all(g.passed for g in gates)})
+
+
+@dataclass
+class Evidence:
+    """One release's eval and bench results as read (None, with why, when unusable)."""
+
+    info: ReleaseInfo
+    eval: EvalResult | None = None
+    bench: BenchResult | None = None
+    eval_problems: list[str] = field(default_factory=list)
+    bench_problems: list[str] = field(default_factory=list)
+
+
+def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
+    """Read and check a release's eval and bench results against its own lock."""
+    paths = ReleasePaths.of(settings, info.release_id)
+    ev = Evidence(info=info)
+    try:
+        ev.eval = load_result(paths.eval_dir)
+    except ReleasekitError as exc:
+        ev.eval_problems.append(f"no usable eval results: {exc.message}")
+    if ev.eval is not None:
+        if ev.eval.release_id != info.release_id:
+            ev.eval_problems.append(
+                f"eval results are for release {str(ev.eval.release_id)[:12]}, not this one"
+            )
+        for s in info.lm.manifest.eval.suites:
+            got = ev.eval.suites.get(s.name)
+            if got is None:
+                ev.eval_problems.append(f"suite {s.name} was not evaluated")
+                continue
+            locked = info.lock.inputs.get(f"eval/{s.name}")
+            made = digest_obj(
+                {"file": got.digest, "suite": s.model_dump(mode="json", exclude={"path"})}
+            )
+            if not got.digest or locked != made:
+                ev.eval_problems.append(
+                    f"suite {s.name} was evaluated on a file or config other than the locked one"
+                )
+    try:
+        ev.bench = load_bench(paths.bench_dir)
+    except ReleasekitError as exc:
+        ev.bench_problems.append(f"no usable bench results: {exc.message}")
+    if ev.bench is not None:
+        if ev.bench.release_id != info.release_id:
+            ev.bench_problems.append(
+                f"bench results are for release {str(ev.bench.release_id)[:12]}, not this one"
+            )
+        if ev.bench.profile_digest != info.lock.inputs.get("load/profile"):
+            ev.bench_problems.append("bench results were made with another load profile")
+    return ev
+
+
+def curve(bench: BenchResult | None) -> list[CurvePoint]:
+    """The latency-throughput curve of a bench result, by load."""
+    if bench is None:
+        return []
+    return [
+        CurvePoint(
+            load=p.load,
+            output_token_throughput=p.output_token_throughput,
+            goodput=p.goodput,
+            ttft_p95_s=p.ttft.p95,
+            e2e_p95_s=p.e2e.p95,
+            slo_ok=p.slo_ok,
+        )
+        for p in sorted(bench.points, key=lambda p: p.load)
+    ]
+
+
+def point_metric(p: PointResult, metric: str) -> float | None:
+    """A `bench.knee.<metric>` figure of one load point."""
+    lat = {"ttft": p.ttft, "tpot": p.tpot, "e2e": p.e2e, "itl": p.itl}
+    if metric.endswith("_p95_s") and metric[:-6] in lat:
+        return lat[metric[:-6]].p95
+    if metric.endswith("_p50_s") and metric[:-6] in lat:
+        return lat[metric[:-6]].p50
+    value = getattr(p, metric, None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _evidence_gate(name: str, problems: list[str], what: str) -> GateResult:
+    return GateResult(
+        name=name,
+        kind="evidence",
+        passed=not problems,
+        rule=f"{what} must exist, be made for this release, on its locked inputs",
+        detail="; ".join(problems) or "ok",
+    )
+
+
+def _knee_gates(label: str, bench: BenchResult) -> list[GateResult]:
+    knee = bench.knee
+    problems: list[str] = []
+    if knee is None:
+        problems.append(f"no load point held the SLOs ({bench.knee_stop or 'no points'})")
+    else:
+        if not knee.slo_ok:
+            problems.append(f"SLOs broke at the knee (attainment {knee.slo_attainment:.0%})")
+        if knee.flags:
+            problems.append(
+                "the knee point carries reliability flags: "
+                + ", ".join(sorted({f.code for f in knee.flags}))
+            )
+    if "knee_stable" in bench.model_fields_set and not bench.knee_stable:
+        problems.append(
+            f"the knee is not stable across repetitions (per repetition: "
+            f"{bench.knee_by_repetition or 'one run only'})"
+        )
+    slo = bench.slo
+    words = ", ".join(
+        f"{k} <= {v:g} s"
+        for k, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("E2E", slo.e2e_s))
+        if v
+    )
+    return [
+        GateResult(
+            name=f"SLOs hold at the knee ({label})",
+            kind="perf",
+            passed=not problems,
+            rule=(
+                f"some load point meets the profile's SLOs ({words}) for at least "
+                f"{slo.attainment:.0%} of requests, unflagged and stable"
+            ),
+            candidate=knee.load if knee else None,
+            detail="; ".join(problems) or f"knee at load {knee.load:g}"
+            if knee
+            else "; ".join(problems),
+        )
+    ]
+
+
+def _tolerance(info: ReleaseInfo, metric: str) -> tuple[float, str]:
+    for g in info.lm.manifest.gates:
+        if g.metric == f"bench.knee.{metric}" and g.kind in ("max_increase", "non_inferior"):
+            return (
+                g.margin if g.margin is not None else DEFAULT_TOLERANCES.get(metric, 0.0)
+            ), "manifest"
+    return DEFAULT_TOLERANCES.get(metric, 0.0), "default"
+
+
+def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
+    assert cand.bench is not None and live.bench is not None
+    gates: list[GateResult] = []
+    lk = live.bench.knee
+    if lk is None:
+        gates.append(
+            GateResult(
+                name="live release has a knee",
+                kind="evidence",
+                passed=False,
+                rule="the live release's bench must have a load point that holds its SLOs",
+                detail="the live release's bench has no knee to compare with",
+            )
+        )
+        return gates
+    at = next((p for p in cand.bench.points if p.load == lk.load), None)
+    gates.append(
+        GateResult(
+            name=f"SLOs hold at the live knee (load {lk.load:g})",
+            kind="perf",
+            passed=at is not None and at.slo_ok and not at.flags,
+            rule="at the live release's knee load the candidate meets the SLOs, unflagged",
+            candidate=at.slo_attainment if at else None,
+            live=lk.slo_attainment,
+            limit=live.bench.slo.attainment,
+            detail=(
+                "the candidate's sweep has no point at this load"
+                if at is None
+                else f"attainment {at.slo_attainment:.0%}"
+                + (f"; flags {', '.join(sorted({f.code for f in at.flags}))}" if at.flags else "")
+            ),
+        )
+    )
+    metrics = ["ttft_p95_s", "goodput"] + [
+        g.metric.removeprefix("bench.knee.")
+        for g in cand.info.lm.manifest.gates
+        if g.metric.startswith("bench.knee.")
+        and g.kind in ("max_increase", "non_inferior")
+        and g.metric.removeprefix("bench.knee.") not in ("ttft_p95_s", "goodput")
+    ]
+    for metric in dict.fromkeys(metrics):
+        tol, source = _tolerance(cand.info, metric)
+        c = point_metric(at, metric) if at else None
+        v = point_metric(lk, metric)
+        higher = metric in _HIGHER_BETTER
+        limit = None if v is None else (v * (1 - tol) if higher else v * (1 + tol))
+        ok = c is not None and limit is not None and (c >= limit if higher else c <= limit)
+        rule = (
+            f"{metric} at the live knee load >= live x (1 - {tol:g}) ({source} tolerance)"
+            if higher
+            else f"{metric} at the live knee load <= live x (1 + {tol:g}) ({source} tolerance)"
+        )
+        gates.append(
+            GateResult(
+                name=f"{metric} at the knee",
+                kind="perf",
+                passed=ok,
+                rule=rule,
+                candidate=c,
+                live=v,
+                limit=limit,
+                detail="missing figure" if c is None or v is None else "",
+            )
+        )
+    return gates
+
+
+def _threshold_gates(cand: Evidence) -> list[GateResult]:
+    gates: list[GateResult] = []
+    for g in cand.info.lm.manifest.gates:
+        if g.kind not in ("min", "max") or g.threshold is None:
+            continue
+        value: float | None = None
+        parts = g.metric.split(".")
+        if parts[0] == "eval" and len(parts) == 3 and cand.eval is not None:
+            s = cand.eval.suites.get(parts[1])
+            value = getattr(s, parts[2], None) if s else None
+        elif g.metric.startswith("bench.knee.") and cand.bench and cand.bench.knee:
+            value = point_metric(cand.bench.knee, g.metric.removeprefix("bench.knee."))
+        ok = value is not None and (
+            value >= g.threshold if g.kind == "min" else value <= g.threshold
+        )
+        gates.append(
+            GateResult(
+                name=g.metric,
+                kind="quality" if parts[0] == "eval" else "perf",
+                passed=ok,
+                rule=f"{g.metric} {'>=' if g.kind == 'min' else '<='} {g.threshold:g} "
+                "(manifest gate)",
+                candidate=float(value) if isinstance(value, int | float) else None,
+                limit=g.threshold,
+                detail="missing figure" if value is None else "",
+            )
+        )
+    return gates
+
+
+def _comparison(settings: Settings, cand: Evidence, live: Evidence) -> tuple[Comparison, str]:
+    assert cand.eval is not None and live.eval is not None
+    path = ReleasePaths.of(settings, cand.info.release_id).compare
+    if path.is_file():
+        try:
+            stored = load_comparison(path)
+        except ReleasekitError:
+            stored = None
+        if (
+            stored is not None
+            and stored.baseline_release_id == live.info.release_id
+            and stored.candidate_release_id == cand.info.release_id
+        ):
+            return stored, "report"
+    return compare(cand.eval, live.eval, cand.info.lm), "computed"
+
+
+def _quality_relative(cmp: Comparison, cand: Evidence) -> list[GateResult]:
+    gates: list[GateResult] = []
+    conf = f"{100 * cmp.confidence:g}%"
+    for name in [s.name for s in cand.info.lm.manifest.eval.suites] + [
+        n for n in cmp.suites if n not in {s.name for s in cand.info.lm.manifest.eval.suites}
+    ]:
+        sc = cmp.suites.get(name)
+        if sc is None:
+            gates.append(
+                GateResult(
+                    name=f"suite {name}",
+                    kind="quality",
+                    passed=False,
+                    rule="the suite must be compared with the live release",
+                    detail="missing_evidence: not in the comparison",
+                )
+            )
+            continue
+        ci = (
+            f"delta {sc.delta:+.3f}, {conf} CI [{sc.ci_low:+.3f}, {sc.ci_high:+.3f}], "
+            if sc.delta is not None and sc.ci_low is not None and sc.ci_high is not None
+            else ""
+        )
+        flips = (
+            f"{len(sc.flipped_to_fail)} pass->fail, {len(sc.flipped_to_pass)} fail->pass; "
+            if sc.n_paired
+            else ""
+        )
+        gates.append(
+            GateResult(
+                name=f"suite {name}",
+                kind="quality",
+                passed=sc.passed,
+                rule=(
+                    f"non-inferior: lower bound of the {conf} interval of (candidate - live) "
+                    f"pass rate above -{sc.margin:g}, with >= {sc.min_paired} paired items"
+                ),
+                candidate=sc.candidate_pass_rate,
+                live=sc.baseline_pass_rate,
+                limit=-sc.margin,
+                detail=f"{sc.verdict.value}: {ci}{flips}n={sc.n_paired}"
+                + (f"; {'; '.join(sc.reasons)}" if sc.reasons else ""),
+            )
+        )
+    return gates
+
+
+def _quality_absolute(cand: Evidence) -> list[GateResult]:
+    gates: list[GateResult] = []
+    for s in cand.info.lm.manifest.eval.suites:
+        got = cand.eval.suites.get(s.name) if cand.eval else None
+        rate = got.pass_rate if got else None
+        need = s.min_pass_rate
+        ok = got is not None and rate is not None and (need is None or rate >= need)
+        gates.append(
+            GateResult(
+                name=f"suite {s.name}",
+                kind="quality",
+                passed=ok and not cand.eval_problems,
+                rule=(
+                    f"pass rate >= {need:g} (suite min_pass_rate; nothing live to compare with)"
+                    if need is not None
+                    else "evaluated on the locked suite (no min_pass_rate set; nothing live)"
+                ),
+                candidate=rate,
+                limit=need,
+                detail=(
+                    f"{got.passed}/{got.n} passed, {got.errors} errors" if got else "not evaluated"
+                ),
+            )
+        )
+    return gates
+
+
+def evaluate_gates(
+    settings: Settings,
+    *,
+    env: str,
+    candidate: ReleaseInfo,
+    live: ReleaseInfo | None,
+) -> GateReport:
+    """Every evidence, quality and perf gate of promoting `candidate` over `live` (None:
+    nothing live, absolute checks). Reads only; writes nothing."""
+    cand = read_release_evidence(settings, candidate)
+    gates: list[GateResult] = [
+        _evidence_gate("eval evidence (candidate)", cand.eval_problems, "eval results"),
+        _evidence_gate("bench evidence (candidate)", cand.bench_problems, "bench results"),
+    ]
+    report_kw: dict[str, object] = {}
+    lev: Evidence | None = None
+    if live is None:
+        gates += _quality_absolute(cand)
+        if cand.bench is not None:
+            gates += _knee_gates("candidate", cand.bench)
+    else:
+        lev = read_release_evidence(settings, live)
+        gates += [
+            _evidence_gate("eval evidence (live)", lev.eval_problems, "the live release's eval"),
+            _evidence_gate("bench evidence (live)", lev.bench_problems, "the live release's bench"),
+        ]
+        if cand.eval is not None and lev.eval is not None:
+            diff = sorted(
+                n
+                for n in {*cand.eval.suites, *lev.eval.suites}
+                if (cand.eval.suites.get(n) and cand.eval.suites[n].digest)
+                != (lev.eval.suites.get(n) and lev.eval.suites[n].digest)
+            )
+            gates.append(
+                GateResult(
+                    name="same eval suites as live",
+                    kind="evidence",
+                    passed=not diff,
+                    rule="both releases were evaluated on the same suite files (sha256)",
+                    detail=(f"missing or mismatched evidence: {', '.join(diff)}" if diff else "ok"),
+                )
+            )
+            cmp, source = _comparison(settings, cand, lev)
+            report_kw.update(
+                comparison_source=source,
+                comparison_rule=cmp.rule,
+            )
+            gates += _quality_relative(cmp, cand)
+        else:
+            gates.append(
+                GateResult(
+                    name="quality comparison",
+                    kind="quality",
+                    passed=False,
+                    rule="paired comparison with the live release per suite",
+                    detail="missing or mismatched evidence: no eval results on one side",
+                )
+            )
+        if cand.bench is not None and lev.bench is not None:
+            same = cand.bench.profile_digest == lev.bench.profile_digest
+            gates.append(
+                GateResult(
+                    name="same load profile as live",
+                    kind="evidence",
+                    passed=same and cand.bench.profile_digest is not None,
+                    rule="both releases were load-tested with the same profile (sha256)",
+                    detail="ok" if same else "missing or mismatched evidence: profiles differ",
+                )
+            )
+            gates += _knee_gates("candidate", cand.bench)
+            if same:
+                gates += _relative_perf(cand, lev)
+        else:
+            gates.append(
+                GateResult(
+                    name="perf comparison",
+                    kind="perf",
+                    passed=False,
+                    rule="SLOs, TTFT p95 and goodput at the knee against the live release",
+                    detail="missing or mismatched evidence: no bench results on one side",
+                )
+            )
+    gates += _threshold_gates(cand)
+    compare_path = ReleasePaths.of(settings, candidate.release_id).report_dir / "report.html"
+    return GateReport(
+        environment=env,
+        candidate_release_id=candidate.release_id,
+        candidate_name=candidate.name,
+        live_release_id=live.release_id if live else None,
+        live_name=live.name if live else None,
+        mode="absolute" if live is None else "relative",
+        passed=all(g.passed for g in gates),
+        gates=gates,
+        comparison_path=str(compare_path) if compare_path.is_file() else None,
+        candidate_curve=curve(cand.bench),
+        live_curve=curve(lev.bench) if lev else [],
+        candidate_knee=cand.bench.knee.load if cand.bench and cand.bench.knee else None,
+        live_knee=lev.bench.knee.load if lev and lev.bench and lev.bench.knee else None,
+        **report_kw,  # type: ignore[arg-type]
+    )

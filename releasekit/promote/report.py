@@ -1,0 +1,176 @@
+"""The gate report as table rows, JSON and a self-contained HTML page: what passed and failed
+with the numbers and rules, the candidate's and the live release's latency-throughput
+curves on one plot, and a link to the eval comparison."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from releasekit._support.files import write_atomic
+from releasekit.promote.gates import CurvePoint, GateReport, GateResult
+
+COLUMNS = ("gate", "kind", "result", "candidate", "live", "limit", "rule", "detail")
+"""The gate table's columns."""
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def gate_rows(report: GateReport) -> list[list[str]]:
+    """One row per gate, in COLUMNS order."""
+    return [
+        [
+            g.name,
+            g.kind,
+            "pass" if g.passed else "FAIL",
+            _num(g.candidate),
+            _num(g.live),
+            _num(g.limit),
+            g.rule,
+            g.detail,
+        ]
+        for g in report.gates
+    ]
+
+
+def report_json(report: GateReport) -> bytes:
+    """The report as JSON bytes (GateReport.model_dump_json)."""
+    return (report.model_dump_json(indent=2) + "\n").encode()
+
+
+def curve_png(report: GateReport) -> bytes | None:
+    """PNG bytes of TTFT p95 against output throughput for both releases (None without
+    points). matplotlib is imported here, with the Agg backend."""
+    if not report.candidate_curve and not report.live_curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    try:
+
+        def draw(points: list[CurvePoint], label: str, style: str, knee: float | None) -> None:
+            pts = [p for p in points if p.ttft_p95_s is not None]
+            if not pts:
+                return
+            xs = [p.output_token_throughput for p in pts]
+            ys = [float(p.ttft_p95_s or 0.0) for p in pts]
+            ax.plot(xs, ys, style, label=label)
+            for p, x, y in zip(pts, xs, ys, strict=True):
+                ax.annotate(
+                    f"{p.load:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7
+                )
+                if knee is not None and p.load == knee:
+                    ax.plot([x], [y], "o", markersize=11, fillstyle="none", color="black")
+
+        draw(
+            report.live_curve,
+            f"live {report.live_name or ''} {(report.live_release_id or '')[:12]}",
+            "s--",
+            report.live_knee,
+        )
+        draw(
+            report.candidate_curve,
+            f"candidate {report.candidate_name} {report.candidate_release_id[:12]}",
+            "o-",
+            report.candidate_knee,
+        )
+        ax.set_xlabel("output tokens/s (client)")
+        ax.set_ylabel("TTFT p95 (s)")
+        ax.set_title("latency vs throughput (labels: load; ring: knee)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def _row(g: GateResult) -> str:
+    cls = "pass" if g.passed else "fail"
+    cells = [
+        g.name,
+        g.kind,
+        "pass" if g.passed else "FAIL",
+        _num(g.candidate),
+        _num(g.live),
+        _num(g.limit),
+        g.rule,
+        g.detail,
+    ]
+    return f'<tr class="{cls}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def render_html(report: GateReport, *, comparison_href: str | None = None) -> str:
+    """The HTML page (plot embedded as a data URI, so the file stands alone)."""
+    png = curve_png(report)
+    verdict = "PASSED" if report.passed else "BLOCKED"
+    live = (
+        f"{html.escape(report.live_name or '')} {html.escape((report.live_release_id or '')[:12])}"
+        if report.live_release_id
+        else "nothing (absolute checks)"
+    )
+    href = comparison_href or report.comparison_path
+    link = "<p>No eval comparison report file.</p>"
+    if href:
+        target = Path(href).as_uri() if Path(href).is_absolute() else href
+        source = html.escape(report.comparison_source or "report")
+        link = (
+            f'<p>Eval comparison: <a href="{html.escape(target)}">{html.escape(href)}</a> '
+            f"(gates used the {source} comparison)</p>"
+        )
+    img = (
+        f'<img alt="latency-throughput curves" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode()}">'
+        if png
+        else "<p>No bench curves.</p>"
+    )
+    rule = (
+        f"<p><b>Quality rule:</b> {html.escape(report.comparison_rule)}</p>"
+        if report.comparison_rule
+        else ""
+    )
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    name = html.escape(report.candidate_name)
+    cid = html.escape(report.candidate_release_id[:12])
+    env = html.escape(report.environment)
+    when = html.escape(report.created_at.isoformat(timespec="seconds"))
+    summary = f"{len(report.failed)} of {len(report.gates)} gates failed"
+    rows = "\n".join(_row(g) for g in report.gates)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 13px; vertical-align: top; }}
+tr.fail td {{ background: #fde2e2; }} tr.pass td {{ background: #e6f4ea; }}
+</style></head><body>
+<h1>{verdict}: {name} {cid} to {env}</h1>
+<p>Against: {live}. Mode: {report.mode}. {summary}. {when}</p>
+<table><tr>{head}</tr>
+{rows}
+</table>
+{rule}
+{link}
+{img}
+</body></html>
+"""
+
+
+def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path, Path]:
+    """Write `<stem>.json` and `<stem>.html` into `out_dir` atomically; returns both paths."""
+    j = out_dir / f"{stem}.json"
+    h = out_dir / f"{stem}.html"
+    write_atomic(j, report_json(report))
+    write_atomic(h, render_html(report).encode())
+    for p in (j, h):
+        p.chmod(0o644)
+    return j, h

@@ -1,0 +1,186 @@
+"""Roll an environment back: no gates, to the release live before the current one (or a
+named one), recorded as a new `rollback` event; the release rolled back from gets a
+`mark_bad` event, so promote refuses it unless forced.
+
+With the previous release's server still warm the gateway switches in about a second;
+otherwise its server starts first (the current release keeps serving meanwhile).
+
+For the watcher and the Alertmanager receiver (watch/watcher.py's RollbackRequest):
+
+    def rollback_fn(req: RollbackRequest) -> RollbackOutcome:
+        r = rollback(settings, req.env, reason=req.reason, actor=f"releasekit-{req.trigger}",
+                     from_release=req.from_release,
+                     evidence={"trigger": req.trigger, "breaches": [...], "alert": req.alert})
+        return RollbackOutcome(status=r.status, env=r.environment, ...)
+
+`status` is `rolled_back`, `not_live` (another release is live by now: nothing done) or
+`failed` (the target release did not start; the current one keeps serving).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit.config import Settings
+from releasekit.errors import ReleasekitError
+from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
+from releasekit.promote.promote import RecordMove, marked_bad, move_record
+from releasekit.releases.prompt_alias import PromptAliasResult
+from releasekit.releases.resolve import resolve_release
+from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+
+RollbackStatus = Literal["rolled_back", "not_live", "failed"]
+
+
+class RollbackError(ReleasekitError):
+    """Raised when there is nothing to roll back (nothing live in the environment) or no
+    earlier release to roll back to that is not itself marked bad."""
+
+    remedy = "name the release with --to, or promote one"
+
+
+class RollbackResult(BaseModel):
+    """What a rollback did."""
+
+    status: RollbackStatus
+    environment: str
+    from_release: str | None = None
+    to_release: str | None = None
+    reason: str
+    warm: bool = Field(False, description="the target's server was already running")
+    switch_s: float | None = Field(None, description="seconds from the call to the switch")
+    message: str = ""
+    deploy: DeployOutcome | None = None
+    record: LedgerRecord | None = None
+    marked_bad: LedgerRecord | None = None
+    prompt_alias: PromptAliasResult | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def event_id(self) -> str | None:
+        """The ledger record of the rollback (or of its failure)."""
+        return self.record.event_id if self.record else None
+
+
+def previous_good_release(ledger: Ledger, env: str) -> str | None:
+    """The latest release live in `env` before the current one that is not marked bad
+    (what a rollback without --to goes back to), or None."""
+    cur = ledger.live_at(env)
+    current = cur.to_release if cur else None
+    for rec in ledger.records(environment=env, live=True, newest_first=True):
+        rid = rec.to_release
+        if rid and rid != current and marked_bad(ledger, rid) is None:
+            return rid
+    return None
+
+
+def rollback(
+    settings: Settings,
+    env: str,
+    *,
+    to: str | None = None,
+    reason: str,
+    actor: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    from_release: str | None = None,
+    ledger: Ledger | None = None,
+    lock_timeout_s: float = 600.0,
+) -> RollbackResult:
+    """Move `env` back to `to` (a release reference) or to `previous_good_release`; no
+    gates, no smoke suite (the release was live before). `from_release`: do nothing
+    (`not_live`) unless that release is the one live now (the watcher's guard).
+    RollbackError if nothing is live or there is nothing to go back to (the watcher's
+    `no_known_good`); DeployStateError if another command holds the environment longer
+    than `lock_timeout_s` (a retry can succeed)."""
+    import time
+
+    t0 = time.monotonic()
+    env_config(settings, env)  # an unknown environment fails before anything else
+    if not reason.strip():
+        raise RollbackError("a rollback needs a reason", remedy="pass --reason TEXT")
+    led = ledger or open_ledger(settings)
+    cur = led.live_at(env)
+    current = cur.to_release if cur else None
+    if current is None:
+        raise RollbackError(f"nothing is live in {env}: nothing to roll back")
+    if from_release is not None and from_release != current:
+        return RollbackResult(
+            status="not_live",
+            environment=env,
+            from_release=from_release,
+            reason=reason,
+            message=f"{from_release[:12]} is not live in {env} any more ({current[:12]} is)",
+        )
+    target = resolve_release(settings, to, ledger=led).release_id if to else None
+    target = target or previous_good_release(led, env)
+    if target is None:
+        raise RollbackError(f"{env} has no earlier release that is not marked bad")
+    if target == current:
+        raise RollbackError(f"{target[:12]} is already live in {env}")
+    info = load_release(settings, target, ledger=led)
+    spec = release_spec(settings, info, ledger=led)
+    moved: list[RecordMove] = []
+    bad: list[LedgerRecord] = []
+
+    def record(url: str) -> None:
+        ev = {**(evidence or {}), "gateway": url, "rolled_back_from": current}
+        move = move_record(
+            settings,
+            target,
+            env=env,
+            reason=reason,
+            event_type=EventType.ROLLBACK,
+            evidence=ev,
+            actor=actor,
+            previous_release_id=current,
+            ledger=led,
+        )
+        moved.append(move)
+        try:  # the rollback is recorded; a lost mark must not send traffic back
+            mark = led.append(
+                Event(
+                    type=EventType.MARK_BAD,
+                    environment=env,
+                    from_release=target,
+                    to_release=current,
+                    reason=reason,
+                    evidence={**(evidence or {}), "rolled_back_to": target},
+                    live=False,
+                    actor=actor,
+                )
+            )
+            bad.append(mark)
+        except ReleasekitError as exc:
+            move.warnings.append(f"{current[:12]} not marked bad: {exc.message}")
+
+    outcome = deploy_release(
+        settings,
+        env=env,
+        spec=spec,
+        probe=None,
+        record=record,
+        ledger=led,
+        expected_live=current,
+        actor=actor,
+        started_at=t0,
+        lock_timeout_s=lock_timeout_s,
+    )
+    move = moved[0] if moved else None
+    return RollbackResult(
+        status="rolled_back" if outcome.ok else "failed",
+        environment=env,
+        from_release=current,
+        to_release=target,
+        reason=reason,
+        warm=outcome.reused_server,
+        switch_s=outcome.switch_s,
+        message=outcome.failure or "",
+        deploy=outcome,
+        record=move.assign.record if move else outcome.failure_event,
+        marked_bad=bad[0] if bad else None,
+        prompt_alias=move.prompt_alias if move else None,
+        warnings=[*move.assign.warnings, *move.warnings] if move else [],
+    )

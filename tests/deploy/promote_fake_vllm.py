@@ -1,0 +1,131 @@
+"""A stand-in for `python -m vllm.entrypoints.openai.api_server` in the fast deploy tests: a
+real ASGI server (uvicorn) with vLLM's argv, health, models and OpenAI endpoints.
+
+It behaves like vLLM where the deploy logic depends on it: an unknown engine flag makes it
+exit with argparse's `error:` line before listening; SIGTERM exits at once, cutting any
+stream in flight (vLLM's default `--shutdown-timeout 0`), so only a drain at the gateway
+keeps streams whole. Steered by its environment (the manifest's `serving.env`):
+  FAKE_ANSWER         the chat answer (default "The answer is 42.")
+  FAKE_CHUNK_DELAY_S  seconds between streamed chunks (default 0.01)
+  FAKE_START_DELAY_S  seconds before it listens (default 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+KNOWN_FLAGS = {"dtype", "max-model-len", "max-num-seqs", "enforce-eager", "api-key", "seed"}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    if argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        argv = argv[2:]
+    p = argparse.ArgumentParser(prog="api_server")
+    p.add_argument("--model", required=True)
+    p.add_argument("--served-model-name", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    for flag in sorted(KNOWN_FLAGS):
+        p.add_argument(f"--{flag}", nargs="?", const="")
+    return p.parse_args(argv)  # unknown flag: "error: unrecognized arguments", exit 2
+
+
+def app(served: str) -> Starlette:
+    answer = os.environ.get("FAKE_ANSWER", "The answer is 42.")
+    delay = float(os.environ.get("FAKE_CHUNK_DELAY_S", "0.01"))
+    seq = {"n": 0}
+
+    def next_id() -> str:
+        seq["n"] += 1
+        return f"cmpl-{os.getpid()}-{seq['n']}"
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": served, "object": "model"}]})
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": "fake"})
+
+    async def metrics(request: Request) -> Response:
+        return Response("vllm:num_requests_running 0\n", media_type="text/plain")
+
+    async def stream(n: int, field: str, rid: str) -> object:
+        for i in range(n):
+            await asyncio.sleep(delay)
+            if field == "text":
+                chunk = {"id": rid, "choices": [{"index": 0, "text": f"t{i} "}]}
+            else:
+                chunk = {"id": rid, "choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        n = int(body.get("max_tokens", 16))
+        rid = next_id()
+        if body.get("stream"):
+            return StreamingResponse(stream(n, "text", rid), media_type="text/event-stream")
+        return JSONResponse({"id": rid, "choices": [{"index": 0, "text": answer}]})
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        n = int(body.get("max_tokens", 16))
+        rid = next_id()
+        if body.get("stream"):
+            return StreamingResponse(stream(n, "delta", rid), media_type="text/event-stream")
+        last = body.get("messages", [{}])[-1].get("content", "")
+        return JSONResponse(
+            {
+                "id": rid,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}],
+                "usage": {"prompt_tokens": len(str(last).split()), "completion_tokens": 5},
+                "echo_user": last,
+            }
+        )
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/version", version),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ]
+    )
+
+
+def main() -> None:
+    args = parse(sys.argv[1:])
+    time.sleep(float(os.environ.get("FAKE_START_DELAY_S", "0")))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # vLLM: abort in-flight requests
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app(args.served_model_name), host=args.host, port=args.port, log_level="warning"
+        )
+    )
+    # Served off the main thread, uvicorn installs no signal handlers: SIGTERM stays ours.
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.5)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""Fixtures for the promote, rollback, gate and target tests: a throwaway project whose
+releases have real evidence (written by the real writers from BenchResult, EvalResult and
+Comparison models) and are registered in a real embedded MLflow store, environments on
+ports of this helper's band (25000-25999), and a stand-in vLLM (promote_fake_vllm.py)
+behind real gateway processes.
+
+Import the fixtures into a test module: `from promote_kit import kit, mlflow_template_db`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from releasekit.bench.runner import BenchResult
+from releasekit.bench.runner import write_outputs as write_bench
+from releasekit.bench.stats import LatencySummary, PointFlag, PointResult
+from releasekit.config import Settings, load_settings
+from releasekit.evaluate.compare import compare, dump_comparison
+from releasekit.evaluate.runner import EvalResult, ItemResult, summarise
+from releasekit.evaluate.runner import write_outputs as write_eval
+from releasekit.evaluate.suites import load_suite
+from releasekit.spec.loadprofile import load_profile
+from releasekit.spec.lock import Lock, lock
+from releasekit.spec.manifest import load_manifest
+from releasekit.stores.results import ReleasePaths
+
+HERE = Path(__file__).resolve().parent
+FAKE_VLLM = HERE / "promote_fake_vllm.py"
+PORT_LOW, PORT_HIGH = 25000, 25999
+ACTOR = "Pat Promoter <pat@example.com>"
+
+
+def free_port_in_band(low: int = 25900, high: int = 25999) -> int:
+    """A free port from the top of this helper's band (gateways; servers use the rest)."""
+    for port in range(low, high + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip("no free port in 25900-25999")
+
+
+def latency(p95: float) -> LatencySummary:
+    """A latency summary whose p95 is `p95` seconds."""
+    return LatencySummary(
+        n=48, p50=p95 * 0.6, p90=p95 * 0.9, p95=p95, p99=p95 * 1.2, mean=p95 * 0.7
+    )
+
+
+def point(
+    load: float,
+    *,
+    ttft_p95: float,
+    goodput: float,
+    slo_ok: bool = True,
+    flagged: bool = False,
+) -> PointResult:
+    """One load point of a closed-loop sweep."""
+    return PointResult(
+        load=load,
+        mode="concurrency",
+        n=48,
+        ok=48,
+        errors=0,
+        timeouts=0,
+        error_rate=0.0,
+        timeout_rate=0.0,
+        duration_s=6.0,
+        request_throughput=goodput * 1.05,
+        output_token_throughput=goodput * 48,
+        goodput=goodput,
+        slo_attainment=0.97 if slo_ok else 0.4,
+        slo_ok=slo_ok,
+        ttft=latency(ttft_p95),
+        tpot=latency(0.02),
+        itl=latency(0.02),
+        e2e=latency(ttft_p95 + 1.0),
+        flags=[PointFlag(code="client_bound", message="client CPU saturated")] if flagged else [],
+    )
+
+
+@dataclass
+class Kit:
+    """A project with environments, releases built on demand, and cleanup of processes."""
+
+    root: Path
+    settings: Settings
+    python: Path
+    ports: dict[str, int]
+    rids: dict[str, str] = field(default_factory=dict)
+
+    def manifest(self, name: str) -> Path:
+        return self.root / "manifests" / f"{name}.yaml"
+
+    def variant(self, base: str, new: str, replace: dict[str, str] | None = None) -> Path:
+        """Copy manifest `base` as `new`, replacing text old -> new."""
+        text = self.manifest(base).read_text().replace(f"name: {base}", f"name: {new}")
+        for old, repl in (replace or {}).items():
+            assert old in text, old
+            text = text.replace(old, repl)
+        path = self.manifest(new)
+        path.write_text(text)
+        return path
+
+    def build(
+        self,
+        name: str,
+        *,
+        fail: dict[str, int] | None = None,
+        knee_ttft: float = 0.20,
+        knee_goodput: float = 8.0,
+        flagged_knee: bool = False,
+        stable: bool = True,
+        profile_digest: str | None = None,
+        baseline: str | None = None,
+        register: bool = True,
+    ) -> str:
+        """Lock `name` and write real build outputs: lock and manifest copies, eval results
+        (every suite; the first `fail[suite]` items fail), a bench sweep (knee at load 16),
+        optionally a comparison against `baseline`'s eval; then register it in MLflow."""
+        lk: Lock = lock(self.manifest(name), root=self.root)
+        rid = lk.release_id
+        paths = ReleasePaths.of(self.settings, rid)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        paths.lock.write_text(lk.model_dump_json(indent=2))
+        shutil.copy(self.manifest(name), paths.manifest)
+        lm = load_manifest(self.manifest(name), root=self.root)
+        result = self._eval(lm, rid, fail or {})
+        write_eval(result, paths.eval_dir)
+        profile = load_profile(lm.resolve(lm.manifest.load.profile))
+        pts = [
+            point(1, ttft_p95=0.05, goodput=2.0),
+            point(4, ttft_p95=0.08, goodput=5.0),
+            point(16, ttft_p95=knee_ttft, goodput=knee_goodput, flagged=flagged_knee),
+            point(32, ttft_p95=2.5, goodput=3.0, slo_ok=False),
+        ]
+        bench = BenchResult(
+            release_id=rid,
+            profile_digest=profile_digest or lk.inputs["load/profile"],
+            profile_name=profile.name,
+            model=lm.manifest.served_name,
+            base_url="http://127.0.0.1:1",
+            api="completions",
+            mode="concurrency",
+            slo=profile.slo,
+            started_at=dt.datetime.now(dt.UTC).isoformat(),
+            tokens_per_word=1.3,
+            points=pts,
+            knee=pts[2],
+            repetitions=3,
+            knee_stable=stable,
+            knee_by_repetition=[16, 16, 16] if stable else [16, 4, 16],
+        )
+        write_bench(bench, paths.bench_dir)
+        if baseline is not None:
+            from releasekit.evaluate.runner import load_result
+
+            base_eval = load_result(ReleasePaths.of(self.settings, self.rids[baseline]).eval_dir)
+            paths.report_dir.mkdir(parents=True, exist_ok=True)
+            paths.compare.write_bytes(dump_comparison(compare(result, base_eval, lm)))
+        if register:
+            from releasekit.releases.register import register_release
+
+            register_release(self.settings, self.manifest(name))
+        self.rids[name] = rid
+        return rid
+
+    def _eval(self, lm: Any, rid: str, fail: dict[str, int]) -> EvalResult:
+        suites = {}
+        items: list[ItemResult] = []
+        for s in lm.manifest.eval.suites:
+            ls = load_suite(lm.resolve(s.path), s)
+            mine = []
+            for i, it in enumerate(ls.items):
+                bad = i < fail.get(s.name, 0)
+                mine.append(
+                    ItemResult(
+                        id=it.id,
+                        suite=s.name,
+                        scorer=it.scorer or s.scorer,
+                        outcome="fail" if bad else "pass",
+                        score=0.0 if bad else 1.0,
+                        output="wrong" if bad else "right",
+                        vars=dict(it.vars),
+                    )
+                )
+            suites[s.name] = summarise(mine, ls)
+            items += mine
+        return EvalResult(
+            release_id=rid, name=lm.manifest.name, model=lm.manifest.served_name,
+            suites=suites, items=items,
+        )  # fmt: skip
+
+    def gateway(self, env: str) -> str:
+        return f"http://127.0.0.1:{self.ports[env]}"
+
+
+def _write_python_wrapper(dst: Path) -> Path:
+    script = dst / "fake-python"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _toml(ports: dict[str, int], smoke: str, extra: dict[str, str], lines: list[str]) -> str:
+    out = []
+    for env, port in ports.items():
+        out.append(f"[environments.{env}]")
+        out.append(f"port = {port}")
+        out.append(f"warm_s = {extra.get(env + '.warm_s', '300')}")
+        out.append("drain_deadline_s = 20")
+        if env == "production":
+            out.append('requires = "staging"')
+        out.append(f"smoke = {smoke}")
+        out.extend(lines)
+        out.append("")
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store, migrated once per session."""
+    from mlflow import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template-promote") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def make_kit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_db: Path,
+    *,
+    warm_s: dict[str, float] | None = None,
+    python: Path | None = None,
+    smoke: str | None = None,
+    toml_lines: list[str] | None = None,
+) -> Kit:
+    """Set up `project` (tests/conftest.py) for deploy tests."""
+    from releasekit.cli._common import State
+
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for key in list(os.environ):
+        if key.startswith("RELEASEKIT_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("RELEASEKIT_ACTOR", ACTOR)
+    monkeypatch.setenv("RELEASEKIT_PORT_RANGE", f"{PORT_LOW}-{PORT_HIGH - 100}")
+    state = project / ".releasekit"
+    state.mkdir(exist_ok=True)
+    shutil.copy(mlflow_db, state / "mlflow.db")
+    smoke_file = project / "pipelines" / "smoke.jsonl"
+    smoke_file.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "vars": {"question": f"q{i}?"}, "expected": "42"}) + "\n"
+            for i in range(4)
+        )
+    )
+    ports = {"staging": free_port_in_band(), "production": 0}
+    ports["production"] = free_port_in_band(ports["staging"] + 1)
+    extra = {f"{k}.warm_s": str(v) for k, v in (warm_s or {}).items()}
+    toml = project / "releasekit.toml"
+    smoke_cfg = smoke or f'{{ path = "{smoke_file}", max_items = 4, min_pass_rate = 0.75 }}'
+    toml.write_text(_toml(ports, smoke_cfg, extra, toml_lines or []))
+    monkeypatch.setenv("RELEASEKIT_CONFIG", str(toml))
+    wrapper = python or _write_python_wrapper(project)
+    monkeypatch.setenv("RELEASEKIT_PYTHON", str(wrapper))
+    monkeypatch.setenv("RELEASEKIT_SERVER_START_TIMEOUT_S", "30" if python is None else "900")
+    monkeypatch.setenv("RELEASEKIT_SERVER_STOP_GRACE_S", "3")
+    State.reset()
+    settings = load_settings(root=project)
+    return Kit(root=project, settings=settings, python=wrapper, ports=ports)
+
+
+def kill_everything(settings: Settings) -> None:
+    """Stop every gateway, server and expirer the deploy state (or its logs) names."""
+    from releasekit._support.procs import group_alive
+    from releasekit.deploy.state import list_envs, read_state
+
+    pgids: set[int] = set()
+    for env in list_envs(settings.state_dir):
+        st = read_state(settings.state_dir, env)
+        if st.gateway:
+            pgids.add(st.gateway.pid)
+        pgids.update(s.pid for s in st.servers)
+    from releasekit.deploy import local
+
+    pgids.update(local._CHILDREN)
+    for g in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while any(group_alive(g) for g in pgids) and time.monotonic() < end:
+        local._reap()
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def kit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_template_db: Path,
+    stand_in_model: Any,
+) -> Iterator[Kit]:
+    """A deploy-test project with a stand-in model; every process it started is killed."""
+    stand_in_model(project)
+    k = make_kit(project, monkeypatch, mlflow_template_db)
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+class Streamer:
+    """A client streaming completions through a gateway back to back, in a thread; every
+    request must end with `[DONE]` after all its chunks."""
+
+    def __init__(
+        self, url: str, *, chunks: int = 15, model: str = "demo", exact: bool = True
+    ) -> None:
+        self.url = url
+        self.chunks = chunks
+        self.exact = exact
+        self.model = model
+        self.done = 0
+        self.failures: list[str] = []
+        self.releases: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self, client: httpx.Client) -> None:
+        body = {
+            "model": self.model,
+            "prompt": "hi",
+            "max_tokens": self.chunks,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        got, finished = 0, False
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                self.failures.append(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+                return
+            self.releases.append(r.headers.get("x-releasekit-release", "?"))
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    finished = True
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if "error" in data:
+                        self.failures.append(f"stream error: {data['error']}")
+                        return
+                    got += 1
+        if not finished or (got != self.chunks if self.exact else got < 1):
+            self.failures.append(f"cut stream: {got}/{self.chunks} chunks, done={finished}")
+        else:
+            self.done += 1
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as client:
+            while not self._stop.is_set():
+                try:
+                    self._one(client)
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+
+    def __enter__(self) -> Streamer:
+        self._thread.start()
+        return self
+
+    def wait_for(self, n: int, timeout_s: float = 60) -> None:
+        end = time.monotonic() + timeout_s
+        start = self.done
+        while self.done < start + n and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)

@@ -1,0 +1,174 @@
+"""Promotion gates over real evidence files: quality per suite against the live release,
+perf at the knee, and missing or mismatched evidence as failures, never passes."""
+
+from __future__ import annotations
+
+import json
+
+from promote_kit import Kit, kit, mlflow_template_db
+
+from releasekit.promote.context import load_release
+from releasekit.promote.gates import GateReport, evaluate_gates
+from releasekit.promote.report import gate_rows, render_html, report_json
+from releasekit.stores.ledger import Ledger
+from releasekit.stores.results import ReleasePaths
+
+__all__ = ["kit", "mlflow_template_db"]
+
+
+def _gates(k: Kit, cand: str, live: str | None) -> GateReport:
+    led = Ledger(k.settings.ledger_url or "")
+    ci = load_release(k.settings, k.rids[cand], ledger=led)
+    li = load_release(k.settings, k.rids[live], ledger=led) if live else None
+    return evaluate_gates(k.settings, env="staging", candidate=ci, live=li)
+
+
+def _gate(rep: GateReport, name: str):  # type: ignore[no-untyped-def]
+    return next(g for g in rep.gates if g.name == name)
+
+
+def test_equal_evidence_passes_every_gate_with_numbers_and_rules(kit: Kit) -> None:
+    """A candidate as good as the live release passes: each suite non-inferior (interval
+    shown), SLOs, TTFT p95 and goodput at the live knee within the tolerances."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", baseline="demo-bf16", register=False)
+    rep = _gates(kit, "demo-v2", "demo-bf16")
+    assert rep.passed, [g for g in rep.gates if not g.passed]
+    assert rep.mode == "relative" and rep.comparison_source == "report"
+    core = _gate(rep, "suite core")
+    assert core.candidate == 1.0 and core.live == 1.0 and core.limit == -0.05
+    assert "non_inferior" in core.detail and "CI" in core.detail
+    ttft = _gate(rep, "ttft_p95_s at the knee")
+    assert ttft.live == 0.2 and ttft.limit is not None and abs(ttft.limit - 0.3) < 1e-9
+    assert "manifest tolerance" in ttft.rule  # the manifest's margin 0.5 ... of the live value
+    assert _gate(rep, "goodput at the knee").passed
+
+
+def test_damaged_prompt_is_blocked_by_the_quality_gate_naming_suite_and_drop(kit: Kit) -> None:
+    """A release failing 60 of 240 core items more than the live one is inferior on core;
+    the gate says so with the pass rates."""
+    kit.build("demo-bf16", register=False)
+    kit.build("demo-damaged-prompt", fail={"core": 60}, register=False)
+    rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
+    assert not rep.passed
+    core = _gate(rep, "suite core")
+    assert not core.passed and core.detail.startswith("inferior")
+    assert core.candidate == 0.75 and core.live == 1.0
+    assert [g.name for g in rep.failed] == ["suite core"]
+    assert rep.comparison_source == "computed"  # its compare.json is absent
+
+
+def test_comparison_against_another_baseline_is_recomputed_against_live(kit: Kit) -> None:
+    """compare.json made against a release that is not live is not used: the gate compares
+    with the live release's eval instead."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-old", {"max-num-seqs: 32": "max-num-seqs: 8"})
+    kit.build("demo-old", fail={"core": 100}, register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", fail={"core": 40}, baseline="demo-old", register=False)
+    stored = json.loads(ReleasePaths.of(kit.settings, kit.rids["demo-v2"]).compare.read_text())
+    assert stored["verdict"] in ("superior", "non_inferior")  # better than the old one
+    rep = _gates(kit, "demo-v2", "demo-bf16")
+    assert rep.comparison_source == "computed"
+    assert not _gate(rep, "suite core").passed  # but worse than what is live
+
+
+def test_a_different_load_profile_is_mismatched_evidence(kit: Kit) -> None:
+    """Bench results made with another load profile fail the evidence gate, and no perf
+    comparison is made from them."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", profile_digest="0" * 64, register=False)
+    rep = _gates(kit, "demo-v2", "demo-bf16")
+    assert not _gate(rep, "bench evidence (candidate)").passed
+    same = _gate(rep, "same load profile as live")
+    assert not same.passed and "mismatched evidence" in same.detail
+    assert not any(g.name == "ttft_p95_s at the knee" for g in rep.gates)
+
+
+def test_a_different_suite_file_is_missing_evidence(kit: Kit) -> None:
+    """When the candidate was evaluated on an edited suite file, the suite gate fails as
+    missing evidence and the evidence gate names the suite."""
+    kit.build("demo-bf16", register=False)
+    suite = kit.root / "pipelines" / "eval" / "edge.jsonl"
+    suite.write_text(suite.read_text().splitlines()[0] + "\n")
+    kit.build("demo-damaged-prompt", register=False)
+    rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
+    assert not rep.passed
+    assert "edge" in _gate(rep, "same eval suites as live").detail
+    assert _gate(rep, "suite edge").detail.startswith("missing_evidence")
+
+
+def test_slower_knee_fails_the_ttft_gate_and_lower_goodput_the_goodput_gate(kit: Kit) -> None:
+    """TTFT p95 at the live knee above live x 1.5 (the manifest's margin) fails; goodput
+    below live x 0.9 (the default tolerance) fails."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", knee_ttft=0.31, knee_goodput=7.0, register=False)
+    rep = _gates(kit, "demo-v2", "demo-bf16")
+    assert {g.name for g in rep.failed} == {"ttft_p95_s at the knee", "goodput at the knee"}
+    goodput = _gate(rep, "goodput at the knee")
+    assert goodput.candidate == 7.0 and goodput.limit is not None and goodput.limit > 7.0
+    assert "default tolerance" in goodput.rule
+
+
+def test_flagged_or_unstable_knee_fails_the_slo_gate(kit: Kit) -> None:
+    """A knee carrying a reliability flag, or one that differs between repetitions, is not
+    evidence that the SLOs hold."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", flagged_knee=True, register=False)
+    kit.variant("demo-bf16", "demo-v3", {"max-num-seqs: 32": "max-num-seqs: 8"})
+    kit.build("demo-v3", stable=False, register=False)
+    flagged = _gate(_gates(kit, "demo-v2", "demo-bf16"), "SLOs hold at the knee (candidate)")
+    assert not flagged.passed and "client_bound" in flagged.detail
+    unstable = _gate(_gates(kit, "demo-v3", "demo-bf16"), "SLOs hold at the knee (candidate)")
+    assert not unstable.passed and "not stable" in unstable.detail
+
+
+def test_missing_eval_results_fail_closed(kit: Kit) -> None:
+    """A candidate without eval results fails its evidence gate and every quality gate."""
+    kit.build("demo-bf16", register=False)
+    kit.build("demo-damaged-prompt", register=False)
+    eval_json = ReleasePaths.of(kit.settings, kit.rids["demo-damaged-prompt"]).eval
+    eval_json.unlink()
+    rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
+    assert not _gate(rep, "eval evidence (candidate)").passed
+    assert not _gate(rep, "quality comparison").passed
+    assert not rep.passed
+
+
+def test_absolute_mode_uses_the_suites_minimum_pass_rates(kit: Kit) -> None:
+    """With nothing live, a suite with min_pass_rate must reach it on the candidate's own
+    eval; the SLOs at its own knee must hold."""
+    kit.variant(
+        "demo-bf16",
+        "demo-min",
+        {
+            "scorer: exact_match, margin: 0.05}": (
+                "scorer: exact_match, margin: 0.05, min_pass_rate: 0.9}"
+            )
+        },
+    )
+    kit.build("demo-min", fail={"core": 48}, register=False)
+    rep = _gates(kit, "demo-min", None)
+    assert rep.mode == "absolute"
+    core = _gate(rep, "suite core")
+    assert not core.passed and core.candidate == 0.8 and core.limit == 0.9
+    assert _gate(rep, "SLOs hold at the knee (candidate)").passed
+
+
+def test_report_renders_table_json_and_html_with_both_curves(kit: Kit) -> None:
+    """The gate report comes as rows, JSON that reads back, and an HTML page with the
+    plot of both releases and a link to the eval comparison."""
+    kit.build("demo-bf16", register=False)
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", baseline="demo-bf16", register=False)
+    rep = _gates(kit, "demo-v2", "demo-bf16")
+    rows = gate_rows(rep)
+    assert rows[0][0] == "eval evidence (candidate)" and rows[0][2] == "pass"
+    assert GateReport.model_validate_json(report_json(rep)) == rep
+    page = render_html(rep, comparison_href="../report/report.html")
+    assert "data:image/png;base64," in page and 'href="../report/report.html"' in page
+    assert len(rep.candidate_curve) == 4 and len(rep.live_curve) == 4

@@ -1,0 +1,125 @@
+"""Rollback on the local target: no gates, back to the previous good release (warm: only a
+gateway switch; cold: its server starts first), a new event, and the release rolled back
+from marked bad."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from promote_kit import Kit, Streamer, kill_everything, kit, make_kit, mlflow_template_db
+
+from releasekit.deploy.state import read_state
+from releasekit.promote.promote import promote
+from releasekit.promote.rollback import RollbackError, previous_good_release, rollback
+from releasekit.stores.ledger import Ledger
+from releasekit.stores.mlflow import alias_version, client_for
+
+__all__ = ["kit", "mlflow_template_db"]
+
+
+@pytest.fixture
+def cold_kit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_template_db: Path,
+    stand_in_model: Any,
+) -> Iterator[Kit]:
+    """A kit whose staging keeps no previous release warm (warm_s = 0)."""
+    stand_in_model(project)
+    k = make_kit(project, monkeypatch, mlflow_template_db, warm_s={"staging": 0})
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+def _two_releases(k: Kit) -> tuple[str, str]:
+    old = k.build("demo-bf16")
+    assert promote(k.settings, old, env="staging").status == "promoted"
+    k.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    new = k.build("demo-v2")
+    assert promote(k.settings, new, env="staging").status == "promoted"
+    return old, new
+
+
+def test_warm_rollback_switches_back_without_a_failed_request(kit: Kit) -> None:
+    """With the previous release warm, rollback is a gateway switch (no server starts);
+    a client streaming throughout sees no failed or cut request; the ledger has a live
+    `rollback` event and a `mark_bad` event for the release rolled back from; the MLflow
+    alias follows."""
+    old, new = _two_releases(kit)
+    pids = {s.release_id: s.pid for s in read_state(kit.settings.state_dir, "staging").servers}
+    with Streamer(kit.gateway("staging"), chunks=30) as s:
+        s.wait_for(2)
+        res = rollback(kit.settings, "staging", reason="ttft regression", actor="oncall")
+        s.wait_for(3)
+    assert res.status == "rolled_back" and res.warm and res.to_release == old
+    assert s.failures == [] and old in s.releases and new in s.releases
+    st = read_state(kit.settings.state_dir, "staging")
+    assert {x.release_id: x.pid for x in st.servers} == pids  # nothing restarted
+    assert {(x.release_id, x.role) for x in st.servers} == {(old, "live"), (new, "warm")}
+    led = Ledger(kit.settings.ledger_url or "")
+    live = led.live_at("staging")
+    assert live is not None and live.type == "rollback" and live.to_release == old
+    assert live.from_release == new and live.actor == "oncall"
+    assert res.marked_bad is not None and res.marked_bad.to_release == new
+    alias = alias_version(kit.settings, "demo-bf16", "staging")
+    assert alias is not None and alias.release_id == old
+    assert alias_version(kit.settings, "demo-v2", "staging") is None
+    client = client_for(kit.settings)
+    assert client.get_prompt_version_by_alias("demo-bf16.chat", "staging") is not None
+    assert res.prompt_alias is not None and res.prompt_alias.removed_from == "demo-v2.chat"
+
+
+def test_a_release_marked_bad_is_refused_unless_forced(kit: Kit) -> None:
+    """After a rollback, promoting the release rolled back from is blocked by the policy
+    gate; --force with a reason overrides it."""
+    _old, new = _two_releases(kit)
+    rollback(kit.settings, "staging", reason="bad answers")
+    res = promote(kit.settings, new, env="staging")
+    assert res.status == "blocked" and res.report is not None
+    assert "not marked bad" in [g.name for g in res.report.failed]
+    forced = promote(kit.settings, new, env="staging", force=True, reason="fixed upstream")
+    assert forced.status == "promoted" and "not marked bad" in forced.overridden
+
+
+def test_cold_rollback_starts_the_previous_release_first(cold_kit: Kit) -> None:
+    """With no warm period the old server was drained and stopped after the promotion;
+    rollback starts it again before switching, and the current release serves meanwhile."""
+    old, new = _two_releases(cold_kit)
+    assert [x.release_id for x in read_state(cold_kit.settings.state_dir, "staging").servers] == [
+        new
+    ]
+    with Streamer(cold_kit.gateway("staging"), chunks=10) as s:
+        s.wait_for(2)
+        res = rollback(cold_kit.settings, "staging", reason="regression")
+        s.wait_for(2)
+    assert res.status == "rolled_back" and not res.warm
+    assert s.failures == []
+    r = httpx.post(
+        f"{cold_kit.gateway('staging')}/v1/completions", json={"prompt": "x", "max_tokens": 2}
+    )
+    assert r.headers["x-releasekit-release"] == old
+
+
+def test_rollback_guards(kit: Kit) -> None:
+    """Nothing live: an error. `from_release` that is no longer live: `not_live`, nothing
+    done. Without --to, releases marked bad are skipped."""
+    with pytest.raises(RollbackError, match="nothing is live"):
+        rollback(kit.settings, "staging", reason="x")
+    old, new = _two_releases(kit)
+    res = rollback(kit.settings, "staging", reason="x", from_release=old)
+    assert res.status == "not_live"
+    led = Ledger(kit.settings.ledger_url or "")
+    assert previous_good_release(led, "staging") == old
+    rollback(kit.settings, "staging", reason="x")
+    # now old is live, new is marked bad: nothing good to go back to
+    assert previous_good_release(led, "staging") is None
+    with pytest.raises(RollbackError, match="no earlier release"):
+        rollback(kit.settings, "staging", reason="again")
+    back = rollback(kit.settings, "staging", to=new, reason="by name")
+    assert back.status == "rolled_back" and back.to_release == new
