@@ -987,11 +987,7 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
     """
     require_project(settings)
     url = settings.ledger_url or ""
-    signer = (
-        None
-        if read_only
-        else find_signer(settings.root, path=settings.signing_key)
-    )
+    signer = None if read_only else find_signer(settings.root, path=settings.signing_key)
     try:
         return Ledger(
             url,
