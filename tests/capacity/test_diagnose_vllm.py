@@ -95,8 +95,9 @@ def test_light_load_on_the_demo_server_is_nothing_alarming(
 def test_more_clients_than_max_num_seqs_is_queueing(
     vllm_server: Any, settings_cap: Settings
 ) -> None:
-    """128 clients on a server with max-num-seqs 32: queueing comes first, with vLLM's queue
-    time and waiting requests as its evidence."""
+    """128 clients on a server with max-num-seqs 32: queueing is named (first, or right after
+    a slow API-server front end on a starved host), with vLLM's queue time and waiting
+    requests as its evidence."""
     # Whole answers (no SSE): the engine, not the API server's relay, is the bottleneck.
     with load(
         vllm_server.base_url, vllm_server.model, clients=128, max_tokens=128, stream=False
@@ -105,8 +106,9 @@ def test_more_clients_than_max_num_seqs_is_queueing(
         d = _diagnose(vllm_server.base_url, 10)
     assert done[0] > 0
     assert d.verdict == "problems", d.summary
-    top = d.findings[0]
-    assert top.kind == "queueing", (d.key_figures, [f.title for f in d.findings])
+    kinds = [f.kind for f in d.findings]
+    assert "queueing" in kinds[:2], (d.key_figures, [f.title for f in d.findings])
+    top = d.findings[kinds.index("queueing")]
     by = {e.metric: e for e in top.evidence}
     assert by["queue_mean_s"].source == "vllm" and (by["queue_mean_s"].value or 0) > 0.5
     assert (by["waiting_requests_max"].value or 0) > 0
