@@ -138,7 +138,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import aiohttp
 import httpx
@@ -447,6 +447,26 @@ class _Feedback(BaseModel):
 
     response_id: str = Field(min_length=1, max_length=256)
     score: StrictFloat | StrictInt | Literal["up", "down"]
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def _admin_body(
+    request: Request, model: type[_Body], *, what: str, code: str
+) -> _Body | Response:
+    """An admin request's JSON body as `model`, or the 422 answer listing every problem."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problems = _problems(exc)
+        return _error(
+            422,
+            f"invalid {what}: " + "; ".join(problems),
+            type_="invalid_request_error",
+            code=code,
+            extra={"problems": problems},
+        )
 
 
 def _problems(exc: ValidationError) -> list[str]:
@@ -1060,34 +1080,18 @@ class Gateway:
         denied = self._admin_denied(request)
         if denied:
             return denied
-        try:
-            table = RouteTable.model_validate_json(await request.body())
-        except ValidationError as exc:
-            problems = _problems(exc)
-            return _error(
-                422,
-                "invalid route table: " + "; ".join(problems),
-                type_="invalid_request_error",
-                code="invalid_routes",
-                extra={"problems": problems},
-            )
+        table = await _admin_body(request, RouteTable, what="route table", code="invalid_routes")
+        if isinstance(table, Response):
+            return table
         return _json(self.set_routes(table))
 
     async def _admin_drain(self, request: Request) -> Response:
         denied = self._admin_denied(request)
         if denied:
             return denied
-        try:
-            req = DrainRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            problems = _problems(exc)
-            return _error(
-                422,
-                "invalid drain request: " + "; ".join(problems),
-                type_="invalid_request_error",
-                code="invalid_drain",
-                extra={"problems": problems},
-            )
+        req = await _admin_body(request, DrainRequest, what="drain request", code="invalid_drain")
+        if isinstance(req, Response):
+            return req
         try:
             return _json(await self.drain(req.release_id, req.timeout_s))
         except GatewayRequestError as exc:
