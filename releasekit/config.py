@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_start_timeout_s: float = Field(300.0, gt=0)
     server_stop_grace_s: float = Field(10.0, gt=0)
+    scrape_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds one /metrics scrape may take (diagnose, watch); a vLLM API "
+        "server on a saturated CPU can take several seconds to answer",
+    )
     signing_key: Path | None = Field(
         None, description="Ed25519 private key (PEM) that signs ledger records; never committed"
     )

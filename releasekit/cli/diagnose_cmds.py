@@ -132,7 +132,7 @@ def live_window(before: Snapshot, after: Snapshot, targets: LiveTargets) -> Live
     )
 
 
-def measure(targets: LiveTargets, window_s: float, *, timeout_s: float = 5.0) -> LiveWindow:
+def measure(targets: LiveTargets, window_s: float, *, timeout_s: float = 10.0) -> LiveWindow:
     """Scrape the targets twice, `window_s` apart, into a LiveWindow."""
     before = _snapshot(targets, timeout_s)
     time.sleep(window_s)
@@ -248,6 +248,14 @@ def diagnose_cmd(
             "the env's gateway from the deploy state",
         ),
     ] = None,
+    scrape_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--scrape-timeout",
+            help="seconds each /metrics scrape may take; default: the scrape_timeout_s "
+            "setting (10)",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Ranked findings for a live environment: performance or quality, the latency segment
@@ -261,11 +269,16 @@ def diagnose_cmd(
             f"--window must be above 0 and at most {MAX_WINDOW_S:g} s (got {window:g})",
             remedy="e.g. --window 30",
         )
+    if scrape_timeout is not None and scrape_timeout <= 0:
+        raise DiagnoseError(
+            f"--scrape-timeout must be above 0 s (got {scrape_timeout:g})",
+            remedy="e.g. --scrape-timeout 15",
+        )
     settings = State.settings()
     targets = resolve_targets(settings, env, vllm_url=vllm_url, gateway_url=gateway_url)
     if not json_out:
         err.print(f"[dim]reading {env}'s metrics for {window:g} s ...[/dim]", highlight=False)
-    live = measure(targets, window)
+    live = measure(targets, window, timeout_s=scrape_timeout or settings.scrape_timeout_s)
     result = diagnose(settings, env, live, release_id=targets.release_id)
     if json_out:
         emit_json(result)

@@ -446,7 +446,7 @@ class WatchService:
         rollback: RollbackFn | None = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         interval_s: float | None = None,
-        scrape_timeout_s: float = 5.0,
+        scrape_timeout_s: float | None = None,
         include_slo: bool = True,
         extra_rules: list[Rule] | None = None,
         vllm_metrics_url: str | None = None,
@@ -482,7 +482,7 @@ class WatchService:
             self.plan,
             guard=self.guard,
             interval_s=interval_s,
-            scrape_timeout_s=scrape_timeout_s,
+            scrape_timeout_s=scrape_timeout_s or settings.scrape_timeout_s,
             clock=clock,
             client=client,
         )

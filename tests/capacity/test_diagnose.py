@@ -5,6 +5,8 @@ server that serves fixed exposition text, a different text for each scrape."""
 
 from __future__ import annotations
 
+import asyncio
+
 import importlib.util
 import json
 import sys
@@ -449,12 +451,15 @@ class FixedMetrics:
         self.texts = texts
         self.hits: dict[str, int] = {}
         self.status: dict[str, int] = {}
+        self.delay_s = 0.0
         self.app = Starlette(routes=[Route("/{which:str}/metrics", self._metrics)])
 
     async def _metrics(self, request: Request) -> Response:
         which = request.path_params["which"]
         i = self.hits.get(which, 0)
         self.hits[which] = i + 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.status.get(which):
             return PlainTextResponse("down", status_code=self.status[which])
         texts = self.texts[which]
@@ -601,6 +606,30 @@ def test_cli_errors_are_one_line_with_a_hint(
 
     code, _, stderr = _run("diagnose", "prod", "--window", "0", "--vllm-url", url)
     assert code == 1 and "--window must be above 0" in stderr
+
+
+def test_a_slow_metrics_endpoint_gets_the_scrape_timeout_it_is_given(
+    settings_cap: Settings,
+    fixed: Callable[..., tuple[FixedMetrics, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A vLLM /metrics that takes 0.5 s (a starved API server): --scrape-timeout 0.2 fails in
+    one line naming the timeout; the scrape_timeout_s setting is the default and 2 s reads
+    it; a non-positive --scrape-timeout is refused."""
+    fm, url = fixed(lambda s: record(s, 60))
+    fm.delay_s = 0.5
+    args = ("diagnose", "prod", "--window", "0.1", "--json", "--vllm-url", f"{url}/vllm")
+    code, _, stderr = _run(*args, "--scrape-timeout", "0.2")
+    assert code == 1 and "timed out after 0.2 s" in stderr
+    monkeypatch.setenv("RELEASEKIT_SCRAPE_TIMEOUT_S", "0.2")
+    code, _, stderr = _run(*args)
+    assert code == 1 and "timed out after 0.2 s" in stderr
+    fm.hits.clear()  # the next two scrapes see before and after again
+    code, stdout, stderr = _run(*args, "--scrape-timeout", "2")
+    assert code == 0, stderr
+    assert Diagnosis.model_validate(json.loads(stdout)).requests == 60
+    code, _, stderr = _run(*args, "--scrape-timeout", "0")
+    assert code == 1 and "--scrape-timeout must be above 0" in stderr
 
 
 def test_real_gateway_edge_figures_feed_the_diagnosis(

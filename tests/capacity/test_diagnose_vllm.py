@@ -74,7 +74,18 @@ def _diagnose(url: str, window_s: float) -> Diagnosis:
 
     diagnose_cmds.register(app)
     res = runner.invoke(
-        app, ["diagnose", "demo", "--window", str(window_s), "--json", "--vllm-url", url]
+        app,
+        [
+            "diagnose",
+            "demo",
+            "--window",
+            str(window_s),
+            "--json",
+            "--vllm-url",
+            url,
+            "--scrape-timeout",
+            "30",
+        ],
     )
     assert res.exit_code == 0, res.stderr
     return Diagnosis.model_validate(json.loads(res.stdout))
