@@ -6,7 +6,6 @@ server that serves fixed exposition text, a different text for each scrape."""
 from __future__ import annotations
 
 import asyncio
-
 import importlib.util
 import json
 import sys
