@@ -223,38 +223,38 @@ class RuleState(BaseModel):
 
 
 class ManifestWatchRule(Protocol):
-    """What the manifest's `WatchRule` provides today (releasekit.spec.manifest.WatchRule)."""
+    """What the manifest's `WatchRule` provides (releasekit.spec.manifest.WatchRule)."""
 
     @property
     def metric(self) -> str: ...
     @property
-    def max(self) -> float: ...
+    def kind(self) -> Literal["absolute", "relative"]: ...
+    @property
+    def max(self) -> float | None: ...
+    @property
+    def factor(self) -> float | None: ...
     @property
     def window_s(self) -> float: ...
     @property
     def sustain(self) -> int: ...
+    @property
+    def min_requests(self) -> int | None: ...
 
 
 def from_manifest(rule: ManifestWatchRule, *, min_requests: int = 20) -> Rule:
-    """Convert a manifest `WatchRule(metric, max, window_s, sustain)` to a `Rule`. Fields the
-    manifest may gain later (`kind`, `factor`, `min_requests`, `severity`, `name`,
-    `rate_tolerance`) are picked up when present. Raises WatchRuleError."""
+    """Convert a manifest `WatchRule` to a `Rule` (`max` becomes `above`; `min_requests`
+    defaults to the given one). Raises WatchRuleError."""
     data: dict[str, object] = {
         "metric": rule.metric,
+        "kind": rule.kind,
         "window_s": rule.window_s,
         "sustain": rule.sustain,
-        "min_requests": getattr(rule, "min_requests", None) or min_requests,
+        "min_requests": rule.min_requests if rule.min_requests is not None else min_requests,
     }
-    kind = getattr(rule, "kind", None) or "absolute"
-    data["kind"] = kind
-    if kind == "relative":
-        data["factor"] = getattr(rule, "factor", None) or rule.max
+    if rule.kind == "relative":
+        data["factor"] = rule.factor
     else:
         data["above"] = rule.max
-    for extra in ("name", "severity", "rate_tolerance"):
-        value = getattr(rule, extra, None)
-        if value is not None:
-            data[extra] = value
     try:
         return Rule.model_validate(data)
     except ValueError as exc:

@@ -3,10 +3,14 @@ consecutive breaches are counted (no-data windows neither reset nor advance the 
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from releasekit.errors import ManifestError
 from releasekit.spec.loadprofile import SLO
-from releasekit.spec.manifest import WatchRule
+from releasekit.spec.manifest import WatchRule, parse_manifest
 from releasekit.watch.rules import (
     Baseline,
     BaselinePoint,
@@ -18,6 +22,8 @@ from releasekit.watch.rules import (
     rules_from_slo,
 )
 from releasekit.watch.windows import Figure, Window
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def window(t: float, **figs: tuple[float | None, float]) -> Window:
@@ -123,6 +129,34 @@ def test_from_manifest_converts_the_manifest_watch_rule() -> None:
     assert "ttft_p95_s" in exc.value.remedy
 
 
+def test_a_manifest_relative_rule_becomes_a_relative_rule() -> None:
+    """`kind: relative` with `factor` (and its own `min_requests`) in the manifest becomes a
+    relative Rule; a rule with the wrong limit for its kind is refused by the manifest model
+    with a line naming the watch rule."""
+    r = from_manifest(
+        WatchRule.model_validate(
+            {"metric": "e2e_p95_s", "kind": "relative", "factor": 1.5, "min_requests": 5}
+        )
+    )
+    assert (r.kind, r.factor, r.above, r.min_requests) == ("relative", 1.5, None, 5)
+    assert r.describe() == "e2e_p95_s more than 1.5x its benchmark for 3 x 30 s windows"
+    for bad, words in (
+        ({"metric": "e2e_p95_s", "kind": "relative", "max": 2.0}, "takes `factor`"),
+        ({"metric": "e2e_p95_s"}, "takes `max`"),
+        ({"metric": "e2e_p95_s", "max": 2.0, "factor": 1.5}, "takes `max`"),
+    ):
+        with pytest.raises(ManifestError) as exc:
+            parse_manifest(_manifest_with_watch(bad), path=Path("m.yaml"))
+        assert "watch" in str(exc.value) and words in str(exc.value)
+
+
+def _manifest_with_watch(rule: dict[str, object]) -> dict[str, object]:
+    """The demo manifest's fields with one watch rule."""
+    data = yaml.safe_load((ROOT / "manifests" / "demo-bf16.yaml").read_text())
+    data["watch"] = [rule]
+    return dict(data)
+
+
 def test_rules_from_slo() -> None:
     """SLOs give TTFT/E2E rules at the attainment quantile and an error-rate rule."""
     rules = rules_from_slo(SLO(ttft_s=0.5, e2e_s=4.0, attainment=0.95, max_error_rate=0.02))
@@ -131,3 +165,19 @@ def test_rules_from_slo() -> None:
         ("e2e_p95_s", 4.0),
         ("error_rate", 0.02),
     }
+
+
+def test_the_readme_watch_example_is_a_valid_manifest_section() -> None:
+    """The README's `watch:` example parses as a manifest's watch rules: one absolute rule,
+    one relative rule at 1.5x its benchmark."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```yaml\nwatch:\n", 1)[1].split("```", 1)[0]
+    section = yaml.safe_load("watch:\n" + block)
+    m = parse_manifest(_manifest_with_watch(section["watch"][0]), path=Path("m.yaml"))
+    rules = [from_manifest(WatchRule.model_validate(r)) for r in section["watch"]]
+    assert m.watch[0].max == 2.0
+    assert [(r.metric, r.kind) for r in rules] == [
+        ("ttft_p95_s", "absolute"),
+        ("e2e_p95_s", "relative"),
+    ]
+    assert rules[1].factor == 1.5
