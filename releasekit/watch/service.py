@@ -503,10 +503,7 @@ class WatchService:
             log.warning("cannot watch %s yet (live in %s): %s", live[:12], self.env, exc)
             return False
         self.plan = plan
-        w = self.watcher
-        w.target = plan.target
-        w.baseline = plan.baseline
-        w._set_rules(plan.rules)  # fresh rule states and windows: judge the new release anew
+        self.watcher.retarget(plan.target, plan.rules, plan.baseline)
         self.followed.append(live)
         return True
 

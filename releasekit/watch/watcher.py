@@ -274,6 +274,15 @@ class Watcher:
             (r.window_s for r in self.rules), default=30.0
         )
 
+    def retarget(
+        self, target: WatchTarget, rules: Sequence[Rule], baseline: Baseline | None
+    ) -> None:
+        """Judge another release from now on: its URLs, its rules and its benchmark, with
+        fresh rule states and windows (nothing carries over from the release before)."""
+        self.target = target
+        self.baseline = baseline
+        self._set_rules(rules)
+
     def close(self) -> None:
         """Close the HTTP client the watcher made."""
         if self._own_client:
