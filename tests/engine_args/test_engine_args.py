@@ -156,39 +156,55 @@ def test_a_damaged_cache_is_rebuilt_not_trusted(
 # ---- slow: the real probe (imports vLLM: tens of seconds on a busy 2-core box) -------------
 
 
+BAD_ARGS: dict[str, str | int | bool] = {
+    "max-num-seqs": "many",
+    "max-num-seq": 32,
+    "compilation-config": '{"levle": 3}',
+    "moe-backend": "Triton",  # vLLM lower-cases it: fine
+    "enforce-eager": True,
+}
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """ONE cold probe of the installed vLLM for this module (each costs a vLLM import): the
+    cache folder it filled and its answers for BAD_ARGS."""
+    cache = tmp_path_factory.mktemp("engine-args")
+    assert not any(cache.iterdir())
+    return cache, EngineArgChecker(python=sys.executable, cache_dir=cache).problems(BAD_ARGS)
+
+
 @pytest.mark.slow
 def test_the_real_parser_names_bad_args_and_the_cache_makes_the_second_run_instant(
-    tmp_path: Path, install: VllmInstall
+    probed: tuple[Path, list[str]], install: VllmInstall
 ) -> None:
     """Cold: one probe run reads the table and checks config-typed values with vLLM's own
     parser; warm: the same answers from the cache without the probe."""
-    args: dict[str, str | int | bool] = {
-        "max-num-seqs": "many",
-        "max-num-seq": 32,
-        "compilation-config": '{"levle": 3}',
-        "moe-backend": "Triton",  # vLLM lower-cases it: fine
-        "enforce-eager": True,
-    }
-    cold = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).problems(args)
+    cache, cold = probed
     assert cold[0] == "serving.args.max-num-seqs: invalid int value: 'many'"
     assert cold[1].startswith("serving.args.max-num-seq: unknown vLLM engine argument")
     assert cold[2].startswith("serving.args.compilation-config: 1 validation error for")
     assert "levle" in cold[2]
     assert len(cold) == 3
-    assert (tmp_path / install.cache_name).is_file()
+    assert (cache / install.cache_name).is_file()
 
     def no_probe(*a: object, **k: object) -> object:
         raise AssertionError("the warm path must not import vLLM")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine_args, "run_probe", no_probe)
-        warm = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).problems(args)
+        warm = EngineArgChecker(python=sys.executable, cache_dir=cache).problems(BAD_ARGS)
     assert warm == cold
 
 
 @pytest.mark.slow
-def test_the_snapshot_still_matches_the_installed_vllm(tmp_path: Path) -> None:
-    """The fast tests' snapshot is what the probe reads today (catches a stale snapshot)."""
+def test_the_snapshot_still_matches_the_installed_vllm(
+    probed: tuple[Path, list[str]], install: VllmInstall, tmp_path: Path
+) -> None:
+    """The fast tests' snapshot is what the probe of the installed vLLM read today (catches
+    a stale snapshot)."""
+    cache, _ = probed
+    shutil.copy(cache / install.cache_name, tmp_path / install.cache_name)
     table = EngineArgChecker(python=sys.executable, cache_dir=tmp_path).table()
     assert table is not None
     real = {o.flags[0]: o for o in table.options}
@@ -199,8 +215,11 @@ def test_the_snapshot_still_matches_the_installed_vllm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_demo_manifests_validate_clean(tmp_path: Path) -> None:
-    """Every manifest in manifests/ passes validate, engine arguments included."""
+def test_the_demo_manifests_validate_clean(
+    probed: tuple[Path, list[str]], install: VllmInstall, tmp_path: Path
+) -> None:
+    """Every manifest in manifests/ passes validate, engine arguments included (checked
+    against the table this module's probe read from the installed vLLM)."""
     from releasekit.spec.validate import validate_many
 
     root = tmp_path / "proj"
@@ -208,10 +227,12 @@ def test_the_demo_manifests_validate_clean(tmp_path: Path) -> None:
     for sub in ("prompts", "pipelines"):
         shutil.copytree(REPO / sub, root / sub)
     settings = load_settings(root=root)
+    cache_dir = engine_args_cache_dir(settings)
+    cache_dir.mkdir(parents=True)
+    shutil.copy(probed[0] / install.cache_name, cache_dir / install.cache_name)
     paths = sorted((root / "manifests").glob("*.yaml"))
     assert paths
     results = validate_many(paths, check_files=False, settings=settings)
     assert [r.problems for r in results] == [[] for _ in paths]
-    assert any(engine_args_cache_dir(settings).glob("vllm-*.json"))
     for p in paths:  # and each really has serving args that were checked
         assert load_manifest(p, root=root).manifest.serving.args
