@@ -163,11 +163,14 @@ def test_next_assign_repairs_an_alias_moved_by_hand_first(two: tuple[Proj, Lock,
     assert Ledger(p.settings.ledger_url or "").live_at("production").to_release == b.release_id  # type: ignore[union-attr]
 
 
-@pytest.mark.slow  # eight processes importing MLflow on two cores: about a minute
-def test_eight_concurrent_assigns_leave_exactly_the_ledgers_alias(
+RACERS = 4  # twice the cores here: they overlap in the ledger and in MLflow
+
+
+@pytest.mark.slow  # four processes importing MLflow on two cores: about 15 s per backend
+def test_concurrent_assigns_leave_exactly_the_ledgers_alias(
     two: tuple[Proj, Lock, Lock], ledger_backend: str | None
 ) -> None:
-    """Eight `releasekit assign` processes race on one environment (alternating two
+    """`releasekit assign` processes race on one environment (alternating two
     releases of two models), on SQLite and on PostgreSQL: afterwards exactly one version
     carries the alias, it is the one the ledger's last live event names, and the ledger
     verifies."""
@@ -197,10 +200,10 @@ def test_eight_concurrent_assigns_leave_exactly_the_ledgers_alias(
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for i in range(8)
+        for i in range(RACERS)
     ]
     outs = [pr.communicate(timeout=300)[0] for pr in procs]
-    assert [pr.returncode for pr in procs] == [0] * 8, outs
+    assert [pr.returncode for pr in procs] == [0] * RACERS, outs
     url = ledger_backend or p.settings.ledger_url or ""
     led = Ledger(url)
     last = led.live_at("production")
@@ -209,7 +212,7 @@ def test_eight_concurrent_assigns_leave_exactly_the_ledgers_alias(
         (str(last.evidence["model_name"]), str(last.evidence["model_version"]))
     ]
     live = led.records(environment="production", live=True)
-    assert len(live) >= 8 and led.verify(trusted=None).ok
+    assert len(live) >= RACERS and led.verify(trusted=None).ok
     assert not led.records(types=[EventType.REPAIR.value])  # serialised: nothing drifted
 
 
