@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,12 +39,9 @@ def demo_model() -> Path:
     return _ensure_demo_model()
 
 
-@pytest.fixture(scope="session")
-def vllm_server(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    """ONE real vLLM CPU server on the demo model (served as 'demo') for the whole session."""
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = VLLMServer(
-        demo_model,
+def _session_server(model: Path, log: Path) -> VLLMServer:
+    return VLLMServer(
+        model,
         served_name="demo",
         engine_args={
             "dtype": "bfloat16",
@@ -56,6 +54,61 @@ def vllm_server(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         log_path=log,
         start_timeout_s=300,
     )
+
+
+class _Boot:
+    """The session server starting in a thread while the first tests run."""
+
+    def __init__(self, server: VLLMServer) -> None:
+        self.server = server
+        self.info: ServerInfo | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="vllm-boot", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.info = self.server.start()
+        except BaseException as exc:  # handed to the first test that asks for the server
+            self.error = exc
+
+    def result(self) -> ServerInfo:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.info is not None
+        return self.info
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_server_boot(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Boot | None]:
+    """Start the session's vLLM server at the beginning of the session when a selected test
+    needs it and the demo model is there, so its minute of start-up overlaps other tests
+    (an idle vLLM CPU server costs no CPU)."""
+    wanted = any("vllm_server" in getattr(it, "fixturenames", ()) for it in request.session.items)
+    if not wanted or not (DEMO_MODEL / "config.json").is_file():
+        yield None
+        return
+    boot = _Boot(_session_server(DEMO_MODEL, tmp_path_factory.mktemp("vllm") / "server.log"))
+    try:
+        yield boot
+    finally:
+        boot.thread.join(timeout=330)
+        boot.server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    demo_model: Path, _vllm_server_boot: _Boot | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerInfo]:
+    """ONE real vLLM CPU server on the demo model (served as 'demo') for the whole session:
+    the one booted at the start, or started now (a demo model trained during the session)."""
+    if _vllm_server_boot is not None:
+        yield _vllm_server_boot.result()
+        return
+    server = _session_server(demo_model, tmp_path_factory.mktemp("vllm") / "server.log")
     info = server.start()
     try:
         yield info
