@@ -16,10 +16,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from releasekit.bench.scrape import WAITING
 from releasekit.capacity.diagnose import Diagnosis
 from releasekit.cli import diagnose_cmds
 from releasekit.cli._common import State
 from releasekit.config import Settings
+from releasekit.watch.windows import ScrapeError, parse_exposition, scrape
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -63,6 +65,22 @@ def load(
     finally:
         stop.set()
         th.join(timeout=180)
+
+
+def _wait_for_a_queue(base_url: str, timeout_s: float = 120.0) -> None:
+    """Until vLLM's own gauge shows requests waiting (the clients' ramp-up is slow on a busy
+    2-core host), then two seconds more so the queue time builds up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            exp = parse_exposition(scrape(f"{base_url}/metrics", timeout_s=30), url=base_url)
+        except ScrapeError:
+            exp = None
+        if exp is not None and sum(v for _, v in exp.select(WAITING, {})) > 0:
+            time.sleep(2)
+            return
+        time.sleep(1)
+    pytest.fail(f"no request waiting in vLLM after {timeout_s:g} s of 128 clients")
 
 
 def _diagnose(url: str, window_s: float) -> Diagnosis:
@@ -113,7 +131,7 @@ def test_more_clients_than_max_num_seqs_is_queueing(
     with load(
         vllm_server.base_url, vllm_server.model, clients=128, max_tokens=128, stream=False
     ) as done:
-        time.sleep(8)  # the queue builds up, and vLLM's gauges catch up
+        _wait_for_a_queue(vllm_server.base_url)
         d = _diagnose(vllm_server.base_url, 10)
     assert done[0] > 0
     assert d.verdict == "problems", d.summary
