@@ -27,6 +27,13 @@ def _ensure_demo_model() -> Path:
     return DEMO_MODEL
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fast tests first, slow ones (vLLM, training, quantising) after, each in collection
+    order: failures in the fast ones show within minutes, and the session's vLLM server,
+    booted at the start, is ready by the time the first slow test needs it."""
+    items.sort(key=lambda it: it.get_closest_marker("slow") is not None)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The releasekit repository root."""
