@@ -112,12 +112,18 @@ def test_the_expirer_process_exits_once_no_warm_server_is_left(kit: Kit) -> None
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_recorded_process(kit: Kit) -> None:
-    """A record whose pid now belongs to another process (other start time) reads as gone."""
-    me = os.getpid()
-    start = proc_start_time(me)
-    assert start is not None
-    assert process_alive(me, start) == (os.getpgid(me) == me)
-    assert not process_alive(os.getpgid(me), (proc_start_time(os.getpgid(me)) or 0) + 1)
+    """A record whose pid now belongs to another process (other start time) reads as gone;
+    the recorded process itself reads as alive."""
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)  # its own group
+    try:
+        start = proc_start_time(leader.pid)
+        assert start is not None
+        assert process_alive(leader.pid, start)
+        assert not process_alive(leader.pid, start + 1)
+    finally:
+        leader.kill()
+        leader.wait(timeout=10)
+    assert not process_alive(leader.pid, start)
 
 
 def test_the_environment_lock_serialises_commands_and_dies_with_its_holder(kit: Kit) -> None:
