@@ -132,8 +132,9 @@ def live_window(before: Snapshot, after: Snapshot, targets: LiveTargets) -> Live
     )
 
 
-def measure(targets: LiveTargets, window_s: float, *, timeout_s: float = 10.0) -> LiveWindow:
-    """Scrape the targets twice, `window_s` apart, into a LiveWindow."""
+def measure(targets: LiveTargets, window_s: float, *, timeout_s: float) -> LiveWindow:
+    """Scrape the targets twice, `window_s` apart, into a LiveWindow (each scrape bounded by
+    `timeout_s`: the caller passes the scrape_timeout_s setting or the flag)."""
     before = _snapshot(targets, timeout_s)
     time.sleep(window_s)
     after = _snapshot(targets, timeout_s)
