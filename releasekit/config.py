@@ -92,6 +92,25 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_start_timeout_s: float = Field(300.0, gt=0)
     server_stop_grace_s: float = Field(10.0, gt=0)
+    server_preload: bool = Field(
+        True,
+        description="start vLLM's CPU build with tcmalloc and Intel OpenMP preloaded (its CPU "
+        "guide's advice) when the host has them",
+    )
+    server_start_nice: int | None = Field(
+        -10,
+        ge=-20,
+        le=19,
+        description="scheduler autogroup nice of a deployed server until it is healthy, so a "
+        "candidate warms up beside a busy live release (None: leave it; negative needs root)",
+    )
+    gateway_nice: int | None = Field(
+        -10,
+        ge=-20,
+        le=19,
+        description="scheduler autogroup nice of an environment's gateway, which relays every "
+        "stream and must not wait behind busy servers (None: leave it)",
+    )
     scrape_timeout_s: float = Field(
         10.0,
         gt=0,

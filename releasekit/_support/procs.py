@@ -79,7 +79,8 @@ def deferred_signals() -> Iterator[None]:
 
 
 def stop_process_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
-    """Terminate a process started with start_new_session=True, and all its children."""
+    """Terminate a process that leads its own process group (`start_new_session=True` or
+    `process_group=0`), and all its children."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

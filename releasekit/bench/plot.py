@@ -59,7 +59,7 @@ def _panel(
                 fontsize=8,
                 color="dimgray",
             )
-    flagged = [p for p in points if p.flags and getattr(p, metric).p95 is not None]
+    flagged = [p for p in points if not p.trusted and getattr(p, metric).p95 is not None]
     if flagged:
         ax.plot(
             [p.output_token_throughput for p in flagged],
@@ -116,7 +116,7 @@ def plot_sweep(result: BenchResult, path: Path) -> None:
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model
     if result.knee is None:
-        knee = "no trusted point meets the SLOs"
+        knee = "no knee: " + (result.knee_stop or "no point holds")
     else:
         knee = f"knee at {_load_label(result.knee)}"
         if result.repetitions < 2:
@@ -126,7 +126,7 @@ def plot_sweep(result: BenchResult, path: Path) -> None:
         else:
             per = ", ".join("-" if k is None else f"{k:g}" for k in result.knee_by_repetition)
             knee += f" (NOT stable: per-run knees {per})"
-    flagged = ", ".join(_load_label(p) for p in points if p.flags)
+    flagged = ", ".join(_load_label(p) for p in points if not p.trusted)
     if flagged:
         knee += f"; flagged: {flagged}"
     fig.suptitle(f"{result.profile_name} on {who}: {knee}", fontsize=11)

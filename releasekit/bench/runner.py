@@ -27,6 +27,7 @@ from releasekit._support.progress import (
 )
 from releasekit.bench.loadgen import (
     LoadClient,
+    LoopLag,
     RawResult,
     RequestRecord,
     RequestSpec,
@@ -48,6 +49,7 @@ from releasekit.bench.stats import (
     knee_stop,
     knees_by_repetition,
     point_result,
+    runs_needed,
 )
 from releasekit.config import Settings
 from releasekit.errors import BenchError
@@ -92,18 +94,34 @@ class BenchResult(BaseModel):
     warmup_ok: int = 0
     points: list[PointResult]
     knee: PointResult | None = None
+    knee_share: float = Field(
+        1.0, description="share of a point's repetitions that must hold (the knee rule)"
+    )
+    knee_rule: str | None = Field(None, description="the knee rule, in words")
     knee_stable: bool = Field(
-        False, description="at least two repetitions ran and each gives the same knee alone"
+        False,
+        description="at least two repetitions ran and the rule's share of them gives the "
+        "same knee alone",
     )
     knee_by_repetition: list[float | None] = Field(
         default_factory=list, description="the knee each repetition gives on its own"
     )
     knee_stop: str | None = Field(None, description="what stopped the knee where it is")
     flagged_points: list[float] = Field(
-        default_factory=list, description="loads of points carrying a reliability flag"
+        default_factory=list,
+        description="loads of points with too few unflagged repetitions to be trusted",
     )
     client_cpu_s: float | None = Field(None, description="client CPU seconds over all points")
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+
+
+def knee_rule(share: float, repetitions: int) -> str:
+    """The knee rule of a sweep, in words."""
+    need = runs_needed(repetitions, share)
+    return (
+        f"the highest load, with every lighter load holding too, whose SLOs held with no "
+        f"flag in at least {need} of its {repetitions} runs"
+    )
 
 
 def point_label(mode: str, load: float) -> str:
@@ -312,7 +330,11 @@ async def _bench(
                 point_records[idx].extend(recs)
                 if rep == repetitions - 1:
                     pooled = combine_runs(
-                        runs[idx], point_records[idx], slo=profile.slo, max_num_seqs=max_num_seqs
+                        runs[idx],
+                        point_records[idx],
+                        slo=profile.slo,
+                        max_num_seqs=max_num_seqs,
+                        knee_share=sweep.knee_share,
                     )
                     points.append(pooled)
                     if on_point is not None:
@@ -340,10 +362,12 @@ async def _bench(
         warmup_ok=warm_ok,
         points=points,
         knee=knee,
-        knee_stable=knee_is_stable(points, knee),
+        knee_share=sweep.knee_share,
+        knee_rule=knee_rule(sweep.knee_share, repetitions),
+        knee_stable=knee_is_stable(points, knee, sweep.knee_share),
         knee_by_repetition=knees_by_repetition(points),
-        knee_stop=knee_stop(points),
-        flagged_points=[p.load for p in points if p.flags],
+        knee_stop=knee_stop(points, profile.slo),
+        flagged_points=[p.load for p in points if not p.trusted],
         client_cpu_s=round(time.process_time() - cpu_start, 4),
         requests=records,
     )
@@ -374,29 +398,30 @@ async def _run_once(
         else None
     )
     cpu0 = time.process_time()
-    if sweep.mode == "concurrency":
-        raws = await run_closed_loop(
-            client,
-            path,
-            specs,
-            concurrency=int(load),
-            requests=sweep.requests_per_point,
-            duration_s=sweep.duration_s,
-            on_done=tick,
-        )
-    else:
-        raws = await run_open_loop(
-            client,
-            path,
-            specs,
-            rate=load,
-            # The same arrival times in every repetition.
-            rng=np.random.default_rng([profile.seed, idx, 7]),
-            requests=sweep.requests_per_point,
-            duration_s=sweep.duration_s,
-            max_in_flight=sweep.max_in_flight,
-            on_done=tick,
-        )
+    async with LoopLag() as lag:
+        if sweep.mode == "concurrency":
+            raws = await run_closed_loop(
+                client,
+                path,
+                specs,
+                concurrency=int(load),
+                requests=sweep.requests_per_point,
+                duration_s=sweep.duration_s,
+                on_done=tick,
+            )
+        else:
+            raws = await run_open_loop(
+                client,
+                path,
+                specs,
+                rate=load,
+                # The same arrival times in every repetition.
+                rng=np.random.default_rng([profile.seed, idx, 7]),
+                requests=sweep.requests_per_point,
+                duration_s=sweep.duration_s,
+                max_in_flight=sweep.max_in_flight,
+                on_done=tick,
+            )
     if sampler is not None:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -420,6 +445,8 @@ async def _run_once(
         client_cpu_s=cpu,
         max_num_seqs=max_num_seqs,
         repetition=rep,
+        client_lag_s=lag.samples,
+        client_delay_s=lag.mean_delay_s,
     )
     return result, recs
 

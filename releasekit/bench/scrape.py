@@ -37,7 +37,15 @@ HISTOGRAMS: dict[str, str] = {
     "queue": "vllm:request_queue_time_seconds",
     "prefill": "vllm:request_prefill_time_seconds",
     "decode": "vllm:request_decode_time_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    # vLLM's API server times whole HTTP requests (prometheus-fastapi-instrumentator), front
+    # end included; only the OpenAI generation routes are kept, under this family name.
+    "http": "releasekit:openai_http_request_duration_seconds",
 }
+HTTP_FAMILY = "http_request_duration_seconds"
+OPENAI_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+# Families a server may lack without that being a problem (the cross-check says so itself).
+_OPTIONAL = frozenset({"tpot", "http"})
 _NOT_SUCCESS = frozenset({"abort", "error"})
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
 
@@ -61,13 +69,18 @@ class Metrics:
         self.names: set[str] = set()
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                self.names.add(s.name)
+                name = s.name
+                if name.startswith(HTTP_FAMILY + "_"):
+                    if s.labels.get("handler") not in OPENAI_ROUTES:
+                        continue
+                    name = HISTOGRAMS["http"] + name[len(HTTP_FAMILY) :]
+                self.names.add(name)
                 value = float(s.value)
-                if s.name.endswith("_bucket") and "le" in s.labels:
-                    self.buckets[s.name[: -len("_bucket")]][float(s.labels["le"])] += value
+                if name.endswith("_bucket") and "le" in s.labels:
+                    self.buckets[name[: -len("_bucket")]][float(s.labels["le"])] += value
                     continue
-                self.values[s.name] += value
-                if s.name == REQUEST_SUCCESS and "finished_reason" in s.labels:
+                self.values[name] += value
+                if name == REQUEST_SUCCESS and "finished_reason" in s.labels:
                     self.by_reason[s.labels["finished_reason"]] += value
 
     def get(self, name: str) -> float | None:
@@ -280,7 +293,8 @@ def server_delta(before: Scrape, after: Scrape, samples: Sequence[Scrape] = ()) 
     for short, family in HISTOGRAMS.items():
         w = _histogram_window(b, a, family)
         if w is None:
-            missing.append(family)
+            if short not in _OPTIONAL:
+                missing.append(family)
         else:
             hist[short] = w
     for name in (GENERATION_TOKENS, PROMPT_TOKENS, PREEMPTIONS, REQUEST_SUCCESS, RUNNING, WAITING):

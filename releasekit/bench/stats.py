@@ -6,36 +6,53 @@ error and timeout rates, goodput under the profile's SLOs, and the knee of a swe
 - TPOT: (E2E - TTFT) / (output tokens - 1), per request; undefined for one output token.
 - E2E: request sent to last chunk.
 - Goodput: completed requests per second that met every SLO of the profile.
-- Knee: the highest load point of the unbroken run from the lightest load whose SLOs hold
-  in every repetition (SLO attainment >= slo.attainment and failure rate, errors plus
-  timeouts, <= slo.max_error_rate) and that carries no reliability flag.
+- Knee: the highest load point of the unbroken run from the lightest load that *holds*: its
+  SLOs hold (SLO attainment >= slo.attainment, failure rate <= slo.max_error_rate) with no
+  reliability flag in at least `sweep.knee_share` of its repetitions (2 of 3 by default).
 
-Every run of a point is cross-checked against the server's own figures (`cross_check`), and
-a disagreement beyond the tolerances below is a flag, with the numbers:
+Where the time of a request goes (`CrossCheck`): the load client, the server's front end
+(vLLM's API server: HTTP, tokenising, detokenising, SSE) and the engine (queue, prefill,
+decode). Each is measured on its own side, never by subtracting one from another:
 
-- client_bound: the client's TTFT (or E2E) mean is more than max(20 %, 10 ms) above the
-  mean of the server's histogram over the same window (vllm:time_to_first_token_seconds,
-  vllm:e2e_request_latency_seconds `_sum`/`_count` deltas). The time went somewhere outside
-  the engine, in the load client or the HTTP front end, so the point measures the client.
-  The slack allows for what the engine's clock does not see (HTTP parsing, tokenising,
-  detokenising, loopback): a millisecond or two when nothing queues, more under load.
+- the client measures itself: the lag of its own event loop (how late a periodic timer ran:
+  every chunk it records is late by at most that much; `loadgen.LoopLag`), turned into the
+  delay its stalls added to a random moment of the window, and its CPU share;
+- the engine's figures come from vLLM's histograms (`vllm:time_to_first_token_seconds`,
+  queue and prefill time, `_sum`/`_count` deltas over the same window);
+- vLLM's API server also times whole requests at the HTTP level (prometheus-fastapi-
+  instrumentator's `http_request_duration_seconds` for the OpenAI routes, front end
+  included): the client's E2E should match it within the loopback and the client's lag.
+
+The gap between the client's TTFT and the engine's is then the front end's share, reported
+as its own segment (TTFT = front end + queue + prefill) and counted in the SLOs: every user
+of the server waits for it.
+
+Flags (a run with one does not count towards its point holding):
+
+- client_bound: the load client itself fell behind: its own stalls added more than
+  max(5 ms, 10 % of the TTFT mean it measured) to a random moment of the window, or its
+  E2E mean is more than max(20 %, 10 ms) above the server's own HTTP-level E2E.
 - count_mismatch: the server's completed requests (vllm:request_success_total delta) and
   the client's ok count differ by more than max(1, 2 %): other traffic on the server, or
   a client that lost requests; either way the windows do not describe the same requests.
-- bursty: content reached the client in fewer than 0.5 separate arrivals per output token
-  over the point, or more than 10 % of its requests did so: streaming was delivered in
-  bursts, so TTFT/ITL/TPOT describe the bursts, not the engine (TPOT is reported as not
-  measurable).
-- underfilled: in closed loop, the server's peak of vllm:num_requests_running (sampled
-  during the point, at least four samples) stayed below half of min(concurrency,
-  max-num-seqs): the requests the client counts as in flight were not running in the
-  engine. Short points are not checked (the gauge is only as fresh as the front end's
-  last pass over the engine's output).
 - unverified: the server exposed no figures to check the client against.
+
+Findings (reported with the numbers, not a reason to distrust the point):
+
+- bursty: content reached the client in fewer than 0.5 separate arrivals per output token,
+  or more than 10 % of requests did so: the front end merged tokens (the "streaming
+  stutters" row of diagnose). The client's TPOT and ITL then describe bursts, so TPOT and
+  ITL come from the engine's own histograms (`vllm:request_time_per_output_token_seconds`,
+  `vllm:inter_token_latency_seconds`), labelled `engine`, and the TPOT SLO is judged on
+  them. Without server figures either, TPOT is not measurable at all.
+- underfilled: in closed loop, the server's peak of vllm:num_requests_running (at least four
+  gauge samples) stayed below half of min(concurrency, max-num-seqs): requests waited in
+  the front end before the engine saw them (their time is in the front-end segment).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from statistics import median
@@ -96,11 +113,20 @@ BURSTY_SHARE_TOL = 0.10
 UNDERFILL_FRACTION = 0.5
 MIN_GAUGE_SAMPLES = 4
 
+# The client's own lag: the delay its stalls added to a random moment, against this floor
+# or this share of the TTFT mean the client measured, whichever is larger.
+CLIENT_LAG_ABS_TOL_S = 0.005
+CLIENT_LAG_REL_TOL = 0.10
+
 FlagCode = Literal["client_bound", "bursty", "count_mismatch", "underfilled", "unverified"]
+FLAG_CODES: frozenset[str] = frozenset({"client_bound", "count_mismatch", "unverified"})
+"""Codes that make a run untrusted; the others are findings."""
+TpotSource = Literal["client", "engine", "none"]
 
 
 class PointFlag(BaseModel):
-    """A reason not to trust one run of a load point, with the numbers behind it."""
+    """A reason not to trust one run of a load point (`flags`), or a finding about the server
+    (`findings`: bursty streaming, requests held in the front end), with the numbers."""
 
     code: FlagCode
     repetition: int | None = Field(None, description="the run it was raised on")
@@ -127,6 +153,32 @@ class CrossCheck(BaseModel):
     )
     bursty_share: float | None = Field(
         None, description="share of requests (4+ tokens) delivered in bursts"
+    )
+    client_lag_p50_s: float | None = Field(
+        None, description="client: how late its event loop ran a periodic timer (median)"
+    )
+    client_lag_p95_s: float | None = None
+    client_lag_max_s: float | None = None
+    client_lag_samples: int = 0
+    client_delay_mean_s: float | None = Field(
+        None,
+        description="client: delay its own stalls added to a random moment of the window, "
+        "sum(lag^2) / (2 x window)",
+    )
+    client_cpu_share: float | None = Field(
+        None, description="client: CPU seconds per wall second during the window"
+    )
+    server_http_e2e_mean_s: float | None = Field(
+        None,
+        description="vLLM's API server: HTTP-level duration of the OpenAI routes (front end "
+        "included), mean over the window",
+    )
+    engine_queue_mean_s: float | None = None
+    engine_prefill_mean_s: float | None = None
+    front_end_ttft_s: float | None = Field(
+        None,
+        description="client TTFT mean minus the engine's: time in the server's front end "
+        "(HTTP, tokenising, detokenising, streaming) before the first chunk",
     )
 
 
@@ -156,9 +208,13 @@ class RunSummary(BaseModel):
     ttft_p95_s: float | None = None
     e2e_mean_s: float | None = None
     e2e_p95_s: float | None = None
-    tpot_p50_s: float | None = Field(None, description="None when not measurable (bursty)")
+    tpot_p50_s: float | None = Field(None, description="None when not measurable")
+    tpot_p95_s: float | None = None
+    tpot_source: TpotSource = "client"
+    holds: bool = Field(False, description="SLOs held and no flag")
     check: CrossCheck | None = None
     flags: list[PointFlag] = Field(default_factory=list)
+    findings: list[PointFlag] = Field(default_factory=list)
 
 
 SPREAD_KEYS: tuple[str, ...] = (
@@ -171,6 +227,7 @@ SPREAD_KEYS: tuple[str, ...] = (
     "e2e_mean_s",
     "e2e_p95_s",
     "tpot_p50_s",
+    "tpot_p95_s",
 )
 
 
@@ -211,8 +268,19 @@ class PointResult(BaseModel):
     )
     goodput: float = Field(description="requests per second that met every SLO")
     slo_attainment: float = Field(description="share of sent requests that met every SLO")
-    slo_ok: bool = Field(description="the SLOs held in every repetition")
+    slo_ok: bool = Field(description="the SLOs held in the stated share of repetitions")
+    holds: bool = Field(
+        False,
+        description="SLOs held with no flag in at least `knee_share` of the repetitions",
+    )
+    runs_holding: int = Field(0, description="repetitions whose SLOs held with no flag")
+    knee_share: float = Field(1.0, description="share of repetitions that must hold")
     tpot_measurable: bool = True
+    tpot_source: TpotSource = Field(
+        "client",
+        description="where TPOT and ITL come from: the client's chunks, or the engine's "
+        "histograms when the stream reached the client in bursts",
+    )
     ttft: LatencySummary
     tpot: LatencySummary
     itl: LatencySummary
@@ -220,14 +288,27 @@ class PointResult(BaseModel):
     top_errors: dict[str, int] = Field(default_factory=dict)
     server: ServerDelta | None = None
     check: CrossCheck | None = None
-    flags: list[PointFlag] = Field(default_factory=list)
+    flags: list[PointFlag] = Field(
+        default_factory=list, description="every repetition's reliability flags"
+    )
+    findings: list[PointFlag] = Field(
+        default_factory=list, description="every repetition's findings (bursty, underfilled)"
+    )
     runs: list[RunSummary] = Field(default_factory=list)
     spread: dict[str, Spread] = Field(default_factory=dict)
 
     @property
     def trusted(self) -> bool:
-        """No reliability flag on any repetition."""
-        return not self.flags
+        """Enough repetitions carry no reliability flag (the knee rule's share)."""
+        if not self.runs:
+            return not self.flags
+        need = runs_needed(len(self.runs), self.knee_share)
+        return sum(1 for r in self.runs if not r.flags) >= need
+
+
+def runs_needed(repetitions: int, share: float) -> int:
+    """How many of `repetitions` runs must hold for a point to hold (at least one)."""
+    return max(1, math.ceil(share * repetitions - 1e-9))
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -245,6 +326,10 @@ def _latency_gap(client: float, server: float) -> bool:
     return client - server > max(LATENCY_REL_TOL * server, LATENCY_ABS_TOL_S)
 
 
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+
+
 def cross_check(
     done: Sequence[RequestRecord],
     *,
@@ -253,46 +338,79 @@ def cross_check(
     server: ServerDelta | None,
     max_num_seqs: int | None = None,
     repetition: int | None = None,
-) -> tuple[CrossCheck, list[PointFlag]]:
-    """Check one window's completed requests against the server's own figures; the flags
-    say where they disagree beyond the module's tolerances."""
+    client_lag_s: Sequence[float] = (),
+    client_delay_s: float | None = None,
+    client_cpu_share: float | None = None,
+) -> tuple[CrossCheck, list[PointFlag], list[PointFlag]]:
+    """Check one window's completed requests against the client's own lag and the server's
+    figures. Returns the check, the flags (reasons not to trust the window) and the findings
+    (what the server did: bursty streaming, requests held before the engine)."""
     tokens = sum(r.output_tokens for r in done)
     deliveries = sum(r.deliveries for r in done)
     long = [r for r in done if r.output_tokens >= 4]
+    ttfts = [t for r in done if (t := r.ttft_s) is not None]
     check = CrossCheck(
-        client_ttft_mean_s=_mean(t for r in done if (t := r.ttft_s) is not None),
+        client_ttft_mean_s=_mean(ttfts),
         client_e2e_mean_s=_mean(t for r in done if (t := r.e2e_s) is not None),
         client_ok=len(done),
         deliveries_per_token=(deliveries / tokens) if tokens else None,
         bursty_share=(sum(1 for r in long if _bursty(r)) / len(long)) if long else None,
+        client_lag_p50_s=_pct(client_lag_s, 50),
+        client_lag_p95_s=_pct(client_lag_s, 95),
+        client_lag_max_s=max(client_lag_s) if client_lag_s else None,
+        client_lag_samples=len(client_lag_s),
+        client_delay_mean_s=client_delay_s,
+        client_cpu_share=client_cpu_share,
     )
     flags: list[PointFlag] = []
+    findings: list[PointFlag] = []
 
     def flag(code: FlagCode, message: str, **values: float | None) -> None:
-        flags.append(PointFlag(code=code, repetition=repetition, message=message, values=values))
+        item = PointFlag(code=code, repetition=repetition, message=message, values=values)
+        (flags if code in FLAG_CODES else findings).append(item)
 
-    dpt, share = check.deliveries_per_token, check.bursty_share
-    if (dpt is not None and dpt < BURST_DELIVERIES_PER_TOKEN) or (
-        share is not None and share > BURSTY_SHARE_TOL
-    ):
+    delay, ttft_mean = client_delay_s, check.client_ttft_mean_s
+    lag_tol = max(CLIENT_LAG_ABS_TOL_S, CLIENT_LAG_REL_TOL * (ttft_mean or 0.0))
+    if delay is not None and delay > lag_tol:
         flag(
-            "bursty",
-            f"content arrived {dpt or 0:.2f} times per output token and "
-            f"{(share or 0):.0%} of requests came in bursts (tolerance: "
-            f"{BURST_DELIVERIES_PER_TOKEN:g} per token, {BURSTY_SHARE_TOL:.0%} of requests): "
-            "streaming was delivered in bursts, TPOT and ITL are not measurable",
-            deliveries_per_token=dpt,
-            bursty_share=share,
+            "client_bound",
+            f"the load client's own stalls added {delay * 1000:.1f} ms to a random moment "
+            f"(its event loop ran up to {(check.client_lag_max_s or 0) * 1000:.0f} ms late; "
+            f"tolerance: max({CLIENT_LAG_ABS_TOL_S * 1000:g} ms, {CLIENT_LAG_REL_TOL:.0%} of "
+            f"its TTFT mean {(ttft_mean or 0) * 1000:.1f} ms)): the client itself fell "
+            "behind, so it recorded chunks late",
+            client_delay_mean_s=delay,
+            client_lag_max_s=check.client_lag_max_s,
+            client_cpu_share=client_cpu_share,
         )
+    dpt, share = check.deliveries_per_token, check.bursty_share
+    bursty = (dpt is not None and dpt < BURST_DELIVERIES_PER_TOKEN) or (
+        share is not None and share > BURSTY_SHARE_TOL
+    )
     if server is None:
+        if bursty:
+            flag(
+                "bursty",
+                f"content arrived {dpt or 0:.2f} times per output token and "
+                f"{(share or 0):.0%} of requests came in bursts, and the server reports no "
+                "TPOT of its own: TPOT and ITL are not measurable",
+                deliveries_per_token=dpt,
+                bursty_share=share,
+            )
         flag("unverified", "the server exposed no /metrics to check the client against")
-        return check, flags
+        return check, flags, findings
     ttft_w, e2e_w = server.histograms.get("ttft"), server.histograms.get("e2e")
+    http_w = server.histograms.get("http")
     check.server_ttft_mean_s = ttft_w.mean_s if ttft_w is not None else None
     check.server_e2e_mean_s = e2e_w.mean_s if e2e_w is not None else None
+    check.server_http_e2e_mean_s = http_w.mean_s if http_w is not None else None
+    check.engine_queue_mean_s = server.queue_time_mean_s
+    check.engine_prefill_mean_s = server.prefill_time_mean_s
     check.server_succeeded = server.requests_succeeded
     check.running_peak = server.running_peak
     check.gauge_samples = server.gauge_samples
+    if check.client_ttft_mean_s is not None and check.server_ttft_mean_s is not None:
+        check.front_end_ttft_s = max(0.0, check.client_ttft_mean_s - check.server_ttft_mean_s)
     if mode == "concurrency":
         check.expected_running = float(min(load, max_num_seqs) if max_num_seqs else load)
     lacking = [
@@ -306,19 +424,33 @@ def cross_check(
     ]
     if lacking:
         flag("unverified", f"the server did not expose {', '.join(lacking)}")
-    for what, c, s in (
-        ("TTFT", check.client_ttft_mean_s, check.server_ttft_mean_s),
-        ("E2E", check.client_e2e_mean_s, check.server_e2e_mean_s),
-    ):
-        if c is not None and s is not None and _latency_gap(c, s):
-            flag(
-                "client_bound",
-                f"client {what} mean {c * 1000:.1f} ms is {(c - s) * 1000:.1f} ms above the "
-                f"server's {s * 1000:.1f} ms (tolerance: max({LATENCY_REL_TOL:.0%}, "
-                f"{LATENCY_ABS_TOL_S * 1000:g} ms)): requests waited outside the engine, in "
-                "the load client or the HTTP front end",
-                **{f"client_{what.lower()}_mean_s": c, f"server_{what.lower()}_mean_s": s},
-            )
+    if bursty:
+        tpot_w = server.histograms.get("tpot")
+        engine = (
+            f"; the engine's own TPOT mean is {tpot_w.mean_s * 1000:.1f} ms"
+            if tpot_w is not None and tpot_w.mean_s is not None
+            else ""
+        )
+        flag(
+            "bursty",
+            f"content arrived {dpt or 0:.2f} times per output token and "
+            f"{(share or 0):.0%} of requests came in bursts (tolerance: "
+            f"{BURST_DELIVERIES_PER_TOKEN:g} per token, {BURSTY_SHARE_TOL:.0%} of requests): "
+            f"the server's front end merged tokens, so TPOT and ITL are the engine's{engine}",
+            deliveries_per_token=dpt,
+            bursty_share=share,
+        )
+    c_e2e, h_e2e = check.client_e2e_mean_s, check.server_http_e2e_mean_s
+    if c_e2e is not None and h_e2e is not None and _latency_gap(c_e2e, h_e2e):
+        flag(
+            "client_bound",
+            f"client E2E mean {c_e2e * 1000:.1f} ms is {(c_e2e - h_e2e) * 1000:.1f} ms above "
+            f"the server's own HTTP-level E2E {h_e2e * 1000:.1f} ms, front end included "
+            f"(tolerance: max({LATENCY_REL_TOL:.0%}, {LATENCY_ABS_TOL_S * 1000:g} ms)): the "
+            "time went in the client or on the loopback",
+            client_e2e_mean_s=c_e2e,
+            server_http_e2e_mean_s=h_e2e,
+        )
     succ = server.requests_succeeded
     if succ is not None and abs(succ - len(done)) > max(COUNT_ABS_TOL, COUNT_REL_TOL * len(done)):
         flag(
@@ -338,14 +470,31 @@ def cross_check(
     ):
         flag(
             "underfilled",
-            f"the server ran at most {peak:g} requests at once where min(concurrency, "
-            f"max-num-seqs) is {exp:g} (tolerance: {UNDERFILL_FRACTION:.0%} of it, over "
-            f"{server.gauge_samples} samples): requests the client counted as in flight "
-            "were not running in the engine (held in the client or the HTTP front end)",
+            f"the engine ran at most {peak:g} requests at once where min(concurrency, "
+            f"max-num-seqs) is {exp:g} (below {UNDERFILL_FRACTION:.0%} of it, over "
+            f"{server.gauge_samples} samples): requests waited in the server's front end "
+            "before the engine saw them",
             running_peak=peak,
             expected_running=exp,
         )
-    return check, flags
+    return check, flags, findings
+
+
+def _engine_summary(server: ServerDelta | None, short: str) -> LatencySummary:
+    """A latency summary from one of the engine's histogram windows (empty without one)."""
+    w = server.histograms.get(short) if server is not None else None
+    if w is None or w.count <= 0:
+        return LatencySummary()
+    return LatencySummary(n=int(w.count), p50=w.p50, p90=w.p90, p95=w.p95, p99=w.p99, mean=w.mean_s)
+
+
+def _engine_tpot_ok(tpot: LatencySummary, slo: SLO) -> bool:
+    """The TPOT SLO judged on the engine's figures: its windowed quantile at the attainment
+    the profile asks for (p90 for 0.9, p95 for 0.95) within the SLO."""
+    if slo.tpot_s is None:
+        return True
+    q = tpot.p95 if slo.attainment > 0.9 else tpot.p90
+    return q is not None and q <= slo.tpot_s
 
 
 def point_result(
@@ -359,34 +508,60 @@ def point_result(
     client_cpu_s: float | None = None,
     max_num_seqs: int | None = None,
     repetition: int = 0,
+    client_lag_s: Sequence[float] = (),
+    client_delay_s: float | None = None,
 ) -> PointResult:
     """Compute one run's statistics from its (non-warm-up) request records, cross-checked
-    against the server's delta over the same window."""
+    against the client's own lag and the server's delta over the same window."""
     recs = [r for r in records if not r.warmup]
     n = len(recs)
     done = [r for r in recs if r.status == "ok"]
     errors = sum(1 for r in recs if r.status == "error")
     timeouts = sum(1 for r in recs if r.status == "timeout")
-    good = sum(1 for r in recs if meets_slo(r, slo))
     out_tokens = sum(r.output_tokens for r in done)
     chunks = sum(len(r.chunk_s) for r in done)
     dur = max(duration_s, 1e-9)
     error_rate = errors / n if n else 0.0
     timeout_rate = timeouts / n if n else 0.0
-    attainment = good / n if n else 0.0
     server_rate: float | None = None
     if server is not None and server.generation_tokens is not None:
         server_rate = server.generation_tokens / dur
     prompt_tokens = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
     failures = Counter(r.error or r.status for r in recs if r.status != "ok")
-    check, flags = cross_check(
-        done, load=load, mode=mode, server=server, max_num_seqs=max_num_seqs, repetition=repetition
+    cpu_share = (client_cpu_s / dur) if client_cpu_s is not None else None
+    check, flags, findings = cross_check(
+        done,
+        load=load,
+        mode=mode,
+        server=server,
+        max_num_seqs=max_num_seqs,
+        repetition=repetition,
+        client_lag_s=client_lag_s,
+        client_delay_s=client_delay_s,
+        client_cpu_share=cpu_share,
     )
-    measurable = not any(f.code == "bursty" for f in flags)
-    steady = [r for r in done if not _bursty(r)]
+    bursty = any(f.code == "bursty" for f in findings)
+    source: TpotSource = "client"
+    tpot, itl = LatencySummary(), LatencySummary()
+    if not bursty:
+        steady = [r for r in done if not _bursty(r)]
+        # A request delivered in a burst has no measurable TPOT or ITL, even on a point
+        # that is not bursty as a whole: leave it out rather than report microseconds.
+        tpot = summarize(t for r in steady if (t := r.tpot_s) is not None)
+        itl = summarize(g for r in steady for g in r.itl_s)
+    else:
+        tpot, itl = _engine_summary(server, "tpot"), _engine_summary(server, "itl")
+        source = "engine" if tpot.n else "none"
+    # Per request: TTFT and E2E as the client saw them (front end included); TPOT only where
+    # the client could see it. Bursty: the engine's TPOT is judged for the point instead.
+    judge_slo = slo if not bursty else slo.model_copy(update={"tpot_s": None})
+    good = sum(1 for r in recs if meets_slo(r, judge_slo))
+    attainment = good / n if n else 0.0
     slo_ok = bool(
         n > 0 and attainment >= slo.attainment and error_rate + timeout_rate <= slo.max_error_rate
     )
+    if bursty:
+        slo_ok = slo_ok and _engine_tpot_ok(tpot, slo)
     result = PointResult(
         load=load,
         mode=mode,
@@ -405,23 +580,23 @@ def point_result(
         chunks_per_token=(chunks / out_tokens) if out_tokens else None,
         deliveries_per_token=check.deliveries_per_token,
         client_cpu_s=client_cpu_s,
-        client_cpu_share=(client_cpu_s / dur) if client_cpu_s is not None else None,
+        client_cpu_share=cpu_share,
         goodput=good / dur,
         slo_attainment=attainment,
         slo_ok=slo_ok,
-        tpot_measurable=measurable,
+        holds=slo_ok and not flags,
+        runs_holding=int(slo_ok and not flags),
+        tpot_measurable=source != "none",
+        tpot_source=source,
         ttft=summarize(t for r in done if (t := r.ttft_s) is not None),
-        # A request delivered in a burst has no measurable TPOT or ITL, even on a point
-        # that is not flagged as a whole: leave it out rather than report microseconds.
-        tpot=summarize(t for r in steady if (t := r.tpot_s) is not None)
-        if measurable
-        else LatencySummary(),
-        itl=summarize(g for r in steady for g in r.itl_s) if measurable else LatencySummary(),
+        tpot=tpot,
+        itl=itl,
         e2e=summarize(t for r in done if (t := r.e2e_s) is not None),
         top_errors=dict(failures.most_common(5)),
         server=server,
         check=check,
         flags=flags,
+        findings=findings,
     )
     result.runs = [run_summary(result, repetition)]
     return result
@@ -445,8 +620,12 @@ def run_summary(p: PointResult, repetition: int) -> RunSummary:
         e2e_mean_s=p.e2e.mean,
         e2e_p95_s=p.e2e.p95,
         tpot_p50_s=p.tpot.p50 if p.tpot_measurable else None,
+        tpot_p95_s=p.tpot.p95 if p.tpot_measurable else None,
+        tpot_source=p.tpot_source,
+        holds=p.slo_ok and not p.flags,
         check=p.check,
         flags=p.flags,
+        findings=p.findings,
     )
 
 
@@ -464,15 +643,23 @@ def combine_runs(
     *,
     slo: SLO,
     max_num_seqs: int | None = None,
+    knee_share: float = 1.0,
 ) -> PointResult:
     """Pool the repetitions of one load point: statistics over every run's requests and the
-    merged server window; the SLOs hold only if they held in every run; flags are every
-    run's flags; `spread` gives min/median/max of the key figures across runs."""
+    merged server window; the point holds when at least `knee_share` of its runs held their
+    SLOs with no flag (each run judged alone); flags and findings are every run's;
+    `spread` gives min/median/max of the key figures across runs."""
     if not runs:
         raise ValueError("combine_runs needs at least one run")
+    summaries = [s for r in runs for s in r.runs]
+    holding = sum(1 for s in summaries if s.holds)
+    need = runs_needed(len(summaries), knee_share)
     if len(runs) == 1:
         only = runs[0]
         only.spread = {k: spread([getattr(only.runs[0], k)]) for k in SPREAD_KEYS}
+        only.knee_share = knee_share
+        only.runs_holding = holding
+        only.holds = holding >= need
         return only
     first = runs[0]
     servers = [r.server for r in runs]
@@ -490,53 +677,97 @@ def combine_runs(
         else None,
         max_num_seqs=max_num_seqs,
     )
-    summaries = [s for r in runs for s in r.runs]
-    measurable = all(r.tpot_measurable for r in runs)
+    lag = [
+        v
+        for r in runs
+        if r.check is not None and r.check.client_lag_p95_s is not None
+        for v in (r.check.client_lag_p95_s,)
+    ]
+    if pooled.check is not None and lag:
+        # The pooled window keeps the worst run's client lag (the samples are per run).
+        pooled.check.client_lag_p95_s = max(lag)
+        pooled.check.client_lag_max_s = max(
+            (r.check.client_lag_max_s or 0.0) for r in runs if r.check is not None
+        )
+        pooled.check.client_lag_samples = sum(
+            r.check.client_lag_samples for r in runs if r.check is not None
+        )
+        delays = [
+            (r.check.client_delay_mean_s, r.duration_s)
+            for r in runs
+            if r.check is not None and r.check.client_delay_mean_s is not None
+        ]
+        if delays:  # time-weighted over the runs
+            total = sum(d for _, d in delays) or 1.0
+            pooled.check.client_delay_mean_s = sum(v * d for v, d in delays) / total
     pooled.repetitions = len(runs)
-    pooled.slo_ok = all(r.slo_ok for r in runs)
+    pooled.knee_share = knee_share
+    pooled.runs_holding = holding
+    pooled.holds = holding >= need
+    pooled.slo_ok = sum(1 for s in summaries if s.slo_ok) >= need
     pooled.flags = [f for r in runs for f in r.flags]
+    pooled.findings = [f for r in runs for f in r.findings]
     pooled.runs = summaries
     pooled.spread = {k: spread([getattr(s, k) for s in summaries]) for k in SPREAD_KEYS}
-    if not measurable:
-        pooled.tpot_measurable = False
-        pooled.tpot = LatencySummary()
-        pooled.itl = LatencySummary()
+    if any(r.tpot_source != "client" for r in runs) and pooled.tpot_source == "client":
+        # Some runs were bursty: report the engine's TPOT for the whole point, consistently.
+        pooled.tpot = _engine_summary(merged, "tpot")
+        pooled.itl = _engine_summary(merged, "itl")
+        pooled.tpot_source = "engine" if pooled.tpot.n else "none"
+        pooled.tpot_measurable = pooled.tpot_source != "none"
     return pooled
 
 
-def _holds(slo_ok: bool, flags: Sequence[PointFlag]) -> bool:
-    return slo_ok and not flags
-
-
 def find_knee(points: Sequence[PointResult]) -> PointResult | None:
-    """The knee: the highest load whose SLOs hold in every repetition and that carries no
-    reliability flag, with every lower load doing the same.
+    """The knee: the highest load of the unbroken run from the lightest load in which every
+    point holds (SLOs held with no flag in at least the rule's share of its repetitions).
 
     Counting only the unbroken run from the lightest load keeps a lucky point past a
     broken or untrusted one (noise on a shared machine) from being reported as capacity.
     """
     knee: PointResult | None = None
     for p in sorted(points, key=lambda p: p.load):
-        if not _holds(p.slo_ok, p.flags):
+        if not p.holds:
             break
         knee = p
     return knee
 
 
-def knee_stop(points: Sequence[PointResult]) -> str | None:
-    """Why the knee is where it is: the first point past it and what stopped the run
-    (None when every point holds)."""
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms"
+
+
+def _why_run_failed(run: RunSummary, slo: SLO | None) -> str:
+    if run.flags:
+        return "flagged " + ", ".join(sorted({f.code for f in run.flags}))
+    if slo is None:
+        return "SLOs broken"
+    bits = [f"attainment {run.slo_attainment:.0%} < {slo.attainment:.0%}"]
+    if slo.ttft_s is not None and run.ttft_p95_s is not None and run.ttft_p95_s > slo.ttft_s:
+        bits.append(f"TTFT p95 {_ms(run.ttft_p95_s)} > {_ms(slo.ttft_s)}")
+    if slo.tpot_s is not None and run.tpot_p95_s is not None and run.tpot_p95_s > slo.tpot_s:
+        bits.append(f"TPOT p95 ({run.tpot_source}) {_ms(run.tpot_p95_s)} > {_ms(slo.tpot_s)}")
+    if run.n and run.ok < run.n:
+        bits.append(f"{run.n - run.ok} of {run.n} failed")
+    return "; ".join(bits)
+
+
+def knee_stop(points: Sequence[PointResult], slo: SLO | None = None) -> str | None:
+    """Why the knee is where it is: the first point past it, how many of its runs held
+    against how many the rule needs, and what broke each run that did not, with the
+    numbers (None when every point holds)."""
     for p in sorted(points, key=lambda p: p.load):
-        if _holds(p.slo_ok, p.flags):
+        if p.holds:
             continue
-        where = f"{p.load:g}"
-        if p.flags:
-            codes = sorted({f.code for f in p.flags})
-            return f"load {where} is not trusted ({', '.join(codes)})"
-        broken = [s.repetition for s in p.runs if not s.slo_ok]
-        if p.repetitions > 1:
-            return f"load {where} broke its SLOs in repetition(s) {', '.join(map(str, broken))}"
-        return f"load {where} broke its SLOs"
+        reps = len(p.runs) or 1
+        need = runs_needed(reps, p.knee_share)
+        failed = [
+            f"run {s.repetition + 1}: {_why_run_failed(s, slo)}" for s in p.runs if not s.holds
+        ]
+        return (
+            f"load {p.load:g} held in {p.runs_holding} of {reps} runs (the rule needs {need})"
+            + (f": {'; '.join(failed)}" if failed else "")
+        )
     return None
 
 
@@ -548,15 +779,20 @@ def knees_by_repetition(points: Sequence[PointResult]) -> list[float | None]:
         knee: float | None = None
         for p in sorted(points, key=lambda p: p.load):
             run = next((s for s in p.runs if s.repetition == i), None)
-            if run is None or not _holds(run.slo_ok, run.flags):
+            if run is None or not run.holds:
                 break
             knee = p.load
         out.append(knee)
     return out
 
 
-def knee_is_stable(points: Sequence[PointResult], knee: PointResult | None) -> bool:
-    """True when at least two repetitions ran and each, on its own, gives the same knee."""
+def knee_is_stable(
+    points: Sequence[PointResult], knee: PointResult | None, share: float = 1.0
+) -> bool:
+    """True when at least two repetitions ran and at least `share` of them, each on its own,
+    give the same knee as the rule (with the default share 1: every one)."""
     per = knees_by_repetition(points)
     target = knee.load if knee is not None else None
-    return len(per) >= 2 and all(k == target for k in per)
+    if len(per) < 2:
+        return False
+    return sum(1 for k in per if k == target) >= runs_needed(len(per), share)

@@ -68,7 +68,9 @@ def point_table(p: PointResult) -> Table:
         t.add_column(col)
     s, c = p.server, p.check
     tpot = (
-        f"{_ms(p.tpot.p50)} / {_ms(p.tpot.p95)}" if p.tpot_measurable else "not measurable (bursty)"
+        f"{_ms(p.tpot.p50)} / {_ms(p.tpot.p95)} ({p.tpot_source})"
+        if p.tpot_measurable
+        else "not measurable (bursty, no server figures)"
     )
     rows: list[tuple[str, str]] = [
         ("repetitions", str(p.repetitions)),
@@ -80,13 +82,14 @@ def point_table(p: PointResult) -> Table:
         ("TPOT p50 / p95 (ms)", tpot),
         (
             "ITL p50 / p95 (ms)",
-            f"{_ms(p.itl.p50)} / {_ms(p.itl.p95)}" if p.tpot_measurable else "-",
+            f"{_ms(p.itl.p50)} / {_ms(p.itl.p95)} ({p.tpot_source})" if p.tpot_measurable else "-",
         ),
         ("E2E p50 / p95 / p99 (ms)", f"{_ms(p.e2e.p50)} / {_ms(p.e2e.p95)} / {_ms(p.e2e.p99)}"),
         ("goodput (req/s)", f"{p.goodput:.2f}"),
         (
             "SLO attainment",
-            f"{p.slo_attainment:.1%} ({'holds in every run' if p.slo_ok else 'broken'})",
+            f"{p.slo_attainment:.1%} (held in {p.runs_holding} of {len(p.runs)} runs: "
+            f"{'holds' if p.holds else 'does not hold'})",
         ),
         ("client CPU share", _num(p.client_cpu_share, ".0%")),
     ]
@@ -100,12 +103,22 @@ def point_table(p: PointResult) -> Table:
     if c is not None:
         rows += [
             (
-                "TTFT mean client / server (ms)",
-                f"{_ms(c.client_ttft_mean_s)} / {_ms(c.server_ttft_mean_s)}",
+                "client: delay its stalls added / loop lag max (ms)",
+                f"{_ms(c.client_delay_mean_s)} / {_ms(c.client_lag_max_s)}",
             ),
             (
-                "E2E mean client / server (ms)",
-                f"{_ms(c.client_e2e_mean_s)} / {_ms(c.server_e2e_mean_s)}",
+                "TTFT mean: client = front end + engine (ms)",
+                f"{_ms(c.client_ttft_mean_s)} = {_ms(c.front_end_ttft_s)} + "
+                f"{_ms(c.server_ttft_mean_s)}",
+            ),
+            (
+                "engine TTFT: queue / prefill mean (ms)",
+                f"{_ms(c.engine_queue_mean_s)} / {_ms(c.engine_prefill_mean_s)}",
+            ),
+            (
+                "E2E mean client / server HTTP / engine (ms)",
+                f"{_ms(c.client_e2e_mean_s)} / {_ms(c.server_http_e2e_mean_s)} / "
+                f"{_ms(c.server_e2e_mean_s)}",
             ),
             ("completed client / server", f"{c.client_ok} / {_num(c.server_succeeded, '.0f')}"),
             (
@@ -134,6 +147,12 @@ def point_table(p: PointResult) -> Table:
             f" (run {f.repetition + 1})" if f.repetition is not None and p.repetitions > 1 else ""
         )
         rows.append((f"[red]FLAG {f.code}[/red]{where}", f.message))
+    seen: set[str] = set()
+    for f in p.findings:
+        if f.code in seen:  # one line per kind of finding is enough
+            continue
+        seen.add(f.code)
+        rows.append((f"[yellow]finding {f.code}[/yellow]", f.message))
     for name, count in p.top_errors.items():
         rows.append((f"failure x{count}", name))
     for r in rows:
@@ -151,23 +170,23 @@ def summary_table(result: BenchResult) -> Table:
         pad_edge=False,
     )
     for col in (
-        "load", "ok/n", "tok/s", "TTFT\np95", "TTFT\nsrv", "E2E\np95",
-        "goodput\nreq/s", "SLO", "flags",
+        "load", "ok/n", "tok/s", "TTFT\np95", "front\nend", "E2E\np95",
+        "held", "SLO", "flags",
     ):  # fmt: skip
         t.add_column(col, no_wrap=True)
     knee = result.knee
     for p in result.points:
         is_knee = knee is not None and p.load == knee.load
-        srv = p.check.server_ttft_mean_s if p.check is not None else None
+        fe = p.check.front_end_ttft_s if p.check is not None else None
         t.add_row(
             f"c={p.load:g}" if p.mode == "concurrency" else f"{p.load:g}/s",
             f"{p.ok}/{p.n}",
             f"{p.output_token_throughput:.0f}",
             _ms(p.ttft.p95),
-            _ms(srv),
+            _ms(fe),
             _ms(p.e2e.p95),
-            f"{p.goodput:.1f}",
-            "[bold green]knee[/bold green]" if is_knee else ("ok" if p.slo_ok else "broken"),
+            f"{p.runs_holding}/{len(p.runs)}",
+            "[bold green]knee[/bold green]" if is_knee else ("ok" if p.holds else "broken"),
             f"[red]{_flag_codes(p)}[/red]" if p.flags else "",
         )
     return t
@@ -178,8 +197,9 @@ def knee_line(result: BenchResult) -> str:
     knee = result.knee
     per = ", ".join("none" if k is None else f"{k:g}" for k in result.knee_by_repetition)
     stop = f"; {result.knee_stop}" if result.knee_stop else ""
+    rule = f"\n  rule: {result.knee_rule}" if result.knee_rule else ""
     if knee is None:
-        return f"[yellow]no trusted load point meets the SLOs: no knee{stop}[/yellow]"
+        return f"[yellow]no knee{stop}[/yellow]{rule}"
     if result.repetitions < 2:
         stability = "[yellow]one run: stability not shown[/yellow]"
     elif result.knee_stable:
@@ -194,7 +214,9 @@ def knee_line(result: BenchResult) -> str:
             f"{_spread(knee, 'ttft_p95_s', ms=True)}, E2E p95 ms "
             f"{_spread(knee, 'e2e_p95_s', ms=True)}"
         )
-    return f"knee: [bold]{point_label(knee.mode, knee.load)}[/bold] ({stability}{stop}){spread}"
+    return (
+        f"knee: [bold]{point_label(knee.mode, knee.load)}[/bold] ({stability}{stop}){spread}{rule}"
+    )
 
 
 @handle_errors

@@ -59,6 +59,14 @@ from releasekit.deploy.target import (
     SmokeResult,
     Upstream,
 )
+from releasekit.serving.host import (
+    bind_env,
+    pick_core,
+    raise_priority,
+    reset_priority,
+    server_env,
+    worker_core,
+)
 from releasekit.serving.vllm import PIDDIR_ENV, VLLMServer, pick_port
 
 if TYPE_CHECKING:
@@ -139,14 +147,21 @@ def spawn_detached(
     return proc
 
 
-def _server_env(spec: ReleaseSpec) -> dict[str, str]:
+def _server_env(spec: ReleaseSpec, settings: Settings, core: int | None) -> dict[str, str]:
+    """The server's environment: this process's, the host's additions (preloaded libraries,
+    the worker's core), then the release's own, which win."""
+    release_env = dict(spec.env)
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        **spec.env,
+        **server_env(
+            python=settings.python, preload=settings.server_preload, release_env=release_env
+        ),
+        **(bind_env(core, release_env) if core is not None else {}),
+        **release_env,
     }
     env.pop(PIDDIR_ENV, None)
     return env
@@ -274,7 +289,13 @@ class LocalTarget(DeployTarget):
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"")
         argv = server_command(spec, python=self.settings.python, host=host, port=port)
-        proc = spawn_detached(argv, env=_server_env(spec), log_path=log)
+        # Its worker on the core the environment's other servers use least, so a candidate
+        # does not share the busy live worker's core.
+        core = pick_core(s.cpu_core for s in self._state.servers)
+        env = _server_env(spec, self.settings, core)
+        proc = spawn_detached(argv, env=env, log_path=log)
+        # Warm up with a higher share of the CPU than the busy live release (until healthy).
+        raised = raise_priority(proc.pid, self.settings.server_start_nice)
         rec = ServerRecord(
             release_id=spec.release_id,
             serving_key=spec.serving_key,
@@ -287,6 +308,8 @@ class LocalTarget(DeployTarget):
             log_path=str(log),
             role="starting",
             started_at=time.time(),
+            cpu_core=worker_core(env),
+            start_priority=self.settings.server_start_nice if raised else None,
         )
         self._state.servers.append(rec)
         self.handle.save()
@@ -299,6 +322,11 @@ class LocalTarget(DeployTarget):
             stop_group(rec.pid, rec.proc_start, grace_s=self.settings.server_stop_grace_s)
             self._forget(rec.pid)
             raise
+        finally:
+            if raised:
+                reset_priority(proc.pid)
+        rec.ready_s = round(time.time() - rec.started_at, 1)
+        self.handle.save()
         return up
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes], rec: ServerRecord, log: Path) -> None:
@@ -414,6 +442,9 @@ class LocalTarget(DeployTarget):
         )
         if launched.process is not None:
             _CHILDREN[launched.process.pid] = launched.process
+            # A light process in its own session: without a higher autogroup priority it
+            # waits behind busy servers and relays streams late and in bursts.
+            raise_priority(launched.process.pid, self.settings.gateway_nice)
         self._state.gateway = GatewayRecord(
             url=launched.url,
             host=launched.endpoint.host,

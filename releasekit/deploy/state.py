@@ -68,6 +68,11 @@ class ServerRecord(BaseModel):
     warm_until: float | None = Field(None, description="unix time a warm server is stopped")
     started_at: float
     target: str = "local"
+    cpu_core: int | None = Field(None, description="the core its vLLM worker is bound to")
+    start_priority: int | None = Field(
+        None, description="autogroup nice it started with (None: not raised)"
+    )
+    ready_s: float | None = Field(None, description="seconds from spawn to healthy")
 
 
 class GatewayRecord(BaseModel):

@@ -200,19 +200,17 @@ def _knee_gates(label: str, bench: BenchResult) -> list[GateResult]:
     knee = bench.knee
     problems: list[str] = []
     if knee is None:
-        problems.append(f"no load point held the SLOs ({bench.knee_stop or 'no points'})")
-    else:
-        if not knee.slo_ok:
-            problems.append(f"SLOs broke at the knee (attainment {knee.slo_attainment:.0%})")
-        if knee.flags:
-            problems.append(
-                "the knee point carries reliability flags: "
-                + ", ".join(sorted({f.code for f in knee.flags}))
-            )
-    if "knee_stable" in bench.model_fields_set and not bench.knee_stable:
+        problems.append(f"no knee: {bench.knee_stop or 'the sweep has no points'}")
+    elif not knee.holds:
+        codes = sorted({f.code for f in knee.flags})
         problems.append(
-            f"the knee is not stable across repetitions (per repetition: "
-            f"{bench.knee_by_repetition or 'one run only'})"
+            f"the knee point held in only {knee.runs_holding} of {len(knee.runs) or 1} runs"
+            + (f" (flagged: {', '.join(codes)})" if codes else "")
+        )
+    if knee is not None and "knee_stable" in bench.model_fields_set and not bench.knee_stable:
+        per = ", ".join("none" if k is None else f"{k:g}" for k in bench.knee_by_repetition)
+        problems.append(
+            f"the knee is not stable across repetitions (per repetition: {per or 'one run'})"
         )
     slo = bench.slo
     words = ", ".join(
@@ -227,7 +225,8 @@ def _knee_gates(label: str, bench: BenchResult) -> list[GateResult]:
             passed=not problems,
             rule=(
                 f"some load point meets the profile's SLOs ({words}) for at least "
-                f"{slo.attainment:.0%} of requests, unflagged and stable"
+                f"{slo.attainment:.0%} of requests: {bench.knee_rule or 'in every run'}; "
+                "and reruns agree on it"
             ),
             candidate=knee.load if knee else None,
             detail="; ".join(problems) or f"knee at load {knee.load:g}"
@@ -257,7 +256,8 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
                 kind="evidence",
                 passed=False,
                 rule="the live release's bench must have a load point that holds its SLOs",
-                detail="the live release's bench has no knee to compare with",
+                detail="the live release's bench has no knee to compare with: "
+                + (live.bench.knee_stop or "it has no load points"),
             )
         )
         return gates
@@ -266,15 +266,17 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
         GateResult(
             name=f"SLOs hold at the live knee (load {lk.load:g})",
             kind="perf",
-            passed=at is not None and at.slo_ok and not at.flags,
-            rule="at the live release's knee load the candidate meets the SLOs, unflagged",
+            passed=at is not None and at.holds,
+            rule="at the live release's knee load the candidate holds under the same rule: "
+            + (cand.bench.knee_rule or "SLOs met, unflagged, in every run"),
             candidate=at.slo_attainment if at else None,
             live=lk.slo_attainment,
             limit=live.bench.slo.attainment,
             detail=(
                 "the candidate's sweep has no point at this load"
                 if at is None
-                else f"attainment {at.slo_attainment:.0%}"
+                else f"attainment {at.slo_attainment:.0%}, held in {at.runs_holding} of "
+                f"{len(at.runs)} runs"
                 + (f"; flags {', '.join(sorted({f.code for f in at.flags}))}" if at.flags else "")
             ),
         )

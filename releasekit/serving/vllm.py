@@ -33,6 +33,7 @@ from releasekit.errors import (
     ServerStartError,
     ServerUnreachableError,
 )
+from releasekit.serving.host import server_env
 
 if TYPE_CHECKING:
     from releasekit.config import Settings
@@ -210,7 +211,11 @@ class VLLMServer:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=env,
-                        start_new_session=True,
+                        # Its own process group (stopped as one), but the caller's session:
+                        # Linux's scheduler autogroups share the CPU per session, and a load
+                        # client or gateway in another session than a busy vLLM stalls for
+                        # up to seconds at a time (measured: README, "Where the time goes").
+                        process_group=0,
                         stdin=subprocess.DEVNULL,
                         preexec_fn=hook,
                     )
@@ -388,11 +393,14 @@ def serve_release(
     m = lm.manifest
     model_dir = release_model_dir(settings, lm, lock)
     log = log_path or settings.state_dir / "logs" / f"serve-{m.name}-{lock.short_id}.log"
+    host_env = server_env(
+        python=settings.python, preload=settings.server_preload, release_env=m.serving.env
+    )
     return VLLMServer(
         model_dir,
         served_name=m.served_name,
         engine_args=serving_args(m),
-        env=m.serving.env,
+        env={**host_env, **m.serving.env},
         python=settings.python,
         log_path=log,
         host=settings.server_host,

@@ -46,7 +46,14 @@ class Sweep(_Strict):
     # Under open-loop arrivals, cap in-flight requests so a dead server can't pile up sockets.
     max_in_flight: int = Field(256, ge=1)
     repetitions: int = Field(
-        3, ge=1, le=20, description="runs of each point; the knee must hold in every one"
+        3, ge=1, le=20, description="runs of each point (the whole sweep repeats)"
+    )
+    knee_share: float = Field(
+        0.66,
+        gt=0,
+        le=1,
+        description="a point holds when its SLOs hold, unflagged, in at least this share of "
+        "its runs (0.66: 2 of 3); 1 asks for every run",
     )
 
     @model_validator(mode="after")

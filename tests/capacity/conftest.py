@@ -123,7 +123,7 @@ def make_bench(
         knee_stable=knee_is_stable(points, knee),
         knee_by_repetition=knees_by_repetition(points),
         knee_stop=knee_stop(points),
-        flagged_points=[p.load for p in points if p.flags],
+        flagged_points=[p.load for p in points if not p.trusted],
         requests=records,
     )
 

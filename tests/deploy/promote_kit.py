@@ -89,6 +89,8 @@ def point(
         goodput=goodput,
         slo_attainment=0.97 if slo_ok else 0.4,
         slo_ok=slo_ok,
+        holds=slo_ok and not flagged,
+        runs_holding=3 if slo_ok and not flagged else 0,
         ttft=latency(ttft_p95),
         tpot=latency(0.02),
         itl=latency(0.02),

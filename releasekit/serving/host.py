@@ -1,0 +1,120 @@
+"""How vLLM's CPU build shares this host: the allocator and OpenMP runtime it is started
+with, which core each server's worker is bound to, and the scheduler priority of a
+server while it starts.
+
+What was measured on a 2-core host (README, "Where the time goes on a 2-core host"):
+
+- Linux's scheduler autogroups divide the CPU between *sessions*, not processes. A light
+  process (a load client, the gateway) in another session than a busy vLLM stalled for up to
+  1.7 s at a time, which showed as bursty streams and a TTFT far above the engine's. So
+  servers started for a measurement share the caller's session (`VLLMServer`), and a server
+  that starts beside a busy live release gets a higher autogroup priority until it is
+  healthy (`raise_priority`, then `reset_priority`): under 4 streaming clients a candidate
+  became healthy in 27-28 s instead of 154-164 s.
+- vLLM binds its worker's OpenMP threads to core 0 by default. Servers of one environment
+  take turns (`pick_core`), so a candidate's worker is not bound to the core the live
+  worker is busy on.
+- vLLM's CPU guide preloads tcmalloc and Intel's OpenMP runtime (`preload_libs`); Debian's
+  libtcmalloc-minimal4 and the intel-openmp wheel vLLM's CPU build depends on ship them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+TCMALLOC_CANDIDATES: tuple[str, ...] = (
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+)
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def preload_libs(python: Path) -> list[str]:
+    """tcmalloc and Intel's OpenMP runtime, where this host has them: Debian's
+    libtcmalloc-minimal4, and libiomp5 from the environment of `python` (the intel-openmp
+    wheel installs it under <prefix>/lib)."""
+    libs = [p for p in TCMALLOC_CANDIDATES if Path(p).is_file()][:1]
+    # The venv's prefix: <prefix>/bin/python -> <prefix>/lib/libiomp5.so (not resolved: a
+    # venv's python is a link to the base interpreter).
+    iomp = python.parent.parent / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        libs.append(str(iomp))
+    return libs
+
+
+def server_env(
+    *, python: Path, preload: bool, release_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """What releasekit adds to a vLLM server's environment on this host: LD_PRELOAD (when
+    `preload` and the libraries exist, and the release does not set it itself)."""
+    release_env = release_env or {}
+    out: dict[str, str] = {}
+    if preload and "LD_PRELOAD" not in release_env:
+        libs = preload_libs(python)
+        if libs:
+            current = os.environ.get("LD_PRELOAD", "")
+            out["LD_PRELOAD"] = ":".join([*libs, *([current] if current else [])])
+    return out
+
+
+def host_cores() -> list[int]:
+    """The cores this process may run on."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def pick_core(taken: Iterable[int | None]) -> int:
+    """The core for a new server's worker: the least used among this host's cores by the
+    servers still running (`taken`: their cores), the lowest on a tie."""
+    cores = host_cores()
+    use = {c: 0 for c in cores}
+    for c in taken:
+        if c in use:
+            use[c] += 1
+    return min(cores, key=lambda c: (use[c], c))
+
+
+def bind_env(core: int, release_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The placement of a server's worker on `core`, unless the release places it itself."""
+    if release_env and BIND_ENV in release_env:
+        return {}
+    return {BIND_ENV: str(core)}
+
+
+def _autogroup(pid: int) -> Path:
+    return Path(f"/proc/{pid}/autogroup")
+
+
+def raise_priority(pid: int, nice: int | None) -> bool:
+    """Give the scheduler autogroup of `pid` (its session: a server started in its own
+    session, with its engine processes) the nice value `nice`. Best effort: False where the
+    kernel has no autogroups, or refuses (a negative value needs CAP_SYS_NICE)."""
+    if nice is None:
+        return False
+    path = _autogroup(pid)
+    try:
+        path.write_text(f"{nice}\n")
+    except OSError:
+        return False
+    return True
+
+
+def reset_priority(pid: int) -> None:
+    """Back to the default autogroup priority (nice 0), once a server is healthy."""
+    with contextlib.suppress(OSError):
+        _autogroup(pid).write_text("0\n")
+
+
+def worker_core(env: dict[str, str]) -> int | None:
+    """The single core a server's environment binds its worker to, if it names one."""
+    raw = env.get(BIND_ENV, "")
+    try:
+        return int(raw)
+    except ValueError:
+        return None
