@@ -1,4 +1,8 @@
-"""Shared CLI plumbing: settings, the one error handler, JSON/table rendering."""
+"""Shared CLI plumbing: settings, the one error handler, JSON/table rendering.
+
+Text from the core (messages, remedies, reasons, paths) is printed as it is: rich markup in
+a print goes through `esc` first, and table cells are plain text, so that a bracketed
+`[environments.NAME]` or `[a, b]` survives."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,6 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from releasekit.config import Settings, load_settings
 from releasekit.errors import ManifestError, ReleasekitError
@@ -32,6 +38,13 @@ R = TypeVar("R")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+
+def esc(value: object) -> str:
+    """`value` as literal text inside a rich markup string: brackets are printed, never
+    read as a style tag."""
+    return escape(str(value))
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON")]
 
@@ -75,7 +88,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             if State.traceback or os.environ.get("RELEASEKIT_TRACEBACK"):
                 raise
             err.print(
-                f"[red]unexpected error:[/red] {type(exc).__name__}: {exc} "
+                f"[red]unexpected error:[/red] {type(exc).__name__}: {esc(exc)} "
                 "(rerun with --traceback and report it)",
                 markup=True,
                 highlight=False,
@@ -89,11 +102,11 @@ def report_error(exc: ReleasekitError) -> None:
     """Print an error the way users see every error: what is wrong, then what to do."""
     if isinstance(exc, ManifestError):
         for p in exc.problems:
-            err.print(f"[red]error:[/red] {exc.path}: {p}", markup=True, highlight=False)
+            err.print(f"[red]error:[/red] {esc(exc.path)}: {esc(p)}", markup=True, highlight=False)
     else:
-        err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {esc(exc.message)}", markup=True, highlight=False)
     if exc.remedy:
-        err.print(f"  [dim]hint: {exc.remedy}[/dim]", markup=True, highlight=False)
+        err.print(f"  [dim]hint: {esc(exc.remedy)}[/dim]", markup=True, highlight=False)
 
 
 def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]) -> None:
@@ -107,12 +120,12 @@ def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Render a rich table on stdout."""
-    t = Table(title=title, show_lines=False)
+    """Render a rich table on stdout; the title and the cells are plain text (no markup)."""
+    t = Table(title=None if title is None else Text(title), show_lines=False)
     for c in columns:
-        t.add_column(c, overflow="fold")
+        t.add_column(Text(c), overflow="fold")
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+        t.add_row(*(Text("" if v is None else str(v)) for v in r))
     out.print(t)
 
 

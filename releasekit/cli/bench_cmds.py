@@ -23,6 +23,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -133,7 +134,7 @@ def point_table(p: PointResult) -> Table:
         where = (
             f" (run {f.repetition + 1})" if f.repetition is not None and p.repetitions > 1 else ""
         )
-        rows.append((f"[red]FLAG {f.code}[/red]{where}", f.message))
+        rows.append((f"[red]FLAG {f.code}[/red]{where}", esc(f.message)))
     for name, count in p.top_errors.items():
         rows.append((f"failure x{count}", name))
     for r in rows:
@@ -283,4 +284,4 @@ def bench(
     out.print(summary_table(result))
     out.print(knee_line(result))
     if written is not None:
-        out.print(f"wrote {written}/bench.json, bench.png, requests.jsonl")
+        out.print(f"wrote {esc(written)}/bench.json, bench.png, requests.jsonl")

@@ -12,6 +12,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -49,7 +50,7 @@ def _print_gates(report: object) -> None:
         gate_rows(report),
     )
     if report.comparison_rule:
-        out.print(f"[dim]quality rule: {report.comparison_rule}[/dim]", highlight=False)
+        out.print(f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]", highlight=False)
 
 
 @handle_errors
@@ -84,40 +85,44 @@ def promote_cmd(
     who = f"{res.release_name} {_short(res.release_id)}"
     if res.status == "dry_run":
         verdict = "would pass" if res.ok else "would be BLOCKED"
-        out.print(f"dry run: {who} -> {res.environment} {verdict}; nothing changed")
+        out.print(f"dry run: {esc(who)} -> {esc(res.environment)} {esc(verdict)}; nothing changed")
     elif res.status == "blocked":
         failed = ", ".join(g.name for g in res.report.failed) if res.report else ""
-        err.print(f"[red]blocked:[/red] {who} -> {res.environment}: {failed}", highlight=False)
+        err.print(
+            f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}",
+            highlight=False,
+        )
         if res.report_html:
-            err.print(f"  report: {res.report_html}", highlight=False)
+            err.print(f"  report: {esc(res.report_html)}", highlight=False)
         err.print("  [dim]hint: fix the release, or --force --reason TEXT[/dim]")
     elif res.status == "deploy_failed" and res.deploy is not None:
         failed_deploy = res.deploy
         back = "; traffic went back to the previous release" if failed_deploy.reverted else ""
         err.print(
-            f"[red]deploy failed[/red] ({failed_deploy.failed_stage}): "
-            f"{failed_deploy.failure}{back}; "
+            f"[red]deploy failed[/red] ({esc(failed_deploy.failed_stage)}): "
+            f"{esc(failed_deploy.failure)}{esc(back)}; "
             f"{_short(failed_deploy.previous_release_id)} keeps serving",
             highlight=False,
         )
     elif res.status == "already_live":
-        out.print(f"{who} is already live in {res.environment}; nothing to do")
+        out.print(f"{esc(who)} is already live in {esc(res.environment)}; nothing to do")
     else:
         d = res.deploy
         forced = (
-            f" [yellow](forced over: {', '.join(res.overridden)})[/yellow]"
+            f" [yellow](forced over: {esc(', '.join(res.overridden))})[/yellow]"
             if res.overridden
             else ""
         )
         how = " (prompt-only: same vLLM server)" if d and d.reused_server else ""
         out.print(
-            f"[green]{res.environment}[/green] -> {who}{how}{forced} at {res.gateway_url}",
+            f"[green]{esc(res.environment)}[/green] -> {esc(who)}{how}{forced} "
+            f"at {esc(res.gateway_url)}",
             highlight=False,
         )
         if d and d.warm:
-            out.print(f"  kept warm: {', '.join(_short(r) for r in d.warm)}")
+            out.print(f"  kept warm: {esc(', '.join(_short(r) for r in d.warm))}")
     for w in res.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
     if not res.ok:
         raise typer.Exit(1)
 
@@ -141,13 +146,13 @@ def rollback_cmd(
     elif res.status == "rolled_back":
         how = "warm" if res.warm else "cold start"
         out.print(
-            f"[green]{env}[/green] rolled back {_short(res.from_release)} -> "
-            f"{_short(res.to_release)} ({how}, switched after {res.switch_s:.2f} s); "
+            f"[green]{esc(env)}[/green] rolled back {_short(res.from_release)} -> "
+            f"{_short(res.to_release)} ({esc(how)}, switched after {res.switch_s:.2f} s); "
             f"{_short(res.from_release)} marked bad",
             highlight=False,
         )
     else:
-        err.print(f"[red]rollback {res.status}:[/red] {res.message}", highlight=False)
+        err.print(f"[red]rollback {res.status}:[/red] {esc(res.message)}", highlight=False)
     if res.status != "rolled_back":
         raise typer.Exit(1)
 
@@ -168,7 +173,7 @@ def down_cmd(
     what = (["gateway"] if res.gateway_stopped else []) + [
         f"server {_short(r)}" for r in res.servers_stopped
     ]
-    out.print(f"{env}: stopped {', '.join(what) or 'nothing (nothing ran)'}")
+    out.print(f"{esc(env)}: stopped {esc(', '.join(what) or 'nothing (nothing ran)')}")
 
 
 @handle_errors
