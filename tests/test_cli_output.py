@@ -53,3 +53,25 @@ def test_table_cells_and_title_are_plain_text(capsys: pytest.CaptureFixture[str]
     printed = capsys.readouterr().out
     assert "[environments.staging]" in printed
     assert "[red]reason[/red]" in printed and "[x, y]" in printed
+
+
+def test_a_wide_table_piped_becomes_records_within_the_width(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Piped, a table wider than 80 columns prints one record per row: the first cell as
+    heading, `column: value` lines wrapped at 80, empty and "-" cells left out, and a
+    64-character release id kept whole on its line."""
+    rid = "45846ee7c57a2303c741932b293f54e65d762c28c3556cda43d8f69df1b6c41b"
+    cols = ["environment", "gateway", "state", "release", "servers", "note"]
+    table("deployments", cols, [["production", "http://127.0.0.1:8200", "up", rid, "-", "x " * 60]])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["deployments", "production", "  gateway: http://127.0.0.1:8200"]
+    assert "  release: " + rid in lines
+    assert not any(line.strip().startswith("servers") for line in lines)
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_a_narrow_table_piped_stays_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    table(None, ["field", "value"], [["units", "12"]])
+    printed = capsys.readouterr().out
+    assert "units" in printed and "│" in printed

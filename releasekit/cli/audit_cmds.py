@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out
+from releasekit.cli._common import table as common_table
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
 from releasekit.releases.queries import at, diff, history, show
@@ -51,17 +50,8 @@ _MIN = {"type": 8, "by": 8, "reason": 10, "event": 8, "model": 8}
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """A rich table whose id, time and name columns never wrap (ids must stay copyable); the
-    title and the cells are plain text (no markup)."""
-    t = Table(title=None if title is None else Text(title))
-    for c in columns:
-        if c in _KEEP:
-            t.add_column(c, no_wrap=True)
-        else:
-            t.add_column(c, overflow="fold", min_width=_MIN.get(c))
-    for r in rows:
-        t.add_row(*(Text("" if v is None else str(v)) for v in r))
-    out.print(t)
+    """A table whose id, time and name columns never wrap (ids must stay copyable)."""
+    common_table(title, columns, rows, no_wrap=_KEEP, min_width=_MIN)
 
 
 def _key_metrics(metrics: dict[str, float]) -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ def _short(rid: str | None) -> str:
     return rid[:12] if rid else "-"
 
 
-def _print_gates(report: object) -> None:
+def _print_gates(report: object, *, explain: bool) -> None:
     from releasekit.promote.gates import GateReport
     from releasekit.promote.report import COLUMNS, gate_rows
 
@@ -49,14 +49,23 @@ def _print_gates(report: object) -> None:
         COLUMNS,
         gate_rows(report),
     )
-    if report.comparison_rule:
-        out.print(f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]", highlight=False)
+    if report.comparison_rule and explain:
+        out.print(
+            f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]",
+            highlight=False,
+            soft_wrap=False,  # a paragraph: wrapped at the width, on a terminal or piped
+        )
+    elif report.comparison_rule and not report.passed:
+        out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
 
 
 @handle_errors
 def promote_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
     to: Annotated[str, typer.Option("--to", help="environment, e.g. staging")],
+    explain: Annotated[
+        bool, typer.Option("--explain", help="print the quality gates' rule in full")
+    ] = False,
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the gate report; change nothing")
@@ -81,7 +90,7 @@ def promote_cmd(
             raise typer.Exit(1)
         return
     if res.report is not None:
-        _print_gates(res.report)
+        _print_gates(res.report, explain=explain)
     who = f"{res.release_name} {_short(res.release_id)}"
     if res.status == "dry_run":
         verdict = "would pass" if res.ok else "would be BLOCKED"
