@@ -44,6 +44,8 @@ def validate(
                 out.print(f"[green]ok[/green] {esc(r.path)}")
             else:
                 report_error(ManifestError(r.path, r.problems))
+            for n in r.notes:
+                err.print(f"  [yellow]note:[/yellow] {esc(n)}", highlight=False)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
