@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from _results import REPO, RESULTS, write_result
+
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 48
 MAX_NUM_SEQS = 32
@@ -358,7 +358,7 @@ def main() -> int:
                 w.close()
     report["host"]["loadavg_end"] = os.getloadavg()
     report["wall_s"] = round(time.time() - started, 1)
-    Path(ns.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(Path(ns.out), report)
     print(f"\nwrote {ns.out} ({report['wall_s']} s)")
     return 0
 

@@ -41,7 +41,6 @@ from typing import Any
 import httpx
 from _demo_project import (
     ENV,
-    REPO,
     Response,
     machine_info,
     make_project,
@@ -50,6 +49,7 @@ from _demo_project import (
     use_project,
     write_release,
 )
+from _results import RESULTS, write_result
 
 PORTS_VLLM = "27000-27899"
 PORTS_GATEWAY = (27900, 27999)
@@ -257,15 +257,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for rollback")
     ap.add_argument("--start-timeout", type=float, default=900.0, help="vLLM start, seconds")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "detection.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "detection.json")
     ap.add_argument("--keep", action="store_true", help="keep the throwaway project")
     args = ap.parse_args()
     from releasekit._support.procs import sigterm_as_interrupt
 
     with sigterm_as_interrupt():  # SIGTERM still stops the servers and the gateway (finally)
         result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 

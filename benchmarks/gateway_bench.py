@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import secrets
 import shutil
@@ -44,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from _results import RESULTS, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -344,7 +344,7 @@ def main() -> int:
         help="start vLLM, the gateway and the router each in its own session, as deployed "
         "(on a shared machine with autogroup scheduling this changes which process waits)",
     )
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gateway.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "gateway.json")
     args = ap.parse_args()
     if len(args.requests) != len(args.concurrency):
         ap.error("--requests needs one count per --concurrency")
@@ -430,8 +430,6 @@ def main() -> int:
             name: {str(c): summarise(pts) for c, pts in by_c.items()} for name, by_c in raw.items()
         }
         result = {
-            "command": " ".join(["benchmarks/gateway_bench.py", *sys.argv[1:]]),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "vllm_version": info.version,
             "max_tokens": args.max_tokens,
             "rounds": args.rounds,
@@ -508,8 +506,7 @@ def main() -> int:
         )
     if router_error:
         print(f"vllm-router: {router_error}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
     shutil.rmtree(work, ignore_errors=True)
     return 0

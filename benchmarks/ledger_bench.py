@@ -10,10 +10,7 @@ Prints the figures and writes them as JSON (default benchmarks/results/ledger.js
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -22,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _results import RESULTS, write_result
 from typer.testing import CliRunner
 
 from releasekit.cli import app
@@ -117,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "ledger.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "ledger.json")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
@@ -125,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["RELEASEKIT_LEDGER_URL"] = url
         os.environ["RELEASEKIT_ROOT"] = tmp
         os.environ["RELEASEKIT_CONFIG"] = str(Path(tmp) / "releasekit.toml")
+        (Path(tmp) / "releasekit.toml").write_text("")  # a project: the audit queries need one
         settings = load_settings(root=Path(tmp), ledger_url=url, actor="bench <bench@example.com>")
 
         led = Ledger(url, actor="bench <bench@example.com>")
@@ -175,13 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         }
     ok = all(figures[k]["median_ms"] < v for k, v in TARGETS_MS.items())
     result = {
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_avg": os.getloadavg(),
-        },
         "events": total,
         "history_env_rows": rows,
         "fill_s": round(fill_s, 2),
@@ -190,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets_ms": TARGETS_MS,
         "ok": ok,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, argv=None if argv is None else [sys.argv[0], *argv])
 
     print(
         f"ledger benchmark: {total} events (filled in {fill_s:.2f} s; "

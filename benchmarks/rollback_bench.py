@@ -60,7 +60,6 @@ from typing import Any
 import httpx
 from _demo_project import (
     ENV,
-    REPO,
     Response,
     machine_info,
     make_project,
@@ -69,6 +68,7 @@ from _demo_project import (
     use_project,
     write_release,
 )
+from _results import RESULTS, write_result
 
 PORTS_VLLM = "28000-28899"
 PORTS_GATEWAY = (28900, 28999)
@@ -633,7 +633,7 @@ def main() -> None:
     )
     ap.add_argument("--no-cli", action="store_true", help="skip the round through the CLI")
     ap.add_argument("--start-timeout", type=float, default=900.0, help="vLLM start, seconds")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rollback.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "rollback.json")
     ap.add_argument("--keep", action="store_true", help="keep the throwaway project")
     args = ap.parse_args()
     if args.repeat < 1 or args.cold_repeat < 0:
@@ -642,8 +642,7 @@ def main() -> None:
 
     with sigterm_as_interrupt():  # SIGTERM still stops the servers and the gateway (finally)
         result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print_table(result)
     print(f"wrote {args.out}")
 

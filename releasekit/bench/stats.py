@@ -59,7 +59,7 @@ from statistics import median
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from releasekit.bench.loadgen import RequestRecord
 from releasekit.bench.scrape import ServerDelta, merge_deltas
@@ -297,9 +297,11 @@ class PointResult(BaseModel):
     runs: list[RunSummary] = Field(default_factory=list)
     spread: dict[str, Spread] = Field(default_factory=dict)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def trusted(self) -> bool:
-        """Enough repetitions carry no reliability flag (the knee rule's share)."""
+        """Enough repetitions carry no reliability flag (the knee rule's share): the point
+        passed the cross-check."""
         if not self.runs:
             return not self.flags
         need = runs_needed(len(self.runs), self.knee_share)

@@ -10,155 +10,44 @@ The arithmetic of design.md ("Capacity planning"):
     units          = max(min units, ceil(peak rate x headroom / per-unit rate))
     utilisation    = peak rate / (units x per-unit rate)
 
-Errors raised here:
-
-    ReleasekitError
-    └── CapacityError               numbers that cannot make a plan (zero, negative, missing)
-        └── CapacityEvidenceError   a release's evidence cannot carry a plan or roofline
-                                    (no bench result, no knee, no weight files)
+This module makes the plans (by hand, from a load test, from a release) and their warnings.
+The models are in `capacity.plan_models`, the arithmetic in `capacity.plan_arithmetic`, the
+volume curve in `capacity.plan_curve`, a release's files in `capacity.evidence` and the
+errors (CapacityError, CapacityEvidenceError) in `capacity.errors`; all are re-exported
+here.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Literal
-
-import numpy as np
-import yaml
-from pydantic import BaseModel, Field, ValidationError
-
-# The only imports of evidence models and release files in releasekit.capacity:
-from releasekit.bench.runner import BENCH_JSON, BenchResult, point_label
+from releasekit.bench.runner import BenchResult, point_label
 from releasekit.bench.stats import PointResult
+from releasekit.capacity.errors import CapacityError, CapacityEvidenceError
+from releasekit.capacity.evidence import (
+    max_num_seqs_of,
+    read_bench,
+    read_release_manifest,
+    release_model_dir,
+)
+from releasekit.capacity.plan_arithmetic import (
+    check_hand,
+    check_traffic,
+    num,
+    peak_rate,
+    units_needed,
+)
+from releasekit.capacity.plan_curve import default_volumes, volume_curve
+from releasekit.capacity.plan_models import (
+    CapacityPlan,
+    CurvePoint,
+    HandUnit,
+    Measured,
+    PlanWarning,
+    Step,
+    Traffic,
+    UnitRate,
+    WarningCode,
+)
 from releasekit.config import Settings
-from releasekit.errors import ManifestError, ReleasekitError
-from releasekit.spec.manifest import LoadedManifest, parse_manifest
-
-# -- errors ----------------------------------------------------------------------------------
-
-
-class CapacityError(ReleasekitError):
-    """Raised when the numbers given cannot make a plan: a zero, negative or non-finite
-    figure, a missing business number, or a mix of options that contradict each other. The
-    message names the option."""
-
-    remedy = "see `releasekit capacity --help` for the options and a worked example"
-
-
-class CapacityEvidenceError(CapacityError):
-    """Raised when a release's evidence cannot carry a plan or a roofline: no bench result,
-    an unreadable one, a sweep with no knee (no trusted load point met the SLOs), no model
-    folder or no weight files."""
-
-    remedy = (
-        "run `releasekit bench MANIFEST` for the release (its sweep needs a point that meets "
-        "the SLOs), or plan by hand with --concurrency, --tokens-per-second, --output-tokens"
-    )
-
-
-# -- evidence: the one place that knows a release's files and the models that wrote them ----
-# (bench.json is read with BenchResult, the model the bench writer dumps; see imports above.)
-
-
-def read_bench(settings: Settings, release_id: str) -> BenchResult:
-    """The release's load test, results/<release_id>/bench/bench.json.
-
-    Raises CapacityEvidenceError if it is missing or unreadable.
-    """
-    path = settings.release_dir(release_id) / "bench" / BENCH_JSON
-    if not path.is_file():
-        raise CapacityEvidenceError(
-            f"release {release_id[:12]} has no load test: {path} is missing"
-        )
-    try:
-        return BenchResult.model_validate_json(path.read_bytes())
-    except (ValidationError, ValueError, OSError) as exc:
-        raise CapacityEvidenceError(f"unreadable bench result {path}: {exc}") from exc
-
-
-def read_release_manifest(settings: Settings, release_id: str) -> LoadedManifest | None:
-    """The manifest a release was built from: its copy in results/<release_id>/, else the
-    file its lock names; None when neither can be read."""
-    rdir = settings.release_dir(release_id)
-    candidates = [rdir / "manifest.yaml"]
-    lock = rdir / "lock.json"
-    if lock.is_file():
-        try:
-            rel = json.loads(lock.read_text(encoding="utf-8")).get("manifest")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            rel = None
-        if isinstance(rel, str) and rel:
-            candidates.append(settings.root / rel)
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:
-            m = parse_manifest(yaml.safe_load(path.read_text(encoding="utf-8")), path=path)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, ManifestError):
-            continue
-        return LoadedManifest(path=path, base=settings.root, manifest=m)
-    return None
-
-
-def max_num_seqs_of(lm: LoadedManifest | None) -> int | None:
-    """`max-num-seqs` from the release's serving arguments (None when not set)."""
-    if lm is None:
-        return None
-    args = lm.manifest.serving.args
-    for key in ("max-num-seqs", "max_num_seqs"):
-        v = args.get(key)
-        if v is not None and not isinstance(v, bool):
-            try:
-                return int(float(v))
-            except ValueError:
-                return None
-    return None
-
-
-def release_model_dir(settings: Settings, release_id: str, lm: LoadedManifest | None) -> Path:
-    """The folder a release serves: results/<release_id>/model (or quantise.json's model_dir)
-    for a quantised release, else the manifest's model source.
-
-    Raises CapacityEvidenceError when neither exists.
-    """
-    rdir = settings.release_dir(release_id)
-    record = rdir / "quantise.json"
-    if record.is_file():
-        try:
-            recorded = json.loads(record.read_text(encoding="utf-8")).get("model_dir")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            recorded = None
-        if isinstance(recorded, str) and recorded:
-            p = Path(recorded)
-            p = p if p.is_absolute() else settings.root / p
-            if p.is_dir():
-                return p
-    if (rdir / "model").is_dir():
-        return rdir / "model"
-    if lm is not None:
-        if lm.manifest.quantisation.scheme == "none":
-            src = lm.resolve(lm.manifest.model.source)
-            if src.is_dir():
-                return src
-            raise CapacityEvidenceError(
-                f"model source of release {release_id[:12]} not found: {src}"
-            )
-        raise CapacityEvidenceError(
-            f"release {release_id[:12]} is quantised ({lm.manifest.quantisation.scheme}) but "
-            f"not built: {rdir / 'model'} is missing",
-            remedy="run `releasekit build MANIFEST` first",
-        )
-    raise CapacityEvidenceError(
-        f"no model folder for release {release_id[:12]}: neither {rdir / 'model'} nor a "
-        "readable manifest",
-        remedy="build the release, or give --params and --bytes-per-weight by hand",
-    )
-
-
-# -- models ----------------------------------------------------------------------------------
 
 #: Little's law and the measured request rate at the knee may differ by this much.
 LITTLE_TOLERANCE = 0.15
@@ -166,198 +55,6 @@ LITTLE_TOLERANCE = 0.15
 LENGTH_TOLERANCE = 0.20
 #: Fewer requests than this at the knee make its mean E2E a rough figure.
 MIN_KNEE_REQUESTS = 30
-
-WarningCode = Literal[
-    "beyond_sweep",
-    "beyond_max_num_seqs",
-    "prompt_length_mismatch",
-    "output_length_mismatch",
-    "little_vs_measured",
-    "knee_at_sweep_top",
-    "knee_few_requests",
-    "knee_flagged",
-    "knee_unstable",
-    "no_measurement",
-]
-
-
-class Traffic(BaseModel):
-    """The traffic to plan for, in business numbers, and how much spare to keep."""
-
-    daily_requests: float = Field(description="requests a day")
-    peak_hours: float = Field(description="length of the daily peak window, hours")
-    peak_factor: float = Field(description="how much the peak exceeds an even spread over it")
-    headroom: float = Field(1.0, description="multiplies the peak rate; 1.25 keeps 25% spare")
-    min_units: int = Field(1, description="never plan fewer units than this")
-    unit_cost_per_hour: float | None = Field(None, description="price of one unit-hour")
-    prompt_tokens: float | None = Field(None, description="mean prompt tokens of the traffic")
-    output_tokens: float | None = Field(None, description="mean output tokens of the traffic")
-
-
-class HandUnit(BaseModel):
-    """Per-unit figures given by hand, for planning before any load test exists."""
-
-    concurrency: float = Field(description="sequences one unit serves at once")
-    tokens_per_second: float = Field(description="decode rate of one sequence, tokens/s")
-    output_tokens: float = Field(description="output tokens per request")
-    overhead_s: float = Field(0.0, description="added to every request, e.g. TTFT")
-    max_num_seqs: int | None = Field(None, description="the engine's max-num-seqs, if known")
-
-
-class Step(BaseModel):
-    """One line of the working: what is computed, with the numbers put in, and the result."""
-
-    name: str
-    working: str
-    value: float
-    unit: str
-
-
-class PlanWarning(BaseModel):
-    """Where the plan leaves what was measured, or the measurement is shaky."""
-
-    code: WarningCode
-    message: str
-
-
-class UnitRate(BaseModel):
-    """What one serving unit sustains, and where that figure comes from."""
-
-    source: Literal["load test", "by hand"]
-    requests_per_s: float = Field(description="the per-unit rate the plan uses")
-    concurrency: float = Field(description="requests in flight per unit at that rate")
-    seconds_per_request: float = Field(description="mean E2E (load test) or worked out by hand")
-    little_requests_per_s: float = Field(description="concurrency / seconds per request")
-    measured_requests_per_s: float | None = Field(
-        None, description="request_throughput measured at the knee"
-    )
-    little_over_measured: float | None = None
-    knee_load: float | None = None
-    mode: Literal["concurrency", "rate"] | None = None
-
-
-class Measured(BaseModel):
-    """What the release's sweep covered."""
-
-    profile_name: str
-    mode: Literal["concurrency", "rate"]
-    loads: list[float]
-    min_requests_per_s: float
-    max_requests_per_s: float
-    max_requests_per_s_load: float
-    knee_load: float
-    prompt_tokens_mean: float | None = None
-    output_tokens_mean: float | None = None
-    max_num_seqs: int | None = None
-
-
-class CapacityPlan(BaseModel):
-    """A capacity plan: peak rate, per-unit rate, units, utilisation, cost, the working and
-    the warnings. `plot` is set once a plot was written."""
-
-    release_id: str | None = None
-    traffic: Traffic
-    peak_requests_per_s: float
-    unit: UnitRate
-    units: int
-    utilisation: float = Field(description="peak rate / (units x per-unit rate)")
-    load_per_unit_requests_per_s: float = Field(description="peak rate / units")
-    cost_per_hour: float | None = Field(None, description="units x unit-hour price")
-    cost_per_day: float | None = Field(None, description="a fleet sized for the peak, running 24 h")
-    cost_per_1k_requests: float | None = Field(
-        None, description="cost per day / daily requests x 1000"
-    )
-    cost_per_1k_requests_at_peak: float | None = Field(
-        None, description="cost per hour / requests in a peak hour x 1000"
-    )
-    steps: list[Step]
-    warnings: list[PlanWarning] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    measured: Measured | None = None
-    plot: str | None = None
-
-
-class CurvePoint(BaseModel):
-    """Units needed at one daily volume, and whether a unit's load there was measured."""
-
-    daily_requests: float
-    units: int
-    load_per_unit_requests_per_s: float
-    measured: bool | None = Field(None, description="None when nothing was measured")
-
-
-# -- arithmetic ------------------------------------------------------------------------------
-
-
-def num(v: float) -> str:
-    """A figure as the working prints it: thousands separated, about three significant
-    digits."""
-    a = abs(v)
-    if float(v).is_integer() and a < 1e15:
-        return f"{int(v):,}"
-    if a >= 1000:
-        return f"{v:,.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
-
-def _positive(flag: str, v: float | None, *, allow_zero: bool = False) -> None:
-    if v is None:
-        return
-    bad = not math.isfinite(v) or (v < 0 if allow_zero else v <= 0)
-    if bad:
-        need = "zero or more" if allow_zero else "a positive number"
-        raise CapacityError(f"--{flag} must be {need} (got {v:g})")
-
-
-def check_traffic(t: Traffic) -> None:
-    """Raise CapacityError naming the first figure that cannot make a plan."""
-    _positive("daily-requests", t.daily_requests)
-    _positive("peak-hours", t.peak_hours)
-    if t.peak_hours > 24:
-        raise CapacityError(f"--peak-hours must be at most 24 (got {t.peak_hours:g})")
-    _positive("peak-factor", t.peak_factor)
-    _positive("headroom", t.headroom)
-    if t.headroom < 1:
-        raise CapacityError(
-            f"--headroom multiplies the peak rate (1.25 keeps 25% spare): it must be at least 1 "
-            f"(got {t.headroom:g})"
-        )
-    if t.min_units < 1:
-        raise CapacityError(f"--min-units must be at least 1 (got {t.min_units})")
-    _positive("unit-cost-per-hour", t.unit_cost_per_hour, allow_zero=True)
-    _positive("prompt-tokens", t.prompt_tokens)
-    _positive("output-tokens", t.output_tokens)
-
-
-def check_hand(u: HandUnit) -> None:
-    """Raise CapacityError naming the first per-unit figure that cannot make a plan."""
-    _positive("concurrency", u.concurrency)
-    _positive("tokens-per-second", u.tokens_per_second)
-    _positive("output-tokens", u.output_tokens)
-    _positive("overhead-s", u.overhead_s, allow_zero=True)
-    if u.max_num_seqs is not None and u.max_num_seqs < 1:
-        raise CapacityError(f"--max-num-seqs must be at least 1 (got {u.max_num_seqs})")
-
-
-def peak_rate(daily_requests: float, peak_hours: float, peak_factor: float) -> float:
-    """Requests per second at the peak: daily / (peak hours x 3600) x peak factor."""
-    return daily_requests / (peak_hours * 3600.0) * peak_factor
-
-
-def _ceil(x: float) -> int:
-    # 12.000000000001 from float error is 12 units, not 13.
-    return math.ceil(x - 1e-9)
-
-
-def units_needed(
-    peak_requests_per_s: float, per_unit_requests_per_s: float, *, headroom: float, min_units: int
-) -> int:
-    """max(min_units, ceil(peak x headroom / per-unit rate))."""
-    return max(min_units, _ceil(peak_requests_per_s * headroom / per_unit_requests_per_s))
 
 
 def _peak_step(t: Traffic, peak: float) -> Step:
@@ -603,7 +300,7 @@ def _knee_warnings(bench: BenchResult, knee: PointResult, ratio: float | None) -
                 f"{MIN_KNEE_REQUESTS}): its mean E2E is a rough figure",
             )
         )
-    if knee.flags:
+    if not knee.trusted:
         codes = ", ".join(sorted({f.code for f in knee.flags}))
         out.append(
             PlanWarning(
@@ -660,7 +357,9 @@ def plan_from_bench(
         Step(
             name=f"mean E2E at the knee ({where})",
             working=f"measured over {knee.ok} requests"
-            + (f" in {knee.repetitions} runs" if knee.repetitions > 1 else ""),
+            + (f" in {knee.repetitions} runs" if knee.repetitions > 1 else "")
+            + (f"; knee: {bench.knee_rule}" if bench.knee_rule else "")
+            + (f" (held in {knee.runs_holding} of {len(knee.runs)})" if len(knee.runs) > 1 else ""),
             value=e2e,
             unit="s",
         ),
@@ -756,41 +455,33 @@ def plan_release(settings: Settings, release_id: str, traffic: Traffic) -> Capac
     return plan
 
 
-# -- the curve behind the plot ---------------------------------------------------------------
-
-
-def default_volumes(plan: CapacityPlan, n: int = 240) -> list[float]:
-    """Daily volumes to plot: two decades below the plan to one above, widened to show the
-    volumes where one unit's load falls inside the sweep."""
-    d = plan.traffic.daily_requests
-    lo, hi = d / 100, d * 10
-    if plan.measured is not None:
-        t = plan.traffic
-        per_day = t.peak_hours * 3600 / t.peak_factor  # daily requests per req/s of peak
-        lo = min(lo, plan.measured.min_requests_per_s * per_day * t.min_units / 2)
-        hi = max(hi, plan.measured.max_requests_per_s * per_day * 2)
-    # The plan's own volume is on the grid, so the curve passes through the plan's units.
-    return sorted({float(v) for v in np.geomspace(lo, hi, n)} | {float(d)})
-
-
-def volume_curve(plan: CapacityPlan, volumes: Sequence[float] | None = None) -> list[CurvePoint]:
-    """Units needed at each daily volume with the plan's peak window, factor, headroom, floor
-    and per-unit rate; `measured` says whether a unit's load there (peak / units) lies within
-    the request rates the sweep measured."""
-    t = plan.traffic
-    rate = plan.unit.requests_per_s
-    out: list[CurvePoint] = []
-    for v in volumes if volumes is not None else default_volumes(plan):
-        peak = peak_rate(v, t.peak_hours, t.peak_factor)
-        units = units_needed(peak, rate, headroom=t.headroom, min_units=t.min_units)
-        load = peak / units
-        inside: bool | None = None
-        if plan.measured is not None:
-            m = plan.measured
-            inside = m.min_requests_per_s * 0.99 <= load <= m.max_requests_per_s * 1.01
-        out.append(
-            CurvePoint(
-                daily_requests=v, units=units, load_per_unit_requests_per_s=load, measured=inside
-            )
-        )
-    return out
+__all__ = [
+    "LENGTH_TOLERANCE",
+    "LITTLE_TOLERANCE",
+    "MIN_KNEE_REQUESTS",
+    "CapacityError",
+    "CapacityEvidenceError",
+    "CapacityPlan",
+    "CurvePoint",
+    "HandUnit",
+    "Measured",
+    "PlanWarning",
+    "Step",
+    "Traffic",
+    "UnitRate",
+    "WarningCode",
+    "check_hand",
+    "check_traffic",
+    "default_volumes",
+    "max_num_seqs_of",
+    "num",
+    "peak_rate",
+    "plan_by_hand",
+    "plan_from_bench",
+    "plan_release",
+    "read_bench",
+    "read_release_manifest",
+    "release_model_dir",
+    "units_needed",
+    "volume_curve",
+]

@@ -1,4 +1,13 @@
-"""Shared CLI plumbing: settings, the one error handler, JSON/table rendering."""
+"""Shared CLI plumbing: settings, the one error handler, JSON/table rendering.
+
+Text from the core (messages, remedies, reasons, paths) is printed as it is: rich markup in
+a print goes through `esc` first, and table cells are plain text, so that a bracketed
+`[environments.NAME]` or `[a, b]` survives.
+
+Tables are rich tables on a terminal. Piped (a file, `| cat`, CI logs), a table that does
+not fit the width (80 columns unless COLUMNS says otherwise) is printed as one record per
+row instead, `column: value` lines wrapped at the width, so that nothing is folded
+mid-word."""
 
 from __future__ import annotations
 
@@ -6,13 +15,16 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import textwrap
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from pydantic import BaseModel
 from rich.console import Console, RenderableType
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,6 +35,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from releasekit.config import Settings, load_settings
 from releasekit.errors import ManifestError, ReleasekitError
@@ -32,6 +45,13 @@ R = TypeVar("R")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+
+def esc(value: object) -> str:
+    """`value` as literal text inside a rich markup string: brackets are printed, never
+    read as a style tag."""
+    return escape(str(value))
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON")]
 
@@ -75,7 +95,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             if State.traceback or os.environ.get("RELEASEKIT_TRACEBACK"):
                 raise
             err.print(
-                f"[red]unexpected error:[/red] {type(exc).__name__}: {exc} "
+                f"[red]unexpected error:[/red] {type(exc).__name__}: {esc(exc)} "
                 "(rerun with --traceback and report it)",
                 markup=True,
                 highlight=False,
@@ -89,11 +109,11 @@ def report_error(exc: ReleasekitError) -> None:
     """Print an error the way users see every error: what is wrong, then what to do."""
     if isinstance(exc, ManifestError):
         for p in exc.problems:
-            err.print(f"[red]error:[/red] {exc.path}: {p}", markup=True, highlight=False)
+            err.print(f"[red]error:[/red] {esc(exc.path)}: {esc(p)}", markup=True, highlight=False)
     else:
-        err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {esc(exc.message)}", markup=True, highlight=False)
     if exc.remedy:
-        err.print(f"  [dim]hint: {exc.remedy}[/dim]", markup=True, highlight=False)
+        err.print(f"  [dim]hint: {esc(exc.remedy)}[/dim]", markup=True, highlight=False)
 
 
 def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]) -> None:
@@ -106,14 +126,71 @@ def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any] | list[Any]
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Render a rich table on stdout."""
-    t = Table(title=title, show_lines=False)
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    no_wrap: Collection[str] = (),
+    min_width: Mapping[str, int] | None = None,
+    console: Console | None = None,
+) -> None:
+    """Print a table on stdout: rich on a terminal; piped, records when it would not fit
+    (see the module docstring). The title and the cells are plain text (no markup);
+    `no_wrap` columns never wrap in the rich table (ids must stay copyable)."""
+    con = console or out
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
+    t = Table(title=None if title is None else Text(title), show_lines=False)
     for c in columns:
-        t.add_column(c, overflow="fold")
+        if c in no_wrap:
+            t.add_column(Text(c), no_wrap=True)
+        else:
+            t.add_column(Text(c), overflow="fold", min_width=(min_width or {}).get(c))
+    for r in cells:
+        t.add_row(*(Text(v) for v in r))
+    natural = Measurement.get(con, con.options.update(max_width=100_000), t).maximum
+    if con.is_terminal or natural <= con.width:
+        con.print(t)
+        return
+    for line in records(title, columns, cells, width=con.width):
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def records(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *, width: int
+) -> list[str]:
+    """A table as lines no wider than `width` (but for a single word longer than a line):
+    two columns as `key: value`; more as one record per row, the first cell as its heading
+    and `  column: value` for each other cell that holds something (not "" or "-")."""
+    lines = [title] if title else []
+
+    def field(label: str, value: str, indent: str) -> list[str]:
+        head = f"{indent}{label}: "
+        first_word = value.split(" ", 1)[0]
+        if len(head) + len(first_word) > width:
+            lines_ = [head.rstrip()]
+            head = indent + "  "
+        else:
+            lines_ = []
+        body = textwrap.wrap(
+            value,
+            width=width,
+            initial_indent=head,
+            subsequent_indent=indent + "    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        return lines_ + (body or [head.rstrip()])
+
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
-    out.print(t)
+        if len(columns) == 2:
+            lines += field(r[0], r[1], "")
+            continue
+        lines.append(r[0])
+        for col, value in zip(columns[1:], r[1:], strict=False):
+            if value.strip() not in ("", "-"):
+                lines += field(col, value, "  ")
+    return lines
 
 
 class Reporter:

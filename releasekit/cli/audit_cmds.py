@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out
+from releasekit.cli._common import table as common_table
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
 from releasekit.releases.queries import at, diff, history, show
@@ -50,16 +50,8 @@ _MIN = {"type": 8, "by": 8, "reason": 10, "event": 8, "model": 8}
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """A rich table whose id, time and name columns never wrap (ids must stay copyable)."""
-    t = Table(title=title)
-    for c in columns:
-        if c in _KEEP:
-            t.add_column(c, no_wrap=True)
-        else:
-            t.add_column(c, overflow="fold", min_width=_MIN.get(c))
-    for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
-    out.print(t)
+    """A table whose id, time and name columns never wrap (ids must stay copyable)."""
+    common_table(title, columns, rows, no_wrap=_KEEP, min_width=_MIN)
 
 
 def _key_metrics(metrics: dict[str, float]) -> list[tuple[str, str]]:
@@ -93,7 +85,7 @@ def _ledger() -> Ledger:
 
 def _warn(warnings: Sequence[str]) -> None:
     for w in warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
 
 
 @handle_errors
@@ -114,12 +106,12 @@ def register_cmd(
         return
     verb = "registered" if res.created else "already registered"
     out.print(
-        f"[green]{verb}[/green] {res.model_name} version {res.version} "
-        f"(release {_short(res.release_id)}) run {res.run_id}",
+        f"[green]{esc(verb)}[/green] {esc(res.model_name)} version {res.version} "
+        f"(release {_short(res.release_id)}) run {esc(res.run_id)}",
         highlight=False,
     )
     if res.prompt_uri:
-        out.print(f"  prompt {res.prompt_uri}  model {res.model_uri}", highlight=False)
+        out.print(f"  prompt {esc(res.prompt_uri)}  model {esc(res.model_uri)}", highlight=False)
 
 
 @handle_errors
@@ -143,16 +135,17 @@ def assign_cmd(
         return
     if res.repaired is not None:
         out.print(
-            f"[yellow]repaired[/yellow] {env}: {res.repaired.reason} (event #{res.repaired.seq})",
+            f"[yellow]repaired[/yellow] {esc(env)}: {esc(res.repaired.reason)} "
+            f"(event #{res.repaired.seq})",
             highlight=False,
         )
     what = f"{res.model_name} v{res.version} (release {_short(res.release_id)})"
     if not res.changed:
-        out.print(f"{env} already runs {what}; nothing recorded", highlight=False)
+        out.print(f"{esc(env)} already runs {esc(what)}; nothing recorded", highlight=False)
         return
     was = f" (was {_short(res.previous_release_id)})" if res.previous_release_id else ""
     seq = f"; event #{res.record.seq}" if res.record else ""
-    out.print(f"[green]{env}[/green] -> {what}{was}{seq}", highlight=False)
+    out.print(f"[green]{esc(env)}[/green] -> {esc(what)}{esc(was)}{esc(seq)}", highlight=False)
 
 
 @handle_errors
@@ -187,16 +180,17 @@ def status_cmd(json_: JsonOpt = False) -> None:
             ],
         )
         for e in rep.drifted:
-            err.print(f"[red]drift:[/red] {e.drift_detail}", highlight=False)
+            err.print(f"[red]drift:[/red] {esc(e.drift_detail)}", highlight=False)
         for d in rep.unrecorded:
-            err.print(f"[yellow]unrecorded:[/yellow] {d.detail}", highlight=False)
+            err.print(f"[yellow]unrecorded:[/yellow] {esc(d.detail)}", highlight=False)
         if rep.drifted:
             err.print(
                 "  [dim]hint: `releasekit reconcile` moves the aliases to match the ledger[/dim]"
             )
         if rep.drift_error:
             err.print(
-                f"[red]error:[/red] cannot cross-check MLflow: {rep.drift_error}", highlight=False
+                f"[red]error:[/red] cannot cross-check MLflow: {esc(rep.drift_error)}",
+                highlight=False,
             )
     if rep.drifted or rep.drift_error:
         raise typer.Exit(1)
@@ -221,12 +215,12 @@ def reconcile_cmd(
         found = ", ".join(f"{h.model_name} v{h.version}" for h in r.before) or "nothing"
         seq = f" (event #{r.record.seq})" if r.record else ""
         out.print(
-            f"[yellow]{verb}[/yellow] {r.environment}: {found} -> "
-            f"{r.after.model_name} v{r.after.version}{seq}",
+            f"[yellow]{esc(verb)}[/yellow] {esc(r.environment)}: {esc(found)} -> "
+            f"{esc(r.after.model_name)} v{r.after.version}{esc(seq)}",
             highlight=False,
         )
     for d in res.unrecorded:
-        err.print(f"[yellow]unrecorded:[/yellow] {d.detail} (left alone)", highlight=False)
+        err.print(f"[yellow]unrecorded:[/yellow] {esc(d.detail)} (left alone)", highlight=False)
     if not res.repairs:
         out.print(f"[green]ok[/green] {res.checked} environments agree with the ledger")
 
@@ -308,26 +302,27 @@ def at_cmd(
         emit_json(res)
         return
     if res.record is None:
-        out.print(f"nothing was live in {env} at {_when(res.time)}")
+        out.print(f"nothing was live in {esc(env)} at {esc(_when(res.time))}")
         return
     r = res.record
     out.print(
-        f"[bold]{env}[/bold] at {_when(res.time)}: release {res.release_id}",
+        f"[bold]{esc(env)}[/bold] at {esc(_when(res.time))}: release {res.release_id}",
         highlight=False,
     )
-    out.print(f"  model     {res.model_name} v{res.model_version}", highlight=False)
+    out.print(f"  model     {esc(res.model_name)} v{res.model_version}", highlight=False)
     out.print(
-        f"  since     {_when(r.time)} (event #{r.seq} {r.type}, by {r.actor})", highlight=False
+        f"  since     {esc(_when(r.time))} (event #{r.seq} {r.type}, by {esc(r.actor)})",
+        highlight=False,
     )
-    out.print(f"  reason    {r.reason}", highlight=False)
+    out.print(f"  reason    {esc(r.reason)}", highlight=False)
     if r.from_release:
-        out.print(f"  replaced  {r.from_release}", highlight=False)
+        out.print(f"  replaced  {esc(r.from_release)}", highlight=False)
     for k, v in sorted(res.evidence.items()):
         if k == "reports" and isinstance(v, dict):
             shown = f"{len(v)} files with sha256 (see --json)"
         else:
             shown = json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v
-        out.print(f"  evidence  {k}: {shown}", highlight=False)
+        out.print(f"  evidence  {esc(k)}: {esc(shown)}", highlight=False)
     if res.metrics:
         table(
             "evidence (key figures; --json for all)", ["metric", "value"], _key_metrics(res.metrics)
@@ -350,7 +345,7 @@ def show_cmd(
     if json_:
         emit_json(d)
         return
-    out.print(f"[bold]release {d.release_id}[/bold]  {d.name or ''}", highlight=False)
+    out.print(f"[bold]release {d.release_id}[/bold]  {esc(d.name or '')}", highlight=False)
     p = d.provenance
     _kv(
         "release",
@@ -384,9 +379,9 @@ def show_cmd(
             "evidence (key figures; --json for all)", ["metric", "value"], _key_metrics(d.metrics)
         )
     if d.missing:
-        out.print(f"[dim]not built yet: {', '.join(d.missing)}[/dim]")
+        out.print(f"[dim]not built yet: {esc(', '.join(d.missing))}[/dim]")
     for n in d.notes:
-        out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+        out.print(f"[yellow]note:[/yellow] {esc(n)}", highlight=False)
     if d.events:
         _events_table("events", d.events)
 
@@ -406,7 +401,7 @@ def diff_cmd(
         emit_json(d)
     else:
         out.print(
-            f"a: {d.a.short_id} {d.a.name or ''}  b: {d.b.short_id} {d.b.name or ''}",
+            f"a: {d.a.short_id} {esc(d.a.name or '')}  b: {d.b.short_id} {esc(d.b.name or '')}",
             highlight=False,
         )
         if not d.differs:
@@ -414,7 +409,7 @@ def diff_cmd(
         for pd in d.prompts:
             if pd.same:
                 continue
-            out.print(f"[bold]prompt {pd.role}[/bold] {pd.note or ''}", highlight=False)
+            out.print(f"[bold]prompt {esc(pd.role)}[/bold] {esc(pd.note or '')}", highlight=False)
             if pd.diff:
                 out.print(pd.diff.rstrip("\n"), markup=False, highlight=False)
         for title, changes in (
@@ -434,7 +429,7 @@ def diff_cmd(
         if rows:
             table("metrics (key figures; --json for all)", ["metric", "a", "b", "b - a"], rows)
         for n in d.notes:
-            out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+            out.print(f"[yellow]note:[/yellow] {esc(n)}", highlight=False)
     if exit_code and d.differs:
         raise typer.Exit(1)
 
@@ -462,17 +457,20 @@ def verify_cmd(json_: JsonOpt = False) -> None:
         emit_json(res)
     elif res.ok:
         head = f", head #{res.head_seq} {res.head_hash[:12]}" if res.head_hash else ""
-        out.print(f"[green]ok[/green] {res.records} records, chain intact{head}", highlight=False)
+        out.print(
+            f"[green]ok[/green] {res.records} records, chain intact{esc(head)}",
+            highlight=False,
+        )
         keys = f" by {', '.join(res.key_ids)}" if res.key_ids else ""
-        out.print(f"  signatures: {res.signing}{keys}", highlight=False)
+        out.print(f"  signatures: {esc(res.signing)}{esc(keys)}", highlight=False)
         anchored = f" up to #{res.anchored_seq}" if res.anchored_seq else ""
-        out.print(f"  git anchors: {res.anchoring}{anchored}", highlight=False)
+        out.print(f"  git anchors: {esc(res.anchoring)}{esc(anchored)}", highlight=False)
         for n in res.notes:
-            out.print(f"  [dim]{n}[/dim]", highlight=False)
+            out.print(f"  [dim]{esc(n)}[/dim]", highlight=False)
     else:
-        err.print(f"[red]ledger broken:[/red] {res.problem}", highlight=False)
+        err.print(f"[red]ledger broken:[/red] {esc(res.problem)}", highlight=False)
         for n in res.notes:
-            err.print(f"  also: {n}", highlight=False)
+            err.print(f"  also: {esc(n)}", highlight=False)
         err.print(
             "  [dim]hint: restore the ledger from a backup; the named record was edited, "
             "deleted, re-signed or truncated[/dim]"
@@ -499,9 +497,12 @@ def keygen_cmd(
         )
         return
     out.print(f"[green]key {kp.key_id}[/green]", highlight=False)
-    out.print(f"  private: {kp.private_path} (keep it secret; never commit it)", highlight=False)
     out.print(
-        f"  public:  {kp.public_path} (commit it: `git add {kp.public_path}`)", highlight=False
+        f"  private: {esc(kp.private_path)} (keep it secret; never commit it)", highlight=False
+    )
+    out.print(
+        f"  public:  {esc(kp.public_path)} (commit it: `git add {esc(kp.public_path)}`)",
+        highlight=False,
     )
     out.print(
         "  elsewhere (CI, release machine): RELEASEKIT_SIGNING_KEY=/path/to/that .pem",
@@ -523,7 +524,7 @@ def anchor_cmd(json_: JsonOpt = False) -> None:
         out.print("the git anchor already covers the ledger's head (or the ledger is empty)")
     else:
         out.print(
-            f"[green]anchored[/green] record #{a.seq} {a.hash[:12]} on {a.ref} "
+            f"[green]anchored[/green] record #{a.seq} {a.hash[:12]} on {esc(a.ref)} "
             f"(commit {(a.commit or '')[:12]})",
             highlight=False,
         )

@@ -23,6 +23,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -146,13 +147,13 @@ def point_table(p: PointResult) -> Table:
         where = (
             f" (run {f.repetition + 1})" if f.repetition is not None and p.repetitions > 1 else ""
         )
-        rows.append((f"[red]FLAG {f.code}[/red]{where}", f.message))
+        rows.append((f"[red]FLAG {f.code}[/red]{where}", esc(f.message)))
     seen: set[str] = set()
     for f in p.findings:
         if f.code in seen:  # one line per kind of finding is enough
             continue
         seen.add(f.code)
-        rows.append((f"[yellow]finding {f.code}[/yellow]", f.message))
+        rows.append((f"[yellow]finding {f.code}[/yellow]", esc(f.message)))
     for name, count in p.top_errors.items():
         rows.append((f"failure x{count}", name))
     for r in rows:
@@ -196,8 +197,8 @@ def knee_line(result: BenchResult) -> str:
     """The knee with its spread across repetitions and whether reruns agree."""
     knee = result.knee
     per = ", ".join("none" if k is None else f"{k:g}" for k in result.knee_by_repetition)
-    stop = f"; {result.knee_stop}" if result.knee_stop else ""
-    rule = f"\n  rule: {result.knee_rule}" if result.knee_rule else ""
+    stop = f"; {esc(result.knee_stop)}" if result.knee_stop else ""
+    rule = f"\n  rule: {esc(result.knee_rule)}" if result.knee_rule else ""
     if knee is None:
         return f"[yellow]no knee{stop}[/yellow]{rule}"
     if result.repetitions < 2:
@@ -305,4 +306,4 @@ def bench(
     out.print(summary_table(result))
     out.print(knee_line(result))
     if written is not None:
-        out.print(f"wrote {written}/bench.json, bench.png, requests.jsonl")
+        out.print(f"wrote {esc(written)}/bench.json, bench.png, requests.jsonl")

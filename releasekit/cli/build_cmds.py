@@ -25,6 +25,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -74,10 +75,10 @@ def build(
                     f", registered as {res.registered.get('model_uri')}" if res.registered else ""
                 )
                 out.print(
-                    f"[bold]{res.name}[/bold] release {res.release_id[:12]}: "
-                    f"{'[green]' if res.up_to_date else ''}{res.summary}"
-                    f"{'[/green]' if res.up_to_date else ''}{pushed}{registered} "
-                    f"({res.seconds:.0f} s) -> {res.release_dir}/",
+                    f"[bold]{esc(res.name)}[/bold] release {res.release_id[:12]}: "
+                    f"{'[green]' if res.up_to_date else ''}{esc(res.summary)}"
+                    f"{'[/green]' if res.up_to_date else ''}{esc(pushed)}{esc(registered)} "
+                    f"({res.seconds:.0f} s) -> {esc(res.release_dir)}/",
                     highlight=False,
                 )
     if json_:
@@ -99,8 +100,9 @@ def serve(
             sys.stdout.flush()
         else:
             out.print(
-                f"serving [bold]{lock.name}[/bold] release {lock.short_id} as "
-                f"'{info.model}' at {info.base_url}/v1 (log: {info.log_path}); Ctrl-C stops",
+                f"serving [bold]{esc(lock.name)}[/bold] release {lock.short_id} as "
+                f"'{esc(info.model)}' at {esc(info.base_url)}/v1 (log: {esc(info.log_path)}); "
+                "Ctrl-C stops",
                 highlight=False,
             )
 
@@ -137,7 +139,7 @@ def _run_stage(kind: StageKind, manifest: Path, release: str, baseline: str | No
         )
     finally:
         close()
-    err.print(f"{kind}: wrote {where}", highlight=False)
+    err.print(f"{esc(kind)}: wrote {esc(where)}", highlight=False)
 
 
 ManifestArg = Annotated[Path, typer.Argument(help="manifest file", show_default=False)]

@@ -21,7 +21,7 @@ from releasekit.capacity import (
 )
 from releasekit.capacity.plan import Step, num
 from releasekit.capacity.plot import default_plot_path, plot_plan
-from releasekit.cli._common import JsonOpt, State, emit_json, handle_errors, out, table
+from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
 from releasekit.config import Settings
 
 
@@ -51,9 +51,9 @@ def _value(s: Step) -> str:
 
 def _print_steps(title: str, steps: list[Step]) -> None:
     """The working, one numbered line a step, as design.md writes it."""
-    out.print(f"[bold]{title}[/bold]")
+    out.print(f"[bold]{esc(title)}[/bold]")
     for i, s in enumerate(steps, 1):
-        out.print(f"  {i}. {s.name}: {s.working} = {_value(s)}", highlight=False)
+        out.print(f"  {i}. {esc(s.name)}: {esc(s.working)} = {esc(_value(s))}", highlight=False)
 
 
 def _print_plan(plan: CapacityPlan) -> None:
@@ -83,11 +83,11 @@ def _print_plan(plan: CapacityPlan) -> None:
         rows.append(("cost per 1,000 requests (over the day)", num(plan.cost_per_1k_requests)))
     table(None, ["figure", "value"], rows)
     for w in plan.warnings:
-        out.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False)
+        out.print(f"[yellow]warning:[/yellow] {esc(w.message)}", highlight=False)
     for n in plan.notes:
-        out.print(f"[dim]note: {n}[/dim]", highlight=False)
+        out.print(f"[dim]note: {esc(n)}[/dim]", highlight=False)
     if plan.plot:
-        out.print(f"wrote {plan.plot}", highlight=False)
+        out.print(f"wrote {esc(plan.plot)}", highlight=False)
 
 
 def _print_roofline(r: Roofline) -> None:
@@ -109,12 +109,12 @@ def _print_roofline(r: Roofline) -> None:
         rows.append(("batched at the knee", f"{num(r.batched_tokens_per_s)} tokens/s{share}"))
     table(None, ["figure", "value"], rows)
     out.print(
-        f"ceiling: [bold]{num(r.ceiling_tokens_per_s)} tokens/s per sequence[/bold]",
+        f"ceiling: [bold]{esc(num(r.ceiling_tokens_per_s))} tokens/s per sequence[/bold]",
         highlight=False,
     )
     out.print(r.verdict, highlight=False)
     for n in r.notes:
-        out.print(f"[dim]note: {n}[/dim]", highlight=False)
+        out.print(f"[dim]note: {esc(n)}[/dim]", highlight=False)
 
 
 def _missing(**given: object) -> list[str]:

@@ -12,6 +12,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -31,7 +32,7 @@ def _short(rid: str | None) -> str:
     return rid[:12] if rid else "-"
 
 
-def _print_gates(report: object) -> None:
+def _print_gates(report: object, *, explain: bool) -> None:
     from releasekit.promote.gates import GateReport
     from releasekit.promote.report import COLUMNS, gate_rows
 
@@ -48,14 +49,23 @@ def _print_gates(report: object) -> None:
         COLUMNS,
         gate_rows(report),
     )
-    if report.comparison_rule:
-        out.print(f"[dim]quality rule: {report.comparison_rule}[/dim]", highlight=False)
+    if report.comparison_rule and explain:
+        out.print(
+            f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]",
+            highlight=False,
+            soft_wrap=False,  # a paragraph: wrapped at the width, on a terminal or piped
+        )
+    elif report.comparison_rule and not report.passed:
+        out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
 
 
 @handle_errors
 def promote_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
     to: Annotated[str, typer.Option("--to", help="environment, e.g. staging")],
+    explain: Annotated[
+        bool, typer.Option("--explain", help="print the quality gates' rule in full")
+    ] = False,
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the gate report; change nothing")
@@ -80,44 +90,48 @@ def promote_cmd(
             raise typer.Exit(1)
         return
     if res.report is not None:
-        _print_gates(res.report)
+        _print_gates(res.report, explain=explain)
     who = f"{res.release_name} {_short(res.release_id)}"
     if res.status == "dry_run":
         verdict = "would pass" if res.ok else "would be BLOCKED"
-        out.print(f"dry run: {who} -> {res.environment} {verdict}; nothing changed")
+        out.print(f"dry run: {esc(who)} -> {esc(res.environment)} {esc(verdict)}; nothing changed")
     elif res.status == "blocked":
         failed = ", ".join(g.name for g in res.report.failed) if res.report else ""
-        err.print(f"[red]blocked:[/red] {who} -> {res.environment}: {failed}", highlight=False)
+        err.print(
+            f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}",
+            highlight=False,
+        )
         if res.report_html:
-            err.print(f"  report: {res.report_html}", highlight=False)
+            err.print(f"  report: {esc(res.report_html)}", highlight=False)
         err.print("  [dim]hint: fix the release, or --force --reason TEXT[/dim]")
     elif res.status == "deploy_failed" and res.deploy is not None:
         failed_deploy = res.deploy
         back = "; traffic went back to the previous release" if failed_deploy.reverted else ""
         err.print(
-            f"[red]deploy failed[/red] ({failed_deploy.failed_stage}): "
-            f"{failed_deploy.failure}{back}; "
+            f"[red]deploy failed[/red] ({esc(failed_deploy.failed_stage)}): "
+            f"{esc(failed_deploy.failure)}{esc(back)}; "
             f"{_short(failed_deploy.previous_release_id)} keeps serving",
             highlight=False,
         )
     elif res.status == "already_live":
-        out.print(f"{who} is already live in {res.environment}; nothing to do")
+        out.print(f"{esc(who)} is already live in {esc(res.environment)}; nothing to do")
     else:
         d = res.deploy
         forced = (
-            f" [yellow](forced over: {', '.join(res.overridden)})[/yellow]"
+            f" [yellow](forced over: {esc(', '.join(res.overridden))})[/yellow]"
             if res.overridden
             else ""
         )
         how = " (prompt-only: same vLLM server)" if d and d.reused_server else ""
         out.print(
-            f"[green]{res.environment}[/green] -> {who}{how}{forced} at {res.gateway_url}",
+            f"[green]{esc(res.environment)}[/green] -> {esc(who)}{how}{forced} "
+            f"at {esc(res.gateway_url)}",
             highlight=False,
         )
         if d and d.warm:
-            out.print(f"  kept warm: {', '.join(_short(r) for r in d.warm)}")
+            out.print(f"  kept warm: {esc(', '.join(_short(r) for r in d.warm))}")
     for w in res.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
     if not res.ok:
         raise typer.Exit(1)
 
@@ -141,13 +155,13 @@ def rollback_cmd(
     elif res.status == "rolled_back":
         how = "warm" if res.warm else "cold start"
         out.print(
-            f"[green]{env}[/green] rolled back {_short(res.from_release)} -> "
-            f"{_short(res.to_release)} ({how}, switched after {res.switch_s:.2f} s); "
+            f"[green]{esc(env)}[/green] rolled back {_short(res.from_release)} -> "
+            f"{_short(res.to_release)} ({esc(how)}, switched after {res.switch_s:.2f} s); "
             f"{_short(res.from_release)} marked bad",
             highlight=False,
         )
     else:
-        err.print(f"[red]rollback {res.status}:[/red] {res.message}", highlight=False)
+        err.print(f"[red]rollback {res.status}:[/red] {esc(res.message)}", highlight=False)
     if res.status != "rolled_back":
         raise typer.Exit(1)
 
@@ -168,7 +182,7 @@ def down_cmd(
     what = (["gateway"] if res.gateway_stopped else []) + [
         f"server {_short(r)}" for r in res.servers_stopped
     ]
-    out.print(f"{env}: stopped {', '.join(what) or 'nothing (nothing ran)'}")
+    out.print(f"{esc(env)}: stopped {esc(', '.join(what) or 'nothing (nothing ran)')}")
 
 
 @handle_errors

@@ -20,7 +20,7 @@ from releasekit.capacity.diagnose import (
     live_release,
     live_targets,
 )
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out, table
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out, table
 from releasekit.config import Settings
 from releasekit.watch.windows import (
     Exposition,
@@ -179,7 +179,7 @@ def _print(d: Diagnosis) -> None:
     colour = _VERDICT[d.verdict]
     rel = f" release {d.release_id[:12]}" if d.release_id else ""
     out.print(
-        f"[bold]{d.env}[/bold]{rel}, {d.window_s:.3g} s window: "
+        f"[bold]{esc(d.env)}[/bold]{esc(rel)}, {d.window_s:.3g} s window: "
         f"[{colour}]{escape(d.summary)}[/{colour}]",
         highlight=False,
     )
@@ -214,14 +214,14 @@ def _print(d: Diagnosis) -> None:
     c = d.last_change
     if c is not None and d.findings:
         out.print(
-            f"last change: {c.event_type} #{c.seq} by {c.actor}, "
+            f"last change: {c.event_type} #{c.seq} by {esc(c.actor)}, "
             f"{(c.from_release or '-')[:12]} -> {(c.to_release or '-')[:12]}",
             highlight=False,
         )
         for line in c.changed:
             out.print(f"  {escape(line)}", highlight=False)
         if c.diff_command:
-            out.print(f"  $ {c.diff_command}", highlight=False)
+            out.print(f"  $ {esc(c.diff_command)}", highlight=False)
     for n in d.notes:
         out.print(f"[dim]note: {escape(n)}[/dim]", highlight=False)
 
@@ -278,7 +278,7 @@ def diagnose_cmd(
     settings = State.settings()
     targets = resolve_targets(settings, env, vllm_url=vllm_url, gateway_url=gateway_url)
     if not json_out:
-        err.print(f"[dim]reading {env}'s metrics for {window:g} s ...[/dim]", highlight=False)
+        err.print(f"[dim]reading {esc(env)}'s metrics for {window:g} s ...[/dim]", highlight=False)
     live = measure(targets, window, timeout_s=scrape_timeout or settings.scrape_timeout_s)
     result = diagnose(settings, env, live, release_id=targets.release_id)
     if json_out:

@@ -14,6 +14,7 @@ from releasekit.cli._common import (
     State,
     emit_json,
     err,
+    esc,
     handle_errors,
     out,
     progress_reporter,
@@ -155,14 +156,14 @@ def eval_(
         emit_json(_json(run))
         return
     out.print(results_table(run.result))
-    out.print(f"wrote {run.eval_dir}/eval.json, items.jsonl")
+    out.print(f"wrote {esc(run.eval_dir)}/eval.json, items.jsonl")
     if run.comparison is None:
-        out.print(f"[dim]no comparison: {run.baseline_note}[/dim]")
+        out.print(f"[dim]no comparison: {esc(run.baseline_note)}[/dim]")
         return
     c = run.comparison
     out.print(comparison_table(c))
     for w in c.warnings:
-        out.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        out.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
     style = _style(c.verdict)
-    out.print(f"verdict: [bold {style}]{c.verdict}[/bold {style}]")
-    out.print(f"report: {run.report_dir}/report.md, report.html, compare.json")
+    out.print(f"verdict: [bold {style}]{esc(c.verdict)}[/bold {style}]")
+    out.print(f"report: {esc(run.report_dir)}/report.md, report.html, compare.json")

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out, report_error
+from releasekit.cli._common import (
+    JsonOpt,
+    State,
+    emit_json,
+    err,
+    esc,
+    handle_errors,
+    out,
+    report_error,
+)
 from releasekit.errors import LockMismatchError, ManifestError
 from releasekit.spec import lock as lockmod
 from releasekit.spec.validate import validate_many
@@ -32,9 +41,11 @@ def validate(
     else:
         for r in results:
             if r.ok:
-                out.print(f"[green]ok[/green] {r.path}")
+                out.print(f"[green]ok[/green] {esc(r.path)}")
             else:
                 report_error(ManifestError(r.path, r.problems))
+            for n in r.notes:
+                err.print(f"  [yellow]note:[/yellow] {esc(n)}", highlight=False)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -55,15 +66,15 @@ def lock(
             if json_:
                 emit_json({"manifest": str(manifest), "ok": False, "changed": exc.changed})
             else:
-                err.print(f"[red]changed since lock:[/red] {exc.path}", markup=True)
+                err.print(f"[red]changed since lock:[/red] {esc(exc.path)}", markup=True)
                 for name in exc.changed:
-                    err.print(f"  {name}", highlight=False)
-                err.print("  [dim]hint: " + exc.remedy + "[/dim]")
+                    err.print(f"  {esc(name)}", highlight=False)
+                err.print(f"  [dim]hint: {esc(exc.remedy)}[/dim]", highlight=False)
             raise typer.Exit(1) from None
         if json_:
             emit_json({"manifest": str(manifest), "ok": True, "release_id": res.release_id})
         else:
-            out.print(f"[green]unchanged[/green] {manifest} release {res.release_id}")
+            out.print(f"[green]unchanged[/green] {esc(manifest)} release {res.release_id}")
         return
     lk = lockmod.lock(manifest)
     if json_:

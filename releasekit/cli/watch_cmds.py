@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from releasekit.cli._common import JsonOpt, State, emit_json, err, handle_errors, out
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out
 from releasekit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ def _parse_listen(value: str) -> tuple[str, int]:
 def _verdict(j: Judgement) -> str:
     colour = {"pass": "green", "breach": "red", "no_data": "dim"}[j.verdict]
     if j.value is None or j.verdict == "no_data":
-        return f"{j.rule} [{colour}]no data[/{colour}] ({j.reason})"
+        return f"{esc(j.rule)} [{colour}]no data[/{colour}] ({esc(j.reason)})"
     limit = f" / {j.limit:.4g}" if j.limit is not None else ""
-    return f"{j.rule} {j.value:.4g}{limit} [{colour}]{j.verdict}[/{colour}]"
+    return f"{esc(j.rule)} {j.value:.4g}{limit} [{colour}]{j.verdict}[/{colour}]"
 
 
 def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
@@ -57,12 +57,12 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         return
     if t.scrape_errors:
         problems = "; ".join(f"{k}: {v}" for k, v in t.scrape_errors.items())
-        err.print(f"{_hhmmss(t.t)} {env} [yellow]scrape failed[/yellow] {problems}")
+        err.print(f"{esc(_hhmmss(t.t))} {esc(env)} [yellow]scrape failed[/yellow] {esc(problems)}")
     for w in t.windows:
         judged = [j for j in t.judgements if j.window_start == w.start and j.window_end == w.end]
-        head = f"{_hhmmss(w.end)} {env} {_short(w.release)} {w.duration_s:.0f}s window"
+        head = f"{_hhmmss(w.end)} {esc(env)} {_short(w.release)} {w.duration_s:.0f}s window"
         if w.reset:
-            head += f" [dim](reset: {', '.join(w.reset)} restarted)[/dim]"
+            head += f" [dim](reset: {esc(', '.join(w.reset))} restarted)[/dim]"
         else:
             head += f" {w.requests or 0:g} req"
         out.print(head + " | " + " | ".join(_verdict(j) for j in judged), highlight=False)
@@ -73,12 +73,16 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
 def _print_rollback(o: RollbackOutcome, *, env: str) -> None:
     if o.status == "rolled_back":
         out.print(
-            f"[red]ROLLED BACK[/red] {env}: {_short(o.from_release)} -> {_short(o.to_release)} "
+            f"[red]ROLLED BACK[/red] {esc(env)}: {_short(o.from_release)} -> "
+            f"{_short(o.to_release)} "
             f"(ledger event {_short(o.event_id)}); {_short(o.from_release)} marked bad",
             highlight=False,
         )
     else:
-        err.print(f"[yellow]rollback {o.status}[/yellow] {env}: {o.message}", highlight=False)
+        err.print(
+            f"[yellow]rollback {o.status}[/yellow] {esc(env)}: {esc(o.message)}",
+            highlight=False,
+        )
 
 
 @handle_errors
@@ -132,16 +136,20 @@ def watch_cmd(
         p = svc.plan
         if not json_:
             err.print(
-                f"watching {env}: {p.release_name} {_short(p.release_id)} at "
-                f"{p.target.vllm_metrics_url}"
-                + (f" and {p.target.gateway_metrics_url}" if p.target.gateway_metrics_url else "")
+                f"watching {esc(env)}: {esc(p.release_name)} {_short(p.release_id)} at "
+                f"{esc(p.target.vllm_metrics_url)}"
+                + (
+                    f" and {esc(p.target.gateway_metrics_url)}"
+                    if p.target.gateway_metrics_url
+                    else ""
+                )
                 + f", every {svc.watcher.interval_s:g} s",
                 highlight=False,
             )
             for r in p.rules:
-                err.print(f"  rule {r.name}: {r.describe()}", highlight=False)
+                err.print(f"  rule {esc(r.name)}: {esc(r.describe())}", highlight=False)
             for n in p.notes:
-                err.print(f"  [dim]note: {n}[/dim]", highlight=False)
+                err.print(f"  [dim]note: {esc(n)}[/dim]", highlight=False)
         if once:
             tick = svc.once()
             if json_:
@@ -156,7 +164,9 @@ def watch_cmd(
             if addr and auth:
                 with svc.serve(addr[0], addr[1], auth=auth) as url:
                     if not json_:
-                        err.print(f"  receiver: POST {url}/alertmanager, metrics: {url}/metrics")
+                        err.print(
+                            f"  receiver: POST {esc(url)}/alertmanager, metrics: {esc(url)}/metrics"
+                        )
                     summary = svc.run(
                         stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_)
                     )
@@ -208,17 +218,17 @@ def alert_rules_cmd(
         emit_json(written)
         return
     out.print(
-        f"wrote {rules_path} ({len(res.rules.alerts)} alerts for {env}, release "
-        f"{_short(res.release_id)}) and {am_path}",
+        f"wrote {esc(rules_path)} ({len(res.rules.alerts)} alerts for {esc(env)}, release "
+        f"{_short(res.release_id)}) and {esc(am_path)}",
         highlight=False,
     )
     for s in res.rules.skipped:
-        err.print(f"  [yellow]skipped[/yellow] {s}", highlight=False)
+        err.print(f"  [yellow]skipped[/yellow] {esc(s)}", highlight=False)
     for n in res.notes:
-        err.print(f"  [dim]note: {n}[/dim]", highlight=False)
-    out.print(f"check it: promtool check rules {rules_path}", highlight=False)
+        err.print(f"  [dim]note: {esc(n)}[/dim]", highlight=False)
+    out.print(f"check it: promtool check rules {esc(rules_path)}", highlight=False)
     out.print(
         f"Prometheus needs these scrape jobs (they add the releasekit_env label):\n"
-        f"{written.scrape_yaml}",
+        f"{esc(written.scrape_yaml)}",
         highlight=False,
     )

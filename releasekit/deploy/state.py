@@ -162,11 +162,23 @@ def write_state(state_dir: Path, state: EnvState) -> None:
 
 
 def list_envs(state_dir: Path) -> list[str]:
-    """Environments that have a state file."""
+    """Environments that have a state file. The folder also holds each gateway's config
+    (`<env>-gateway.json`): only a file that reads as the state of the environment its name
+    says counts."""
     d = deploy_dir(state_dir)
     if not d.is_dir():
         return []
-    return sorted(p.stem for p in d.glob("*.json") if _ENV_NAME.match(p.stem))
+    found = []
+    for p in d.glob("*.json"):
+        if not _ENV_NAME.match(p.stem):
+            continue
+        try:
+            state = EnvState.model_validate_json(p.read_bytes())
+        except (OSError, ValidationError):
+            continue
+        if state.env == p.stem:
+            found.append(p.stem)
+    return sorted(found)
 
 
 @contextlib.contextmanager

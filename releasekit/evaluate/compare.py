@@ -36,361 +36,46 @@ Verdicts (`Verdict`; a gate passes only `non_inferior` and `superior`, see `Verd
 A suite with missing evidence is `missing_evidence`; otherwise it takes the worst verdict that
 applies, in the order of `VERDICT_ORDER` (inferior first). The comparison takes the worst
 suite verdict, and is `missing_evidence` when no suite was compared.
+
+This module pairs the items and reaches the verdicts; the models and compare.json live in
+`releasekit.evaluate.comparison`, the statistics in `releasekit.evaluate.paired_stats` and
+the verdicts in `releasekit.evaluate.verdicts` (all re-exported here).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from enum import StrEnum
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from releasekit.errors import EvalError, InputMissingError
-from releasekit.evaluate.runner import EvalResult, ItemResult, SuiteNoise, SuiteSummary
-from releasekit.evaluate.suites import Expected
-from releasekit.spec.manifest import LoadedManifest
-
-DEFAULT_MIN_PAIRED = 30
-"""Paired items a suite needs before it can pass a gate (the demo's suites have 40-240)."""
-
-COMPARE_JSON = "compare.json"
-"""The comparison's file name in a release's report folder."""
-
-_MAX_DRAW = 4_000_000  # indices drawn per bootstrap block: bounds memory for big suites
-_STRICT = ConfigDict(extra="forbid")
-
-
-class EvidenceError(EvalError):
-    """Raised when stored evidence (compare.json) cannot be read back by the strict model
-    that wrote it: not JSON, an unknown field, a verdict spelled another way, or verdicts
-    that contradict their own statistics."""
-
-    remedy = (
-        "do not edit evidence files by hand; rebuild the release's report "
-        "(`releasekit eval MANIFEST` or `releasekit build MANIFEST`)"
-    )
-
-
-class Verdict(StrEnum):
-    """A suite's (or a whole comparison's) verdict; see the module docstring."""
-
-    SUPERIOR = "superior"
-    NON_INFERIOR = "non_inferior"
-    INCONCLUSIVE = "inconclusive"
-    INSUFFICIENT_EVIDENCE = "insufficient_evidence"
-    MISSING_EVIDENCE = "missing_evidence"
-    ERROR_REGRESSION = "error_regression"
-    INFERIOR = "inferior"
-
-    @property
-    def passed(self) -> bool:
-        """True only for `non_inferior` and `superior`: everything else fails a gate."""
-        return self in (Verdict.NON_INFERIOR, Verdict.SUPERIOR)
-
-
-VERDICT_ORDER: tuple[Verdict, ...] = (
-    Verdict.INFERIOR,
-    Verdict.ERROR_REGRESSION,
-    Verdict.MISSING_EVIDENCE,
-    Verdict.INSUFFICIENT_EVIDENCE,
-    Verdict.INCONCLUSIVE,
-    Verdict.NON_INFERIOR,
-    Verdict.SUPERIOR,
+from releasekit.evaluate.comparison import (
+    COMPARE_JSON,
+    Comparison,
+    EvidenceError,
+    FlippedItem,
+    SideCounts,
+    SuiteComparison,
+    dump_comparison,
+    load_comparison,
+    parse_comparison,
 )
-"""Worst first: the order in which verdicts combine."""
-
-
-def worst(verdicts: Sequence[Verdict]) -> Verdict:
-    """The worst of `verdicts` by `VERDICT_ORDER`; `missing_evidence` when there are none."""
-    if not verdicts:
-        return Verdict.MISSING_EVIDENCE
-    return min(verdicts, key=VERDICT_ORDER.index)
-
-
-def rule_text(*, confidence: float, min_paired: int) -> str:
-    """The verdict rule in words, as the reports print it."""
-    conf = f"{100 * confidence:g}%"
-    alpha = f"{1 - confidence:.3g}"
-    return (
-        f"A suite is non-inferior if the lower bound of the {conf} interval of "
-        f"(candidate - baseline) pass rate is above -margin, with at least {min_paired} "
-        "paired items (superior if it is above 0); inferior if the upper bound is below "
-        "-margin. An item that errors counts as a failure unless it expects an error. "
-        "A candidate that errors on more items than the baseline (one-sided exact McNemar "
-        f"test on the items where one side errored, p < {alpha}) is an error regression. "
-        "A suite evaluated on one side only, or from different suite files, is missing "
-        "evidence. Only non-inferior and superior pass a gate. Interval: Newcombe's hybrid "
-        "score method 10 for paired proportions."
-    )
-
-
-class SideCounts(BaseModel):
-    """One release's outcomes in one suite. `passed` includes the errors of items that
-    expect one (`expected_errors`); `errors` are the other errors, counted as failures."""
-
-    model_config = _STRICT
-
-    n: int
-    passed: int
-    failed: int
-    errors: int
-    expected_errors: int = 0
-    pass_rate: float | None = Field(description="passed / n: errors count as failures")
-    error_rate: float | None = Field(description="errors / n")
-    digest: str = Field("", description="sha256 of the suite file this side read")
-
-
-class FlippedItem(BaseModel):
-    """An item whose verdict changed between baseline and candidate, with both answers (an
-    error's message stands in for the answer)."""
-
-    model_config = _STRICT
-
-    id: str
-    direction: Literal["pass->fail", "fail->pass"]
-    vars: dict[str, str] = Field(default_factory=dict)
-    expected: Expected = None
-    baseline_output: str | None = None
-    candidate_output: str | None = None
-    baseline_detail: str = ""
-    candidate_detail: str = ""
-
-
-class SuiteComparison(BaseModel):
-    """The paired comparison of one suite (see the module docstring)."""
-
-    model_config = _STRICT
-
-    kind: str = ""
-    verdict: Verdict
-    reasons: list[str] = Field(default_factory=list, description="why, in words")
-    margin: float
-    min_paired: int = DEFAULT_MIN_PAIRED
-    n_paired: int = 0
-    baseline: SideCounts | None = None
-    candidate: SideCounts | None = None
-    baseline_pass_rate: float | None = Field(None, description="over the paired items")
-    candidate_pass_rate: float | None = Field(None, description="over the paired items")
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    interval_verdict: Verdict | None = Field(
-        None, description="what the interval alone says against -margin (and 0)"
-    )
-    score_delta: float | None = None
-    score_ci_low: float | None = None
-    score_ci_high: float | None = None
-    mcnemar_p: float | None = None
-    both_pass: int = 0
-    both_fail: int = 0
-    flipped_to_fail: list[str] = Field(default_factory=list)
-    flipped_to_pass: list[str] = Field(default_factory=list)
-    errors_only_candidate: int = Field(0, description="pairs where only the candidate errored")
-    errors_only_baseline: int = Field(0, description="pairs where only the baseline errored")
-    error_regression_p: float | None = Field(
-        None, description="one-sided exact test that the candidate errors more"
-    )
-    error_regression: bool = False
-    unpaired: int = Field(0, description="ids present in only one of the two results")
-    same_suite_file: bool | None = Field(
-        None, description="both evals read a suite file with the same sha256"
-    )
-    baseline_noise: SuiteNoise | None = None
-    candidate_noise: SuiteNoise | None = None
-    flips: list[FlippedItem] = Field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        """True when this suite passes a gate (`Verdict.passed`)."""
-        return self.verdict.passed
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SuiteComparison:
-        # A verdict that its own numbers do not support is not evidence (hand-edited or
-        # written by a bug): refuse it here, at construction and when read back.
-        if not self.verdict.passed:
-            return self
-        lo = self.ci_low
-        if self.n_paired < self.min_paired or lo is None or self.error_regression:
-            raise ValueError(f"verdict {self.verdict.value} contradicts the statistics")
-        bound = 0.0 if self.verdict is Verdict.SUPERIOR else -self.margin
-        if not lo > bound:
-            raise ValueError(f"verdict {self.verdict.value} contradicts ci_low {lo}")
-        return self
-
-
-class Comparison(BaseModel):
-    """Candidate vs baseline across suites; `verdict` is the worst suite verdict and
-    `passed` is what a gate reads."""
-
-    model_config = _STRICT
-
-    baseline_release_id: str | None
-    candidate_release_id: str | None
-    baseline_name: str = ""
-    candidate_name: str = ""
-    verdict: Verdict
-    confidence: float
-    interval: Literal["newcombe-hybrid-score-10"] = "newcombe-hybrid-score-10"
-    min_paired: int = DEFAULT_MIN_PAIRED
-    bootstrap_samples: int = Field(description="resamples for the score delta")
-    seed: int
-    rule: str = ""
-    suites: dict[str, SuiteComparison]
-    missing_suites: list[str] = Field(
-        default_factory=list, description="suites not evaluated on both sides (missing_evidence)"
-    )
-    warnings: list[str] = Field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        """True when every suite passes (`Verdict.passed` of the worst verdict)."""
-        return self.verdict.passed
-
-    def failing_suites(self) -> list[str]:
-        """The names of the suites whose verdict fails a gate."""
-        return [name for name, s in self.suites.items() if not s.passed]
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Comparison:
-        expected = worst([s.verdict for s in self.suites.values()])
-        if self.verdict is not expected:
-            raise ValueError(
-                f"verdict {self.verdict.value} is not the worst suite verdict ({expected.value})"
-            )
-        return self
-
-
-# ---- statistics ------------------------------------------------------------------------
-
-
-def _z(confidence: float) -> float:
-    from scipy.stats import norm  # imported here: scipy adds ~0.4 s to CLI start-up
-
-    return float(norm.ppf(0.5 + confidence / 2))
-
-
-def wilson_interval(x: int, n: int, *, confidence: float) -> tuple[float, float]:
-    """Wilson's score interval for a proportion x/n (Wilson 1927), without continuity
-    correction: (2np + z^2 -/+ z sqrt(z^2 + 4np(1-p))) / (2(n + z^2))."""
-    if n <= 0 or not 0 <= x <= n:
-        raise ValueError(f"wilson_interval needs 0 <= x <= n and n > 0, got x={x}, n={n}")
-    z = _z(confidence)
-    p = x / n
-    centre = 2 * n * p + z * z
-    half = z * math.sqrt(z * z + 4 * n * p * (1 - p))
-    den = 2 * (n + z * z)
-    return max(0.0, (centre - half) / den), min(1.0, (centre + half) / den)
-
-
-def newcombe_paired_interval(
-    a: int, b: int, c: int, d: int, *, confidence: float
-) -> tuple[float, float]:
-    """Interval for p1 - p2 = (b - c) / n from paired binary data: Newcombe's method 10
-    (Newcombe 1998, Statistics in Medicine 17:2635-2650), the hybrid score interval.
-
-    a = both positive, b = first positive only, c = second positive only, d = neither;
-    n = a + b + c + d, p1 = (a + b) / n, p2 = (a + c) / n. With (l1, u1) and (l2, u2) the
-    Wilson score limits of p1 and p2, and
-
-        phi = C / sqrt((a+b)(c+d)(a+c)(b+d)),  C = max(ad - bc - n/2, 0) if ad > bc else ad - bc
-        (phi = 0 when the denominator is 0),
-
-    the limits are
-
-        L = (p1 - p2) - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)
-        U = (p1 - p2) + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)^2).
-
-    Newcombe's Table II examples reproduce: (36, 12, 2, 0) -> [0.0569, 0.3404];
-    (53, 0, 0, 1) -> [-0.0729, 0.0729]; (0, 30, 0, 0) -> [0.8395, 1.0].
-    """
-    if min(a, b, c, d) < 0 or a + b + c + d == 0:
-        raise ValueError(f"newcombe_paired_interval needs counts >= 0, n > 0: {(a, b, c, d)}")
-    n = a + b + c + d
-    p1, p2 = (a + b) / n, (a + c) / n
-    l1, u1 = wilson_interval(a + b, n, confidence=confidence)
-    l2, u2 = wilson_interval(a + c, n, confidence=confidence)
-    den = (a + b) * (c + d) * (a + c) * (b + d)
-    phi = 0.0
-    if den:
-        cross = a * d - b * c
-        num = max(cross - n / 2, 0.0) if cross > 0 else float(cross)
-        phi = num / math.sqrt(den)
-    lo_sq = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
-    hi_sq = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
-    theta = p1 - p2
-    return max(-1.0, theta - math.sqrt(max(lo_sq, 0.0))), min(
-        1.0, theta + math.sqrt(max(hi_sq, 0.0))
-    )
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value from the discordant counts b and c."""
-    if b + c == 0:
-        return 1.0
-    from scipy.stats import binomtest  # imported here: scipy adds ~0.4 s to CLI start-up
-
-    return float(binomtest(b, b + c, 0.5, alternative="two-sided").pvalue)
-
-
-def more_errors_p(only_candidate: int, only_baseline: int) -> float:
-    """One-sided exact p-value that the candidate errs more often than the baseline, from
-    the pairs where exactly one side errored: P(X >= only_candidate), X ~ Bin(total, 1/2)."""
-    total = only_candidate + only_baseline
-    if total == 0:
-        return 1.0
-    from scipy.stats import binomtest
-
-    return float(binomtest(only_candidate, total, 0.5, alternative="greater").pvalue)
-
-
-def paired_bootstrap(
-    candidate: Sequence[float] | np.ndarray,
-    baseline: Sequence[float] | np.ndarray,
-    *,
-    samples: int,
-    confidence: float,
-    seed: int,
-) -> tuple[float, float, float]:
-    """Mean paired difference (candidate - baseline) and its percentile bootstrap CI.
-
-    Used for the graded score delta only (informative, never a verdict): with few items or
-    no change it collapses to [0, 0]. Deterministic for a given `seed`.
-    """
-    cand = np.asarray(candidate, dtype=float)
-    base = np.asarray(baseline, dtype=float)
-    if cand.shape != base.shape or cand.ndim != 1 or cand.size == 0:
-        raise ValueError("paired_bootstrap needs two equal-length, non-empty 1-d sequences")
-    diff = cand - base
-    n = diff.size
-    rng = np.random.default_rng(seed)
-    means = np.empty(samples)
-    block = max(1, _MAX_DRAW // n)
-    for start in range(0, samples, block):
-        stop = min(samples, start + block)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = diff[idx].mean(axis=1)
-    alpha = 1.0 - confidence
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(diff.mean()), float(low), float(high)
-
-
-def interval_verdict(ci_low: float, ci_high: float, margin: float) -> Verdict:
-    """What an interval of candidate - baseline says against -margin: superior if its lower
-    bound is above 0, non_inferior if above -margin, inferior if its upper bound is below
-    -margin, else inconclusive."""
-    if ci_low > 0:
-        return Verdict.SUPERIOR
-    if ci_low > -margin:
-        return Verdict.NON_INFERIOR
-    if ci_high < -margin:
-        return Verdict.INFERIOR
-    return Verdict.INCONCLUSIVE
-
+from releasekit.evaluate.paired_stats import (
+    mcnemar_exact,
+    more_errors_p,
+    newcombe_paired_interval,
+    paired_bootstrap,
+    wilson_interval,
+)
+from releasekit.evaluate.runner import EvalResult, ItemResult, SuiteSummary
+from releasekit.evaluate.verdicts import (
+    DEFAULT_MIN_PAIRED,
+    VERDICT_ORDER,
+    Verdict,
+    interval_verdict,
+    rule_text,
+    worst,
+)
+from releasekit.spec.manifest import LoadedManifest
 
 # ---- pairing ---------------------------------------------------------------------------
 
@@ -725,50 +410,6 @@ def compare(
     )
 
 
-# ---- reading back ----------------------------------------------------------------------
-
-
-def _problems(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(document)"
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts[:10]) + (f"; and {len(parts) - 10} more" if len(parts) > 10 else "")
-
-
-def parse_comparison(data: str | bytes, *, source: str = "compare.json") -> Comparison:
-    """Validate a comparison document with the strict model that wrote it. EvidenceError
-    names each `field.path: problem` (an unknown field, a verdict spelled another way,
-    a verdict its own numbers contradict)."""
-    try:
-        return Comparison.model_validate_json(data)
-    except ValidationError as exc:
-        raise EvidenceError(
-            f"{source}: not a comparison releasekit wrote: {_problems(exc)}"
-        ) from exc
-
-
-def load_comparison(path: Path | str) -> Comparison:
-    """Read a comparison back: `path` is a compare.json or a report folder holding one.
-    InputMissingError if absent; EvidenceError if it is not exactly what releasekit writes."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / COMPARE_JSON
-    if not p.is_file():
-        raise InputMissingError(p, what="comparison (compare.json)")
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise EvidenceError(f"{p}: unreadable: {exc}") from exc
-    return parse_comparison(data, source=str(p))
-
-
-def dump_comparison(comparison: Comparison) -> bytes:
-    """The compare.json bytes for `comparison` (what `load_comparison` reads back)."""
-    return (comparison.model_dump_json(indent=2) + "\n").encode()
-
-
 __all__ = [
     "COMPARE_JSON",
     "DEFAULT_MIN_PAIRED",
@@ -782,6 +423,7 @@ __all__ = [
     "compare",
     "compare_suite",
     "counts_as_pass",
+    "dump_comparison",
     "interval_verdict",
     "load_comparison",
     "mcnemar_exact",
@@ -789,6 +431,7 @@ __all__ = [
     "newcombe_paired_interval",
     "paired_bootstrap",
     "parse_comparison",
+    "rule_text",
     "side_counts",
     "wilson_interval",
     "worst",

@@ -18,12 +18,13 @@ Outcomes (`PromoteResult.status`):
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from releasekit._support.progress import Progress
-from releasekit.config import Settings
+from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import (
@@ -221,6 +222,29 @@ def move_record(
     return move
 
 
+class PromoteRequest(BaseModel):
+    """What a promotion is asked to do: which release, to which environment, why, by whom,
+    and whether it is a dry run or forced over failed gates."""
+
+    release_ref: str = Field(description="anything resolve_release accepts")
+    env: str
+    reason: str = ""
+    dry_run: bool = False
+    force: bool = False
+    actor: str | None = None
+
+
+@dataclass(frozen=True)
+class PromoteTarget:
+    """A resolved promotion: the candidate, the environment's settings and the release of
+    record there."""
+
+    info: ReleaseInfo
+    cfg: EnvironmentConfig
+    live_id: str | None
+    base: PromoteResult
+
+
 def promote(
     settings: Settings,
     release_ref: str,
@@ -236,128 +260,212 @@ def promote(
     """Promote `release_ref` (anything resolve_release accepts) to `env`; see the module
     docstring for the outcomes. --force needs a reason and overrides failed gates (policy
     included), recorded as an `override` event that lists them."""
+    request = PromoteRequest(
+        release_ref=release_ref, env=env, reason=reason, dry_run=dry_run, force=force, actor=actor
+    )
+    return run_promotion(settings, request, progress=progress, ledger=ledger)
+
+
+def run_promotion(
+    settings: Settings,
+    request: PromoteRequest,
+    *,
+    progress: Progress | None = None,
+    ledger: Ledger | None = None,
+) -> PromoteResult:
+    """The steps of a promotion: resolve, (serve the record again,) gates, block or deploy,
+    record."""
     say = progress or (lambda label, done, total: None)
-    cfg = env_config(settings, env)
-    if force and not reason.strip():
+    cfg = env_config(settings, request.env)
+    if request.force and not request.reason.strip():
         raise PromoteError("--force needs --reason: an override must say why")
-    led = ledger or _open_ledger(settings, read_only=dry_run)
-    rid = resolve_release(settings, release_ref, ledger=led).release_id
-    info = load_release(settings, rid, ledger=led)
-    _check_allowed(info, env)
-    live_rec = led.live_at(env)
+    led = ledger or _open_ledger(settings, read_only=request.dry_run)
+    target = resolve_target(settings, request, cfg=cfg, ledger=led)
+    rid = target.info.release_id
+    if target.live_id == rid:
+        if _running(settings, request.env, rid):
+            return target.base.model_copy(update={"status": "already_live"})
+        if request.dry_run:
+            return target.base
+        say("deploying", 0, 0)
+        return redeploy_record(settings, request, target, ledger=led)
+
+    say("checking gates", 0, 0)
+    report = check_gates(settings, target, ledger=led)
+    result = target.base.model_copy(update={"report": report})
+    if request.dry_run:
+        return result
+
+    stem = f"{request.env}-{target.info.name}-{target.info.short_id}-"
+    stem += f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
+    jpath, hpath = write_report(report, settings.state_dir / "reports", stem=stem)
+    result = result.model_copy(update={"report_json": str(jpath), "report_html": str(hpath)})
+    failed = blocking_failures(report, target.cfg)
+    if failed and not request.force:
+        return record_block(request, target, result, report, failed=failed, ledger=led)
+
+    say("deploying", 0, 0)
+    return deploy_and_record(settings, request, target, result, report, failed=failed, ledger=led)
+
+
+def resolve_target(
+    settings: Settings, request: PromoteRequest, *, cfg: EnvironmentConfig, ledger: Ledger
+) -> PromoteTarget:
+    """Resolve the release, check its manifest allows the environment, and read what is
+    live there (PromoteError when the manifest does not list the environment)."""
+    rid = resolve_release(settings, request.release_ref, ledger=ledger).release_id
+    info = load_release(settings, rid, ledger=ledger)
+    _check_allowed(info, request.env)
+    live_rec = ledger.live_at(request.env)
     live_id = live_rec.to_release if live_rec else None
     base = PromoteResult(
         status="dry_run",
-        environment=env,
+        environment=request.env,
         release_id=rid,
         release_name=info.name,
         live_release_id=live_id,
-        forced=force,
+        forced=request.force,
     )
-    if live_id == rid:
-        if _running(settings, env, rid):
-            return base.model_copy(update={"status": "already_live"})
-        if dry_run:
-            return base
-        # The release of record is not serving (after `down` or a crash): serve it again.
-        say("deploying", 0, 0)
-        spec = release_spec(settings, info, ledger=led)
+    return PromoteTarget(info=info, cfg=cfg, live_id=live_id, base=base)
 
-        def redeploy_record(url: str) -> None:
-            led.append(
-                Event(
-                    type=EventType.DEPLOY,
-                    environment=env,
-                    from_release=rid,
-                    to_release=rid,
-                    reason=reason or "redeploy the release of record",
-                    evidence={"gateway": url},
-                    live=False,
-                    actor=actor,
-                )
+
+def redeploy_record(
+    settings: Settings, request: PromoteRequest, target: PromoteTarget, *, ledger: Ledger
+) -> PromoteResult:
+    """The release of record is not serving (after `down` or a crash): serve it again,
+    recording a non-live `deploy` event (no gates: it already holds the record)."""
+    env, info, rid = request.env, target.info, target.info.release_id
+    spec = release_spec(settings, info, ledger=ledger)
+
+    def record(url: str) -> None:
+        ledger.append(
+            Event(
+                type=EventType.DEPLOY,
+                environment=env,
+                from_release=rid,
+                to_release=rid,
+                reason=request.reason or "redeploy the release of record",
+                evidence={"gateway": url},
+                live=False,
+                actor=request.actor,
             )
-
-        outcome = deploy_release(
-            settings,
-            env=env,
-            spec=spec,
-            probe=smoke_probe(cfg, info),
-            record=redeploy_record,
-            ledger=led,
-            expected_live=live_id,
-            actor=actor,
-        )
-        return base.model_copy(
-            update={
-                "status": "redeployed" if outcome.ok else "deploy_failed",
-                "deploy": outcome,
-                "gateway_url": outcome.gateway_url,
-            }
         )
 
-    say("checking gates", 0, 0)
-    policy = policy_gates(settings, info, env=env, ledger=led)
+    outcome = deploy_release(
+        settings,
+        env=env,
+        spec=spec,
+        probe=smoke_probe(target.cfg, info),
+        record=record,
+        ledger=ledger,
+        expected_live=target.live_id,
+        actor=request.actor,
+    )
+    return target.base.model_copy(
+        update={
+            "status": "redeployed" if outcome.ok else "deploy_failed",
+            "deploy": outcome,
+            "gateway_url": outcome.gateway_url,
+        }
+    )
+
+
+def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) -> GateReport:
+    """Policy gates plus the evidence gates against the live release (absolute checks when
+    nothing is live; a failed evidence gate when the live release's evidence is unreadable).
+    Where the environment's gates are advisory, only policy gates decide `passed`."""
+    info, env, live_id = target.info, target.base.environment, target.live_id
+    policy = policy_gates(settings, info, env=env, ledger=ledger)
     if live_id is None:
         report = evaluate_gates(settings, env=env, candidate=info, live=None)
     else:
-        live_info, problem = _live_info(settings, live_id, led)
+        live_info, problem = _live_info(settings, live_id, ledger)
         if live_info is None:
-            report = GateReport(
-                environment=env,
-                candidate_release_id=rid,
-                candidate_name=info.name,
-                live_release_id=live_id,
-                mode="relative",
-                passed=False,
-                gates=[
-                    GateResult(
-                        name="live release evidence",
-                        kind="evidence",
-                        passed=False,
-                        rule="the live release's manifest, lock and evidence must be readable",
-                        detail=f"missing or mismatched evidence: {problem}",
-                    )
-                ],
-            )
+            report = _unreadable_live_report(info, env=env, live_id=live_id, problem=problem)
         else:
             report = evaluate_gates(settings, env=env, candidate=info, live=live_info)
     report = report.with_gates(policy)
-    if not cfg.gates_required:
+    if not target.cfg.gates_required:
         # Advisory: shown, not blocking (policy gates still block).
         report = report.model_copy(update={"passed": all(g.passed for g in policy)})
-    result = base.model_copy(update={"report": report})
-    if dry_run:
-        return result
+    return report
 
-    stem = f"{env}-{info.name}-{info.short_id}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
-    jpath, hpath = write_report(report, settings.state_dir / "reports", stem=stem)
-    result = result.model_copy(update={"report_json": str(jpath), "report_html": str(hpath)})
-    failed = [g.name for g in report.failed if cfg.gates_required or g.kind == "policy"]
-    if failed and not force:
-        rec = led.append(
-            Event(
-                type=EventType.GATE_FAILED,
-                environment=env,
-                from_release=live_id,
-                to_release=rid,
-                reason=reason or f"blocked: {', '.join(failed)}",
-                evidence={"gates": _gate_summary(report), "report": str(jpath)},
-                live=False,
-                actor=actor,
+
+def _unreadable_live_report(
+    info: ReleaseInfo, *, env: str, live_id: str, problem: str
+) -> GateReport:
+    return GateReport(
+        environment=env,
+        candidate_release_id=info.release_id,
+        candidate_name=info.name,
+        live_release_id=live_id,
+        mode="relative",
+        passed=False,
+        gates=[
+            GateResult(
+                name="live release evidence",
+                kind="evidence",
+                passed=False,
+                rule="the live release's manifest, lock and evidence must be readable",
+                detail=f"missing or mismatched evidence: {problem}",
             )
-        )
-        return result.model_copy(update={"status": "blocked", "record": rec})
+        ],
+    )
 
-    say("deploying", 0, 0)
-    spec = release_spec(settings, info, ledger=led)
-    probe = smoke_probe(cfg, info)
+
+def blocking_failures(report: GateReport, cfg: EnvironmentConfig) -> list[str]:
+    """The failed gates that block: all of them where gates are required, else policy only."""
+    return [g.name for g in report.failed if cfg.gates_required or g.kind == "policy"]
+
+
+def record_block(
+    request: PromoteRequest,
+    target: PromoteTarget,
+    result: PromoteResult,
+    report: GateReport,
+    *,
+    failed: list[str],
+    ledger: Ledger,
+) -> PromoteResult:
+    """A gate failed and nothing forces it: a `gate_failed` event naming the failed gates
+    and the report."""
+    rec = ledger.append(
+        Event(
+            type=EventType.GATE_FAILED,
+            environment=request.env,
+            from_release=target.live_id,
+            to_release=target.info.release_id,
+            reason=request.reason or f"blocked: {', '.join(failed)}",
+            evidence={"gates": _gate_summary(report), "report": result.report_json},
+            live=False,
+            actor=request.actor,
+        )
+    )
+    return result.model_copy(update={"status": "blocked", "record": rec})
+
+
+def deploy_and_record(
+    settings: Settings,
+    request: PromoteRequest,
+    target: PromoteTarget,
+    result: PromoteResult,
+    report: GateReport,
+    *,
+    failed: list[str],
+    ledger: Ledger,
+) -> PromoteResult:
+    """Blue/green deploy of the candidate; once traffic is on it, move the record (a
+    `promote` event, or `override` listing `failed` when forced over them)."""
+    info, env = target.info, request.env
+    spec = release_spec(settings, info, ledger=ledger)
+    probe = smoke_probe(target.cfg, info)
     event_type = EventType.OVERRIDE if failed else EventType.PROMOTE
     recorded: dict[str, RecordMove] = {}
 
     def record(url: str) -> None:
         evidence: dict[str, Any] = {
             "gates": _gate_summary(report),
-            "gate_report": str(jpath),
+            "gate_report": result.report_json,
             "gateway": url,
             "serving_key": spec.serving_key,
         }
@@ -365,14 +473,14 @@ def promote(
             evidence["overrode"] = failed
         recorded["move"] = move_record(
             settings,
-            rid,
+            info.release_id,
             env=env,
-            reason=reason or f"promote {info.name} to {env}",
+            reason=request.reason or f"promote {info.name} to {env}",
             event_type=event_type,
             evidence=evidence,
-            actor=actor,
-            previous_release_id=live_id,
-            ledger=led,
+            actor=request.actor,
+            previous_release_id=target.live_id,
+            ledger=ledger,
         )
 
     outcome = deploy_release(
@@ -381,9 +489,9 @@ def promote(
         spec=spec,
         probe=probe,
         record=record,
-        ledger=led,
-        expected_live=live_id,
-        actor=actor,
+        ledger=ledger,
+        expected_live=target.live_id,
+        actor=request.actor,
     )
     move: RecordMove | None = recorded.get("move")
     return result.model_copy(

@@ -451,17 +451,37 @@ def engine_args_cache_dir(settings: Settings) -> Path:
     return settings.state_dir / "cache" / "engine-args"
 
 
-def serving_arg_problems(lm: LoadedManifest, *, settings: Settings | None = None) -> list[str]:
-    """`serving.args.<key>: problem` for each serving argument of the manifest that vLLM's
-    parser (of `settings.python`) would refuse or that would silently do nothing. [] for a
-    manifest without serving args (vLLM is then not looked up at all). A vLLM whose parser
-    cannot be read is one problem line, `serving.args: ...`."""
+class ServingArgCheck(BaseModel):
+    """The outcome of checking a manifest's serving args: the problems found, and, when the
+    check could not run at all, why not (`not_checked`; the args were then not judged)."""
+
+    problems: list[str] = Field(default_factory=list)
+    not_checked: str | None = None
+
+
+def check_serving_args(lm: LoadedManifest, *, settings: Settings | None = None) -> ServingArgCheck:
+    """Check the manifest's serving args against vLLM's parser (of `settings.python`):
+    `serving.args.<key>: problem` for each argument vLLM would refuse or that would silently
+    do nothing. Nothing to check without serving args (vLLM is then not looked up). Without a
+    vLLM in that interpreter the check is skipped and `not_checked` says so; a vLLM whose
+    parser cannot be read is one problem line, `serving.args: ...`."""
     args = lm.manifest.serving.args
     if not args:
-        return []
+        return ServingArgCheck()
     s = settings or load_settings()
     checker = EngineArgChecker(python=s.python, cache_dir=engine_args_cache_dir(s))
+    if checker.install() is None:
+        return ServingArgCheck(
+            not_checked=f"serving.args not checked against vLLM: the serving interpreter "
+            f"{s.python} has no vLLM (set `python` in releasekit.toml or RELEASEKIT_PYTHON "
+            "to the one that serves)"
+        )
     try:
-        return checker.problems(args)
+        return ServingArgCheck(problems=checker.problems(args))
     except EngineArgsUnavailableError as exc:
-        return [f"serving.args: cannot check against vLLM: {exc.message}"]
+        return ServingArgCheck(problems=[f"serving.args: cannot check against vLLM: {exc.message}"])
+
+
+def serving_arg_problems(lm: LoadedManifest, *, settings: Settings | None = None) -> list[str]:
+    """The problems of `check_serving_args` ([] also when the check was skipped)."""
+    return check_serving_args(lm, settings=settings).problems

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
 from releasekit.errors import ManifestError
-from releasekit.spec.engine_args import serving_arg_problems
+from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import check_files, load_manifest
 
 
 class ValidationResult(BaseModel):
-    """The outcome for one manifest: `problems` are `field.path: problem` lines."""
+    """The outcome for one manifest: `problems` are `field.path: problem` lines; `notes` say
+    what could not be checked, and why (the manifest is not failed for them)."""
 
     path: str
     ok: bool
     problems: list[str]
+    notes: list[str] = Field(default_factory=list)
 
 
 def validate_one(
@@ -41,8 +43,10 @@ def validate_one(
                 problems += [
                     f"load.profile ({lm.manifest.load.profile}): {p}" for p in exc.problems
                 ]
-    problems += serving_arg_problems(lm, settings=settings)
-    return ValidationResult(path=str(path), ok=not problems, problems=problems)
+    engine = check_serving_args(lm, settings=settings)
+    problems += engine.problems
+    notes = [engine.not_checked] if engine.not_checked else []
+    return ValidationResult(path=str(path), ok=not problems, problems=problems, notes=notes)
 
 
 def validate_many(

@@ -69,6 +69,8 @@ class BenchPoint(_Lenient):
     goodput: float | None = None
     slo_attainment: float | None = None
     slo_ok: bool | None = None
+    trusted: bool | None = Field(None, description="passed the load test's cross-check")
+    flags: list[dict[str, Any]] = Field(default_factory=list)
     ttft: Percentiles = Percentiles()
     tpot: Percentiles = Percentiles()
     itl: Percentiles = Percentiles()

@@ -120,11 +120,19 @@ def live_release_id(settings: Settings, env: str, *, ledger: Ledger) -> str:
 def baseline_from_bench(bench: BenchSummary, *, release_id: str | None = None) -> Baseline | None:
     """The relative rules' baseline from a load test: one point per load level, at its
     completed request rate, with the window figure names (ttft_p95_s, e2e_p95_s, itl_p50_s,
-    ..., error_rate, timeout_rate). None when no point has a request rate."""
-    points = [p for p in (_baseline_point(b) for b in bench.points) if p is not None]
+    ..., error_rate, timeout_rate). Only points that passed the load test's cross-check
+    count (an untrusted point measured the client, not the release). None when no point
+    is left."""
+    trusted = [b for b in bench.points if _passed_cross_check(b)]
+    points = [p for p in (_baseline_point(b) for b in trusted) if p is not None]
     if not points:
         return None
     return Baseline(release=release_id or bench.release_id, points=points)
+
+
+def _passed_cross_check(p: BenchPoint) -> bool:
+    # Results written before `trusted` was recorded: any flag made the point untrusted.
+    return p.trusted if p.trusted is not None else not p.flags
 
 
 def _baseline_point(p: BenchPoint) -> BaselinePoint | None:

@@ -1,5 +1,5 @@
-"""`releasekit diagnose`: synthetic windows from real prometheus_client exposition (helper B's
-simulated vLLM + gateway, tests/watch/watchkit.py) through the real windowing, judged against
+"""`releasekit diagnose`: synthetic windows from real prometheus_client exposition (the
+simulated vLLM + gateway of tests/watch/watchkit.py) through the real windowing, judged against
 a real bench knee and a real ledger; and the command through CliRunner against a local
 server that serves fixed exposition text, a different text for each scrape."""
 

@@ -1,8 +1,8 @@
 """Fixtures for the promote, rollback, gate and target tests: a throwaway project whose
 releases have real evidence (written by the real writers from BenchResult, EvalResult and
 Comparison models) and are registered in a real embedded MLflow store, environments on
-ports of this helper's band (25000-25999), and a stand-in vLLM (promote_fake_vllm.py)
-behind real gateway processes.
+ports 25000-25999 (these tests' range, see CONTRIBUTING.md), and a stand-in vLLM
+(promote_fake_vllm.py) behind real gateway processes.
 
 Import the fixtures into a test module: `from promote_kit import kit, mlflow_template_db`.
 """
@@ -47,7 +47,7 @@ ACTOR = "Pat Promoter <pat@example.com>"
 
 
 def free_port_in_band(low: int = 25900, high: int = 25999) -> int:
-    """A free port from the top of this helper's band (gateways; servers use the rest)."""
+    """A free port from the top of the deploy tests' range (gateways; servers use the rest)."""
     for port in range(low, high + 1):
         with socket.socket() as s:
             try:

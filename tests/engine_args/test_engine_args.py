@@ -134,6 +134,32 @@ def test_without_vllm_the_check_is_skipped(tmp_path: Path) -> None:
     assert checker.problems({"max-num-seqs": "many"}) == []
 
 
+def test_validate_says_when_it_could_not_check_engine_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a vLLM in the serving interpreter, validate passes the manifest but says the
+    serving args were not checked, naming the interpreter; the CLI prints it as a note."""
+    from typer.testing import CliRunner
+
+    from releasekit.cli import app
+    from releasekit.spec.validate import validate_one
+
+    python = tmp_path / "no-such-python"
+    settings = load_settings(root=REPO, python=python)
+    manifest = REPO / "manifests" / "demo-bf16.yaml"
+    res = validate_one(manifest, check_files_exist=False, settings=settings)
+    assert res.ok and res.problems == []
+    assert len(res.notes) == 1
+    assert "serving.args not checked against vLLM" in res.notes[0]
+    assert str(python) in res.notes[0] and "has no vLLM" in res.notes[0]
+
+    monkeypatch.setenv("RELEASEKIT_PYTHON", str(python))
+    monkeypatch.setenv("RELEASEKIT_ROOT", str(REPO))
+    r = CliRunner().invoke(app, ["validate", str(manifest), "--no-files"])
+    assert r.exit_code == 0, r.output
+    assert "ok" in r.output and "note: serving.args not checked against vLLM" in r.output
+
+
 def test_a_damaged_cache_is_rebuilt_not_trusted(
     tmp_path: Path, install: VllmInstall, monkeypatch: pytest.MonkeyPatch
 ) -> None:

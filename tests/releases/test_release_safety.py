@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 BIN = Path(sys.executable).parent
 
 runner = CliRunner()
-NOTHING_LISTENS = 22990  # helper E's band: nothing is started here
+NOTHING_LISTENS = 22990  # in the store tests' range, where nothing is started on it
 
 
 def _client(p: Proj) -> MlflowClient:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 BIN = Path(sys.executable).parent
 
-MLFLOW_PORTS = range(22200, 22300)  # helper E's band
+MLFLOW_PORTS = range(22200, 22300)  # the store tests' range (CONTRIBUTING.md)
 
 
 def _port() -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-PG_PORTS = range(22100, 22200)  # helper E's band
+PG_PORTS = range(22100, 22200)  # the store tests' range (CONTRIBUTING.md)
 PG_USER = "rk"
 
 

@@ -1,4 +1,4 @@
-"""The watch over a real deployment: helper H's promote and rollback on the local target
+"""The watch over a real deployment: the deploy tests' promote and rollback on the local target
 (real gateway processes, the stand-in vLLM of tests/deploy/promote_fake_vllm.py, a real
 embedded MLflow store and ledger). Everything the watch uses is composed from settings:
 the ledger's live release, its manifest's watch rules, the deploy state's URLs (the
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "deploy"))  # helper H's fixtures (promote_kit.py)
+sys.path.insert(0, str(HERE.parent / "deploy"))  # the deploy tests' fixtures (promote_kit.py)
 
 from promote_kit import Kit, Streamer, kit, mlflow_template_db  # noqa: E402
 from watchkit import FakeClock  # noqa: E402

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-PORT_BAND = (19000, 19999)  # helper B's loopback ports
+PORT_BAND = (19000, 19999)  # the watch tests' loopback ports (CONTRIBUTING.md)
 FINE = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 PHASE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 20.0)  # vLLM's request-phase buckets
 
@@ -165,7 +165,7 @@ class Sim:
 
 
 def free_port() -> int:
-    """A free loopback TCP port from this helper's band."""
+    """A free loopback TCP port from the watch tests' range."""
     lo, hi = PORT_BAND
     for port in random.sample(range(lo, hi + 1), 200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

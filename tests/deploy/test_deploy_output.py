@@ -1,0 +1,68 @@
+"""What `promote` and `deploy-status` print when piped: environments only (a gateway's
+config file is not an environment), nothing wider than 80 columns, no word folded, and
+the quality rule only when asked for (`--explain`)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from promote_kit import Kit, kit, mlflow_template_db
+from typer.testing import CliRunner
+
+from releasekit.cli import deploy_cmds
+from releasekit.deploy.state import deploy_dir, list_envs
+
+__all__ = ["kit", "mlflow_template_db"]
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    deploy_cmds.register(app)
+    return app
+
+
+def test_deploy_status_piped_lists_environments_only_within_80_columns(kit: Kit) -> None:
+    """After a promotion the deploy folder holds staging.json and staging-gateway.json (the
+    gateway's config): deploy-status names staging and production, never
+    staging-gateway, and every line fits 80 columns with the gateway URL whole."""
+    runner = CliRunner()
+    kit.build("demo-bf16")
+    r = runner.invoke(_app(), ["promote", "manifests/demo-bf16.yaml", "--to", "staging"])
+    assert r.exit_code == 0, r.output
+    assert (deploy_dir(kit.settings.state_dir) / "staging-gateway.json").is_file()
+    assert list_envs(kit.settings.state_dir) == ["staging"]
+
+    r = runner.invoke(_app(), ["deploy-status", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [e["environment"] for e in json.loads(r.stdout)] == ["production", "staging"]
+
+    r = runner.invoke(_app(), ["deploy-status"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, r.stdout
+    assert "gateway" not in {line.strip() for line in lines}
+    assert not any(line.strip().startswith("staging-gateway") for line in lines)
+    assert "staging" in lines and "production" in lines
+    url = f"http://127.0.0.1:{kit.ports['staging']}"
+    assert any(url in line for line in lines), r.stdout
+
+
+def test_promote_prints_the_quality_rule_only_with_explain(kit: Kit) -> None:
+    """Against a live release the gate report has a quality rule: a dry run prints it only
+    with --explain, and the piped gate report fits 80 columns either way."""
+    runner = CliRunner()
+    kit.build("demo-bf16")
+    r = runner.invoke(_app(), ["promote", "manifests/demo-bf16.yaml", "--to", "staging"])
+    assert r.exit_code == 0, r.output
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", baseline="demo-bf16")
+    args = ["promote", "manifests/demo-v2.yaml", "--to", "staging", "--dry-run"]
+    plain = runner.invoke(_app(), args)
+    explained = runner.invoke(_app(), [*args, "--explain"])
+    for res in (plain, explained):
+        assert res.exit_code == 0, res.output
+        assert "would pass" in res.stdout
+        assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    assert "quality rule" not in plain.stdout
+    assert "quality rule: A suite is non-inferior" in explained.stdout
