@@ -17,10 +17,16 @@ Endpoints (one port)
 --------------------
 - `GET /health`            200 while at least one route carries traffic, 503 otherwise. Open.
 - `GET /metrics`           Prometheus text of the gateway's own registry. Open.
-- `/v1/*` (any method)     proxied to the pinned route's upstream, `base_url + path + query`,
-                           body and status untouched, hop-by-hop headers dropped; SSE relayed
-                           chunk by chunk as the upstream sends it. Every proxied response
-                           carries `x-releasekit-release: <release id>`.
+- `/v1/*`                  the OpenAI routes vLLM serves (`GET /v1/models`; `POST` to
+                           `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings`,
+                           `/v1/responses`, `/v1/score`, `/v1/rerank`) proxied to the pinned
+                           route's upstream, `base_url + path + query`, body and status
+                           untouched, hop-by-hop headers dropped; SSE relayed chunk by chunk as
+                           the upstream sends it. Every proxied response carries
+                           `x-releasekit-release: <release id>`. Any other path (vLLM's admin
+                           and dev routes included), a path spelled with escapes, dot segments
+                           or doubled slashes, gets 404; another method 405. Neither reaches
+                           an upstream.
 - `POST /v1/templates/{prompt}/chat/completions`
                            the templated route (below).
 - `POST /v1/feedback`      `{"response_id": "...", "score": -1..1 | "up" | "down"}` (below).
@@ -47,14 +53,25 @@ Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <k
 otherwise the client's Authorization header is dropped when the gateway checks keys (it is
 the gateway's key, not the upstream's) and passed through when it does not.
 
-Admission and limits, in order: auth (401), per-key token bucket (`rate_limit`; 429 with
-Retry-After; keyed by API key, or by client address without keys), the in-flight limit
-`max_in_flight` with a queue: a request waits up to `max_queue_wait_s` for a slot, then
-gets 503 with Retry-After. Upstream: connect timeout and first-byte timeout (time to the
-upstream's response headers; for a non-stream request that includes generation) give 504;
-a refused or broken connection gives 502. Once streaming, a gap longer than
-`stream_idle_timeout_s` between upstream chunks, or passing `request_timeout_s` in total,
-ends the stream with an SSE error event `data: {"error": {...}}` (a non-SSE body is cut).
+Limits before any request code runs (`limits`): the request line and headers at most
+`max_header_bytes` (60 KiB, Envoy's default; 431 and the connection closed), sent within
+`header_timeout_s` of the connection opening or of a keep-alive request's first byte (408).
+
+Admission and limits, in order: auth (401; after `auth_failure_limit.burst` wrong keys from
+one address, 429 without checking the key), per-key token bucket (`rate_limit`; 429 with
+Retry-After; keyed by API key, or by client address without keys, an IPv6 client by its
+/64), the path allowlist (404/405), the body (counted while it streams, chunked or not: 413
+past `max_request_bytes`, and the connection closed), JSON nesting past `max_json_depth`
+(400), then the in-flight limit `max_in_flight` with a queue: a request waits up to
+`max_queue_wait_s` for a slot, then gets 503 with Retry-After. Every path after admission
+frees its slot exactly once, errors included. Upstream: connect timeout and first-byte
+timeout (time to the upstream's response headers; for a non-stream request that includes
+generation) give 504; a refused or broken connection gives 502. A client that disconnects
+while the upstream works cancels the upstream request (its connection is closed, so vLLM
+aborts), stream or not. Once streaming, a gap longer than `stream_idle_timeout_s` between
+upstream chunks, or passing `request_timeout_s` in total, ends the stream with an SSE error
+event `data: {"error": {...}}` (a non-SSE body is cut); a client that stops reading for
+`stream_idle_timeout_s` (its socket full) is cut too, and its slot freed.
 
 Templated route
 ---------------
@@ -71,16 +88,21 @@ that sets `messages` itself. Plain `/v1/*` requests are never rewritten.
 Feedback
 --------
 The gateway remembers the `id` of recent successful responses (the JSON body's `id`, or the
-first SSE chunk's), mapped to the release that served them, in a bounded LRU
-(`feedback_capacity`). `POST /v1/feedback` counts a score per release: > 0 positive, < 0
-negative, 0 neutral (`up` = 1, `down` = -1); only the first feedback on a response is
-counted (a repeat answers `counted: false`). Unknown or evicted id: 404; malformed: 400.
+first SSE chunk's), mapped to the release that served them and the client it served (a
+digest of its key, or its address without keys), in a bounded LRU (`feedback_capacity`).
+`POST /v1/feedback` counts a score per release: > 0 positive, < 0 negative, 0 neutral
+(`up` = 1, `down` = -1); only feedback from the client that got the response counts, and
+only its first (a repeat answers `counted: false`). Unknown, evicted or another client's
+id: 404 (the same answer, so ids reveal nothing); malformed: 400.
 
 Metrics (own CollectorRegistry; `env` is the gateway's environment)
 -------------------------------------------------------------------
 - `releasekit_gateway_requests_total{env,release,route,status}` counter: pinned requests by
   endpoint (`completions`, `chat/completions`, `models`, `templates`, `other`, ...) and the
-  HTTP status the client got (the upstream's, or 400/502/504 from the gateway).
+  HTTP status the client got (the upstream's, or 400/499/502/504 from the gateway), except
+  `client_timeout` for a non-stream request that outlasted the first-byte timeout (the
+  client got 504; its first byte comes after the whole generation it asked for, so it is
+  the client's outcome, not a server timeout).
 - `releasekit_gateway_in_flight{env,release}` gauge: pinned requests not finished.
 - `releasekit_gateway_ttft_seconds{env,release}` histogram (1 ms .. 30 s): arrival at the
   gateway to the first SSE chunk carrying content (`"text"`/`"content"` not empty); streams only.
@@ -95,10 +117,12 @@ Metrics (own CollectorRegistry; `env` is the gateway's environment)
 - `releasekit_gateway_queue_depth{env}` gauge: requests waiting for a slot.
 - `releasekit_gateway_stream_chunks_total{env,release}` counter: SSE chunks relayed.
 - `releasekit_gateway_stream_errors_total{env,release,reason}` counter: streams ended early
-  (`timeout`, `upstream_error`, `client_disconnect`).
+  (`timeout`, `upstream_error`, and the client's own: `client_disconnect`, `client_stalled`).
 - `releasekit_gateway_rejections_total{env,reason}` counter: `auth`, `rate_limit`,
-  `queue_full`, `no_route`, `timeout` (504 and mid-stream), `upstream_error` (502 and
-  mid-stream), `bad_request` (413, template errors).
+  `queue_full`, `no_route`, `timeout` (504 and mid-stream), `client_timeout` (a non-stream
+  504), `upstream_error` (502 and mid-stream), `bad_request` (404/405 paths, 413, 431,
+  invalid or too deep JSON, template errors). Every label value comes from a fixed set, the
+  route table or the upstream's status code: nothing a client sends becomes a label.
 - `releasekit_gateway_feedback_total{env,release,score}` counter: `positive`, `negative`,
   `neutral`.
 - `releasekit_gateway_info{env,release,weight}` gauge, 1 per live route (`weight` is the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 import math
@@ -35,11 +36,25 @@ from releasekit.deploy.gateway.config import (
     validation_problems,
 )
 from releasekit.deploy.gateway.errors import GatewayRequestError, PromptTemplateError
-from releasekit.deploy.gateway.limits import TokenBuckets
+from releasekit.deploy.gateway.limits import (
+    JsonBodyError,
+    TokenBuckets,
+    client_address,
+    header_bytes,
+    parse_json,
+    read_body,
+)
 from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
-from releasekit.deploy.gateway.relay import DROP_REQUEST, RELEASE_HEADER, Flight, Relay
+from releasekit.deploy.gateway.relay import (
+    DROP_REQUEST,
+    RELEASE_HEADER,
+    DisconnectFlag,
+    Flight,
+    Relay,
+    watch_disconnect,
+)
 from releasekit.deploy.gateway.responses import error_response, json_response
-from releasekit.deploy.gateway.routing import Table
+from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES, Table
 from releasekit.deploy.gateway.templates import templated_body
 
 log = logging.getLogger("releasekit.gateway")
@@ -97,6 +112,7 @@ class Gateway:
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self._session: aiohttp.ClientSession | None = None
         self._buckets = TokenBuckets(config.rate_limit) if config.rate_limit else None
+        self._auth_failures = TokenBuckets(config.auth_failure_limit)
         self._responses: OrderedDict[str, list[Any]] = OrderedDict()
         self._api_keys = [k.encode() for k in config.api_keys]
         self._admin_token = config.admin_token.encode()
@@ -189,9 +205,9 @@ class Gateway:
             if ev is not None:
                 ev.set()
 
-    def _remember(self, response_id: str, release_id: str) -> None:
+    def _remember(self, response_id: str, release_id: str, client: str) -> None:
         r = self._responses
-        r[response_id] = [release_id, False]
+        r[response_id] = [release_id, False, client]
         if len(r) > self.config.feedback_capacity:
             r.popitem(last=False)
 
@@ -226,9 +242,23 @@ class Gateway:
         (whose lifespan opens and closes the upstream pool)."""
         starlette = self._starlette()
         proxy = self._proxy
+        max_header = self.config.max_header_bytes
+        too_large = error_response(
+            431,
+            f"request headers over {max_header} bytes",
+            type_="invalid_request_error",
+            code="headers_too_large",
+            headers={"connection": "close"},
+        )
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
+                # The protocol refuses oversize header blocks as they arrive; this catches
+                # one that completed within a single read.
+                if header_bytes(scope) > max_header:
+                    self._metrics.reject("bad_request")
+                    await too_large(scope, receive, send)
+                    return
                 path = scope["path"]
                 if (
                     path.startswith("/v1/")
@@ -319,53 +349,103 @@ class Gateway:
 
     # -- client endpoints
 
-    def _client_denied(self, request: Request) -> Response | None:
-        """Auth, then the per-key token bucket; None when the request may proceed."""
-        key: str
+    def _client_denied(self, request: Request) -> tuple[Response | None, str]:
+        """Auth, then the per-key token bucket: (None, client) when the request may proceed,
+        else (the answer, client). `client` names the caller without holding its key: a
+        digest of the key, or the client's address when the gateway has no keys."""
+        address = client_address(request)
         if self._api_keys:
+            if self._auth_failures.wait(address) > 0:
+                # Too many wrong keys from this address: refuse without checking this one,
+                # so a guess cannot be confirmed while throttled.
+                self._metrics.reject("auth")
+                return self._too_many(self._auth_failures.wait(address), "auth"), address
             token = bearer_token(request)
             ok = False
             if token is not None:
                 for k in self._api_keys:  # no early exit: time does not tell which key
                     ok |= hmac.compare_digest(token, k)
             if not ok:
+                self._auth_failures.take(address)
                 self._metrics.reject("auth")
-                return error_response(
+                answer = error_response(
                     401,
                     "missing API key" if token is None else "incorrect API key provided",
                     type_="invalid_request_error",
                     code="invalid_api_key",
                     headers={"www-authenticate": "Bearer"},
                 )
-            key = token.decode(errors="replace") if token is not None else ""
+                return answer, address
+            client = "key:" + hashlib.blake2b(token or b"", digest_size=12).hexdigest()
         else:
-            key = request.client.host if request.client else ""
+            client = address
         if self._buckets is not None:
-            wait = self._buckets.take(key)
+            wait = self._buckets.take(client)
             if wait > 0:
                 self._metrics.reject("rate_limit")
-                return error_response(
-                    429,
-                    "rate limit exceeded",
-                    type_="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers={"retry-after": str(max(1, math.ceil(wait)))},
-                )
-        return None
+                return self._too_many(wait, "rate_limit"), client
+        return None, client
+
+    @staticmethod
+    def _too_many(wait: float, why: str) -> Response:
+        return error_response(
+            429,
+            "too many failed authentications" if why == "auth" else "rate limit exceeded",
+            type_="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"retry-after": str(max(1, math.ceil(wait)))},
+        )
 
     async def _body(self, request: Request) -> bytes | Response:
         limit = self.config.max_request_bytes
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > limit:
-            body = None
-        else:
-            body = await request.body()
-            if len(body) <= limit:
-                return body
+        body = await read_body(request, limit)
+        if body is not None:
+            return body
         self._metrics.reject("bad_request")
+        # Close the connection: the rest of an oversize body is not worth reading.
         return error_response(
-            413, f"request body over {limit} bytes", type_="invalid_request_error", code="too_large"
+            413,
+            f"request body over {limit} bytes",
+            type_="invalid_request_error",
+            code="too_large",
+            headers={"connection": "close"},
         )
+
+    def _json(self, body: bytes) -> Any:
+        """A request body parsed (None when empty), or the 400 answer."""
+        if not body:
+            return None
+        try:
+            return parse_json(body, self.config.max_json_depth)
+        except JsonBodyError as exc:
+            self._metrics.reject("bad_request")
+            return error_response(400, str(exc), type_="invalid_request_error", code="invalid_json")
+
+    def _refuse_path(self, request: Request) -> Response | None:
+        """404 for a path outside the allowlist (or spelled with escapes or dot segments),
+        405 for a method the route does not take; None when it may go upstream."""
+        scope = request.scope
+        path: str = scope["path"]
+        raw = scope.get("raw_path")
+        methods = UPSTREAM_ROUTES.get(path)
+        if methods is None or (raw is not None and raw != path.encode("latin-1")):
+            self._metrics.reject("bad_request")
+            return error_response(
+                404,
+                f"unknown route {path[:200]!r}",
+                type_="invalid_request_error",
+                code="unknown_route",
+            )
+        if request.method not in methods:
+            self._metrics.reject("bad_request")
+            return error_response(
+                405,
+                f"{request.method} is not allowed on {path}",
+                type_="invalid_request_error",
+                code="method_not_allowed",
+                headers={"allow": ", ".join(methods)},
+            )
+        return None
 
     async def _admit(self) -> Response | None:
         """Take an in-flight slot, waiting up to max_queue_wait_s; 503 past that."""
@@ -399,32 +479,50 @@ class Gateway:
 
     async def _proxy(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        denied = self._client_denied(request)
+        denied, client = self._client_denied(request)
         if denied:
             return denied
+        refused = self._refuse_path(request)
+        if refused:
+            return refused
         body = await self._body(request)
         if isinstance(body, Response):
             return body
+        payload = self._json(body)
+        if isinstance(payload, Response):
+            return payload
         path = request.scope["path"]
         return await self._forward(
-            request, t0, path=path, body=body, route_label=endpoint_label(path), prompt=None
+            request,
+            t0,
+            path=path,
+            body=body,
+            payload=payload,
+            route_label=endpoint_label(path),
+            prompt=None,
+            client=client,
         )
 
     async def _templated(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        denied = self._client_denied(request)
+        denied, client = self._client_denied(request)
         if denied:
             return denied
         body = await self._body(request)
         if isinstance(body, Response):
             return body
+        payload = self._json(body)
+        if isinstance(payload, Response):
+            return payload
         return await self._forward(
             request,
             t0,
             path="/v1/chat/completions",
             body=body,
+            payload=payload,
             route_label="templates",
             prompt=request.path_params["prompt"],
+            client=client,
         )
 
     def _upstream_headers(self, request: Request, route: Route) -> list[tuple[str, str]]:
@@ -449,8 +547,10 @@ class Gateway:
         *,
         path: str,
         body: bytes,
+        payload: Any,
         route_label: str,
         prompt: str | None,
+        client: str,
     ) -> Response:
         busy = await self._admit()
         if busy is not None:
@@ -468,12 +568,42 @@ class Gateway:
                 code="no_route",
                 headers={"retry-after": "1"},
             )
-        flight = Flight(self, route, route_label, t0)
+        stream = isinstance(payload, dict) and payload.get("stream") is True
+        flight = Flight(self, route, route_label, t0, client=client, stream=stream)
         self._pin(route.release_id, flight.m)
+        # From here on every path ends the flight (and so frees its slot) exactly once.
+        try:
+            return await self._upstream(request, flight, path=path, body=body,
+                                        payload=payload, prompt=prompt)  # fmt: skip
+        except Exception as exc:
+            flight.finish(500, got_response=False)
+            log.exception("gateway failed on a request to %s", route.base_url)
+            return error_response(
+                500,
+                f"gateway error: {type(exc).__name__}",
+                type_="server_error",
+                code="gateway_error",
+                headers={RELEASE_HEADER: route.release_id},
+            )
+        except BaseException:
+            flight.finish(499, got_response=False, outcome="client_disconnect")
+            raise
+
+    async def _upstream(
+        self,
+        request: Request,
+        flight: Flight,
+        *,
+        path: str,
+        body: bytes,
+        payload: Any,
+        prompt: str | None,
+    ) -> Response:
+        route = flight.route
         rel_header = {RELEASE_HEADER: route.release_id}
         try:
             if prompt is not None:
-                body = templated_body(route, prompt, body)
+                body = templated_body(route, prompt, payload)
         except PromptTemplateError as exc:
             flight.finish(400, got_response=False)
             self._metrics.reject("bad_request")
@@ -490,15 +620,42 @@ class Gateway:
             return error_response(503, "gateway starting", type_="server_error", code="starting")
         qs = request.scope["query_string"]
         url = route.base_url + path + ("?" + qs.decode("latin-1") if qs else "")
+        # Watch the client while the upstream works: a client that goes away cancels the
+        # upstream request (its connection is closed, so vLLM aborts the generation).
+        flag = DisconnectFlag()
+        watcher = asyncio.ensure_future(watch_disconnect(request.receive, flag))
+        task = asyncio.current_task()
+
+        def gone(_: object) -> None:
+            if flag.set and flag.armed and task is not None:
+                task.cancel()
+
+        watcher.add_done_callback(gone)
+        flag.armed = True
         try:
             headers = self._upstream_headers(request, route)
-            flight.m.overhead.observe(time.perf_counter() - t0)
+            flight.m.overhead.observe(time.perf_counter() - flight.t0)
             upstream = await session.request(
                 request.method, url, headers=headers, data=body or None, allow_redirects=False
             )
+        except asyncio.CancelledError:
+            flag.armed = False
+            watcher.cancel()
+            if flag.set and task is not None and task.uncancel() == 0:
+                flight.finish(499, got_response=False, outcome="client_disconnect")
+                return Response(status_code=499)
+            raise
         except TimeoutError as exc:
-            flight.finish(504, got_response=False)
-            self._metrics.reject("timeout")
+            flag.armed = False
+            watcher.cancel()
+            if flight.stream:
+                flight.finish(504, got_response=False)
+                self._metrics.reject("timeout")
+            else:
+                # A non-stream answer's first byte comes after the whole generation, whose
+                # length the client chose: the client's outcome, not the server's.
+                flight.finish(504, got_response=False, label="client_timeout")
+                self._metrics.reject("client_timeout")
             return error_response(
                 504,
                 f"upstream {route.release_id} timed out ({type(exc).__name__})",
@@ -507,6 +664,8 @@ class Gateway:
                 headers=rel_header,
             )
         except (aiohttp.ClientError, OSError, ValueError) as exc:
+            flag.armed = False
+            watcher.cancel()
             flight.finish(502, got_response=False)
             self._metrics.reject("upstream_error")
             log.warning("upstream %s failed: %r", route.base_url, exc)
@@ -518,17 +677,26 @@ class Gateway:
                 headers=rel_header,
             )
         except BaseException:
-            flight.finish(499, got_response=False)
+            flag.armed = False
+            watcher.cancel()
             raise
-        flight.m.upstream_wait.observe(time.perf_counter() - t0)
+        flag.armed = False
+        flight.m.upstream_wait.observe(time.perf_counter() - flight.t0)
         conn = upstream.connection
         if conn is not None and conn.protocol is not None:
             # From the next body chunk on, a gap over stream_idle_timeout_s is a stall.
             conn.protocol.read_timeout = self._idle_s
-        return Relay(flight, upstream, capture_id=request.method == "POST")
+        return Relay(
+            flight,
+            upstream,
+            capture_id=request.method == "POST",
+            watcher=watcher,
+            flag=flag,
+            idle_s=self._idle_s,
+        )
 
     async def _feedback(self, request: Request) -> Response:
-        denied = self._client_denied(request)
+        denied, client = self._client_denied(request)
         if denied:
             return denied
         body = await self._body(request)
@@ -555,14 +723,16 @@ class Gateway:
                 code="bad_feedback",
             )
         seen = self._responses.get(fb.response_id)
-        if seen is None:
+        # Another client's response answers exactly like an unknown one: ids are not a
+        # way to learn what others asked, nor to vote on their answers.
+        if seen is None or not hmac.compare_digest(seen[2], client):
             return error_response(
                 404,
                 f"unknown response id {fb.response_id!r} (or too old)",
                 type_="invalid_request_error",
                 code="unknown_response",
             )
-        release_id, already = seen
+        release_id, already, _ = seen
         label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
         if not already:
             seen[1] = True

@@ -114,7 +114,16 @@ class GatewayConfig(BaseModel):
     upstream_connect_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     upstream_first_byte_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     stream_idle_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
-    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body, as it streams")
+    max_header_bytes: int = Field(60 * 1024, ge=1024, description="request line and headers")
+    header_timeout_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="time to send the request headers"
+    )
+    max_json_depth: int = Field(64, ge=2, le=512, description="array/object nesting in bodies")
+    auth_failure_limit: RateLimit = Field(
+        default_factory=lambda: RateLimit(rps=1.0, burst=10),
+        description="failed authentications per client address",
+    )
     feedback_capacity: int = Field(100_000, ge=1)
     shutdown_timeout_s: float = Field(30.0, ge=0, description="uvicorn graceful shutdown")
     ready_file: str | None = Field(None, description="where to write GatewayEndpoint when up")

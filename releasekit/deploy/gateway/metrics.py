@@ -87,7 +87,7 @@ class Metrics:
         self.switches = Counter(p + "route_switches", "Route-table swaps", ["env"],
                                 registry=registry).labels(env)  # fmt: skip
         self._rel: dict[str, ReleaseMetrics] = {}
-        self._req: dict[tuple[str, str, int], Any] = {}
+        self._req: dict[tuple[str, str, int | str], Any] = {}
         self._rej: dict[str, Any] = {}
         self._info_labels: list[tuple[str, str]] = []
 
@@ -97,7 +97,7 @@ class Metrics:
             m = self._rel[release] = ReleaseMetrics(self, release)
         return m
 
-    def request(self, release: str, route: str, status: int) -> None:
+    def request(self, release: str, route: str, status: int | str) -> None:
         key = (release, route, status)
         c = self._req.get(key)
         if c is None:

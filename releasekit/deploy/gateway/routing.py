@@ -1,10 +1,24 @@
-"""The gateway's routing table: an immutable set of routes and its weighted cursor."""
+"""The gateway's routing: which upstream paths it forwards, and the route table (an immutable
+set of routes and its weighted cursor)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from releasekit.deploy.gateway.config import Route
+
+# The OpenAI routes of vLLM's server the gateway forwards, with their methods. Anything else
+# (vLLM's admin and dev routes, other paths, other methods) never reaches an upstream; a path
+# matches only as spelled here (no escapes, no dot segments, no doubled slashes).
+UPSTREAM_ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/models": ("GET",),
+    "/v1/completions": ("POST",),
+    "/v1/chat/completions": ("POST",),
+    "/v1/embeddings": ("POST",),
+    "/v1/responses": ("POST",),
+    "/v1/score": ("POST",),
+    "/v1/rerank": ("POST",),
+}
 
 
 class Table:

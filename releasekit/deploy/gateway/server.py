@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from releasekit.deploy.gateway.app import Gateway
 from releasekit.deploy.gateway.config import GatewayConfig, GatewayEndpoint, load_config
 from releasekit.deploy.gateway.errors import GatewayError, GatewayStartError
+from releasekit.deploy.gateway.limits import guarded_http_protocol
 
 if TYPE_CHECKING:
     import uvicorn
@@ -77,10 +78,18 @@ def uvicorn_server(
             if isinstance(captured, list):
                 captured.clear()
 
+    c = gw.config
+    # Header limits live in the protocol: httptools buffers header bytes without a limit, so
+    # the guarded protocol counts them and times the header block; h11 (without httptools)
+    # enforces the size itself.
+    guarded = guarded_http_protocol(
+        max_header_bytes=c.max_header_bytes, header_timeout_s=c.header_timeout_s
+    )
     cfg = uvicorn.Config(
         gw.app(),
         loop="auto",
-        http="auto",
+        http=guarded if guarded is not None else "h11",
+        h11_max_incomplete_event_size=c.max_header_bytes,
         lifespan="on",
         access_log=False,
         log_level=gw.config.log_level,

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from typing import Any
 
 from releasekit.deploy.gateway.config import Route
 from releasekit.deploy.gateway.errors import PromptTemplateError
@@ -41,17 +41,14 @@ def render_prompt(route: Route, prompt: str, variables: Mapping[str, str]) -> li
     return msgs
 
 
-def templated_body(route: Route, prompt: str, body: bytes) -> bytes:
-    """The upstream chat-completions body of a templated request: `variables` rendered by the
-    route's template `prompt` into `messages`, `model` defaulting to the route's.
+def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
+    """The upstream chat-completions body of a templated request (`payload`, its parsed
+    JSON body): `variables` rendered by the route's template `prompt` into `messages`,
+    `model` defaulting to the route's.
 
     Raises PromptTemplateError for a body that is not a JSON object, sets `messages`, has
     `variables` that are not strings or numbers, or misses what the template needs.
     """
-    try:
-        payload = json.loads(body)
-    except ValueError as exc:
-        raise PromptTemplateError(f"body is not JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise PromptTemplateError("body must be a JSON object")
     if "messages" in payload:
