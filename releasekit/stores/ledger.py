@@ -70,6 +70,7 @@ from releasekit.errors import (
     LedgerNotFoundError,
     NotAProjectError,
     SignatureError,
+    SigningRequiredError,
 )
 from releasekit.stores import anchor as anchors
 from releasekit.stores import locks
@@ -316,6 +317,7 @@ class Ledger:
         anchor_repo: Path | None = None,
         anchor_ref: str = anchors.ANCHOR_REF,
         trusted: Mapping[str, Ed25519PublicKey] | None = None,
+        require_signed: bool | None = None,
     ) -> None:
         """`actor` is used for events that name none (default: provenance.actor());
         `timeout_s` bounds how long an append waits for another writer.
@@ -324,7 +326,9 @@ class Ledger:
         `create=False` never creates anything: a missing database or missing tables raise
         LedgerNotFoundError. `signer` signs every record appended; `anchor_repo` is the git
         repository whose `anchor_ref` each append advances (failures become `warnings`);
-        `trusted` are the public keys `verify` accepts (None: signatures not checked)."""
+        `trusted` are the public keys `verify` accepts (None: signatures not checked).
+        `require_signed` refuses unsigned appends (SigningRequiredError); default: when
+        `trusted` holds a key. An unsigned append after a signed record is refused always."""
         self.url = url
         self._immediate = sqlite_immediate
         self._actor = actor
@@ -333,6 +337,9 @@ class Ledger:
         self.anchor_repo = anchor_repo
         self.anchor_ref = anchor_ref
         self.trusted = trusted
+        self.require_signed = bool(trusted) if require_signed is None else require_signed
+        self.trusted_from: str | None = None
+        """Where `trusted` was read (a git revision), for verify's report."""
         self.warnings: list[str] = []
         """Problems that did not stop an append (an anchor that could not be written)."""
         self._engine = self._make_engine(url, timeout_s, create=create)
@@ -559,6 +566,29 @@ class Ledger:
             f"({last_exc})"
         ) from last_exc
 
+    def _refuse_unsigned(self, conn: Connection, head_seq: int | None) -> None:
+        """Raise SigningRequiredError when this ledger must not take an unsigned record: the
+        repository trusts a key, or the newest record is signed (an unsigned record after it
+        would break verification for good)."""
+        if self.require_signed:
+            kids = ", ".join(sorted(self.trusted or {})) or "a key"
+            raise SigningRequiredError(
+                f"refusing to append an unsigned record to ledger {redact_url(self.url)}: the "
+                f"repository trusts {kids}, so every record must be signed, and no signing "
+                "key is configured"
+            )
+        if head_seq is None or not self._has_sigs:
+            return
+        kid = conn.execute(
+            select(signatures_table.c.key_id).where(signatures_table.c.seq == head_seq)
+        ).scalar()
+        if kid is not None:
+            raise SigningRequiredError(
+                f"refusing to append an unsigned record to ledger {redact_url(self.url)}: its "
+                f"newest record ({head_seq}) is signed by key {kid}, and an unsigned record "
+                "after it would fail verification for good; no signing key is configured"
+            )
+
     def _append_locked(self, conn: Connection, events: Sequence[Event]) -> list[LedgerRecord]:
         head = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
         last = conn.execute(
@@ -578,6 +608,8 @@ class Ledger:
                 "verify`)",
                 seq=(last.seq + 1) if last else 1,
             )
+        if self.signer is None:
+            self._refuse_unsigned(conn, head.seq if head is not None else None)
         ids = [ev.event_id for ev in events]
         dupes = (
             conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(ids)))
@@ -727,6 +759,7 @@ class Ledger:
         *,
         trusted: Mapping[str, Ed25519PublicKey] | None = None,
         anchor_repo: Path | None = None,
+        remote: str | None = None,
     ) -> VerifyResult:
         """Check the whole ledger; name the first record that was edited, deleted, reordered,
         re-signed or rewritten behind a git anchor.
@@ -735,12 +768,35 @@ class Ledger:
         signature against `trusted` (default: the keys the ledger was opened with; None
         and no keys configured: signatures are not checked) and that no record after a signed
         one is unsigned; and that the ledger extends every anchored head in `anchor_repo`
-        (default: the ledger's anchor repository). Returns a result (ok or not) rather than
-        raising, so a caller can report it; use `check()` to raise instead.
+        (default: the ledger's anchor repository). Once keys are trusted, a ledger whose
+        records are all unsigned fails too (its signatures were removed).
+
+        `remote` (a git remote of the anchor repository) fetches the anchor that was pushed
+        there and the remote's default branch: the ledger must extend that anchor, and the
+        keys trusted are the ones committed on that branch, so neither a re-anchored local
+        ref nor a locally committed key can vouch for a replaced ledger.
+
+        Returns a result (ok or not) rather than raising, so a caller can report it; use
+        `check()` to raise instead.
         """
         url = redact_url(self.url)
         trusted = self.trusted if trusted is None else trusted
+        trusted_from = self.trusted_from
         repo = anchor_repo or self.anchor_repo
+        remote_ref: str | None = None
+        remote_bad: tuple[int, str, str | None] | None = None
+        if remote is not None:
+            if repo is None:
+                remote_bad = (1, f"cannot check remote {remote}: no git repository", None)
+            else:
+                try:
+                    remote_ref, remote_head = anchors.fetch_remote(repo, remote)
+                except anchors.AnchorError as exc:
+                    remote_bad = (1, exc.message, None)
+                else:
+                    if remote_head is not None:
+                        trusted = trusted_keys(repo, rev=remote_head)
+                        trusted_from = f"{remote}'s default branch"
         expected_seq, prev_hash, n = 1, GENESIS, 0
         chain_bad: tuple[int, str, str | None] | None = None
         sig_bad: tuple[int, str, str | None] | None = None
@@ -812,6 +868,14 @@ class Ledger:
                         f"the ledger head does not match record {last_seq} (edited)",
                         None,
                     )
+        if trusted and n and signed == 0 and sig_bad is None:
+            sig_bad = (
+                last_seq,
+                f"no record is signed although the repository trusts key(s) "
+                f"{', '.join(sorted(trusted))}: the signatures were removed (and the chain "
+                "perhaps rewritten), or the ledger was written without the signing key",
+                None,
+            )
 
         notes: list[str] = []
         anchor_bad: tuple[int, str, str | None] | None = None
@@ -829,6 +893,8 @@ class Ledger:
                 checked = []
             else:
                 anchoring = "anchored" if any(a for _, a in checked) else "no anchors yet"
+            if remote_ref is not None and not any(r == remote_ref and a for r, a in checked):
+                remote_bad = (1, f"remote {remote} holds no ledger anchor", None)
             for _ref, found in checked:
                 n_anchors += len(found)
                 if found:
@@ -866,7 +932,9 @@ class Ledger:
             signing = "partly signed"
         if signing == "partly signed" and first_signed:
             notes.append(f"records 1..{first_signed - 1} predate signing (unsigned)")
-        problems = [p for p in (chain_bad, sig_bad, anchor_bad) if p is not None]
+        if trusted_from:
+            notes.append(f"trusted keys: {trusted_from}")
+        problems = [p for p in (chain_bad, sig_bad, anchor_bad, remote_bad) if p is not None]
         base = {
             "url": url,
             "records": n,
@@ -988,14 +1056,15 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
     require_project(settings)
     url = settings.ledger_url or ""
     signer = None if read_only else find_signer(settings.root, path=settings.signing_key)
+    rev = settings.trusted_keys_rev
     try:
-        return Ledger(
+        led = Ledger(
             url,
             actor=settings.actor,
             create=not read_only,
             signer=signer,
             anchor_repo=settings.root,
-            trusted=trusted_keys(settings.root),
+            trusted=trusted_keys(settings.root, rev=rev),
         )
     except LedgerNotFoundError as exc:
         held = _anchored_seq(settings.root)
@@ -1006,6 +1075,12 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
                 url=exc.url,
             ) from exc
         raise
+    led.trusted_from = (
+        f"committed keys/ at {rev}"
+        if anchors.git_dir(settings.root) is not None
+        else "keys/ in the working tree (not a git repository)"
+    )
+    return led
 
 
 def _anchored_seq(repo: Path) -> int | None:
