@@ -120,6 +120,12 @@ class Settings(BaseSettings):
     signing_key: Path | None = Field(
         None, description="Ed25519 private key (PEM) that signs ledger records; never committed"
     )
+    trusted_keys_rev: str = Field(
+        "HEAD",
+        min_length=1,
+        description="git revision whose committed keys/*.pub the ledger trusts (e.g. a "
+        "protected branch such as origin/main); the working tree never counts",
+    )
     mlflow_http_timeout_s: float | None = Field(
         None, gt=0, description="MLflow HTTP timeout (MLFLOW_HTTP_REQUEST_TIMEOUT wins); default 4"
     )

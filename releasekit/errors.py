@@ -27,6 +27,7 @@ ReleasekitError                 root; the CLI prints `error: <message>` + remedy
 │   ├── LedgerNotFoundError     a read-only command found no ledger at the URL
 │   ├── LedgerLockTimeoutError  an environment's or release's lock stayed held too long
 │   ├── SigningKeyError         a signing key file is unreadable, of the wrong type, ambiguous
+│   │   └── SigningRequiredError  an unsigned append to a ledger that must be signed
 │   └── LedgerIntegrityError    the hash chain is broken (edited/deleted/reordered row)
 │       ├── SignatureError      a record's signature fails or names an untrusted key
 │       └── AnchorMismatchError the ledger contradicts its git anchor
@@ -280,6 +281,17 @@ class SigningKeyError(LedgerError):
     remedy = (
         "set RELEASEKIT_SIGNING_KEY to the private key's PEM file, or create one with "
         "`releasekit ledger keygen`"
+    )
+
+
+class SigningRequiredError(SigningKeyError):
+    """Raised when a record would be appended unsigned to a ledger that must be signed: the
+    repository trusts a key, or the ledger's newest record is signed. Nothing is written."""
+
+    remedy = (
+        "set RELEASEKIT_SIGNING_KEY (or `signing_key` in releasekit.toml) to the private key "
+        "whose keys/<key id>.pub is committed, then retry; a new key: `releasekit ledger "
+        "keygen`, then commit its .pub"
     )
 
 

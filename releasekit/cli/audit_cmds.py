@@ -449,10 +449,19 @@ def _num(v: float | None, *, signed: bool = False) -> str:
 
 @ledger_app.command("verify")
 @handle_errors
-def verify_cmd(json_: JsonOpt = False) -> None:
+def verify_cmd(
+    remote: Annotated[
+        str | None,
+        typer.Option(
+            help="also check against the anchor pushed to this git remote, trusting the keys "
+            "committed on its default branch"
+        ),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
     """Check the ledger: the hash chain, every signature, and that it extends every git
     anchor; name the first edited, deleted, re-signed or truncated record (exit 1)."""
-    res = _ledger().verify()
+    res = _ledger().verify(remote=remote)
     if json_:
         emit_json(res)
     elif res.ok:

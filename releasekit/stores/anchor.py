@@ -305,3 +305,66 @@ def check_extends(
             ),
         )
     return AnchorCheck(ok=True, anchors=len(ordered), anchored_seq=ordered[-1].seq)
+
+
+def remote_anchor_ref(remote: str) -> str:
+    """Where `fetch_remote` keeps a remote's copy of the anchor ref (listed by
+    `anchor_refs`, so later local checks include it)."""
+    return f"{ANCHOR_PREFIX}remotes/{remote}/ledger"
+
+
+def remote_head_ref(remote: str) -> str:
+    """Where `fetch_remote` keeps the commit the remote's HEAD (default branch) points at."""
+    return f"{ANCHOR_PREFIX}remotes/{remote}/head"
+
+
+def fetch_remote(repo: Path, remote: str) -> tuple[str, str | None]:
+    """Fetch a git remote's anchor ref and its default branch; return the local refs they
+    were stored at: (anchor ref, head ref or None when the remote has no branch).
+
+    Raises AnchorError when the remote cannot be reached or has no anchor ref (nothing was
+    pushed: `git push <remote> refs/releasekit/ledger`)."""
+    _require_repo(repo)
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$", remote) or ".." in remote:
+        raise AnchorError(f"not a git remote name: {remote!r}")
+    ref = remote_anchor_ref(remote)
+    proc = _git(
+        repo, "fetch", "--no-tags", "--quiet", "--", remote, f"+{ANCHOR_REF}:{ref}", check=False
+    )
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fetch failed"
+        if "couldn't find remote ref" in proc.stderr:
+            why = f"{remote} has no {ANCHOR_REF} (push it: `git push {remote} {ANCHOR_REF}`)"
+        raise AnchorError(f"cannot read the ledger anchor of remote {remote}: {why}")
+    head = remote_head_ref(remote)
+    proc = _git(repo, "fetch", "--no-tags", "--quiet", "--", remote, f"+HEAD:{head}", check=False)
+    return ref, head if proc.returncode == 0 else None
+
+
+def read_tree_files(repo: Path, rev: str, folder: str) -> dict[str, bytes] | None:
+    """The files directly in `folder` at the committed revision `rev`, by name: {} when
+    `rev` does not resolve (no commit yet), None when `repo` is not a git repository. What
+    the working tree holds does not matter."""
+    if not repo.is_dir() or git_dir(repo) is None:
+        return None
+    commit = _resolve(repo, rev)
+    if commit is None:
+        return {}
+    proc = _git(repo, "ls-tree", "-z", commit, "--", folder.rstrip("/") + "/", check=False)
+    out: dict[str, bytes] = {}
+    for entry in proc.stdout.split("\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition("\t")
+        _mode, kind, obj = meta.split()
+        if kind != "blob":
+            continue
+        blob = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "blob", obj],
+            capture_output=True,
+            env=_env(),
+            timeout=30,
+        )
+        if blob.returncode == 0:
+            out[path.rsplit("/", 1)[-1]] = blob.stdout
+    return out

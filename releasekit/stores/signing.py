@@ -7,7 +7,12 @@ How a team issues and names keys:
   folder is git-ignored) or wherever `RELEASEKIT_SIGNING_KEY` points on a CI runner or a
   release machine; it never enters the ledger database. The public key goes to
   `keys/<key id>.pub` in the repository, and a team commits it like code: the set of `.pub`
-  files in the repository *is* the list of trusted signers, reviewed in pull requests.
+  files committed in the repository *are* the list of trusted signers, reviewed in pull
+  requests: keys are read from a git revision (HEAD, or the `trusted_keys_rev` setting, e.g.
+  a protected branch), never from the working tree, so an uncommitted `.pub` counts for
+  nothing. Once the repository trusts a key, every record must be signed: an unsigned
+  append after a signed record is refused, and `verify` fails a ledger whose head is not
+  signed by a trusted key.
 - A key id is the first 16 hex digits of sha256 over the raw 32-byte public key, so anyone can
   recompute it from the `.pub` file. Each ledger record stores the id of the key that signed
   it next to its signature.
@@ -35,6 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from releasekit.errors import LedgerError, SignatureError, SigningKeyError
+from releasekit.stores.anchor import read_tree_files
 
 SIGNING_KEY_ENV = "RELEASEKIT_SIGNING_KEY"
 PRIVATE_KEYS_DIR = Path(".releasekit") / "keys"  # relative to the project root, git-ignored
@@ -103,7 +109,7 @@ def verify_signature(
     if pub is None:
         raise SignatureError(
             f"{where} is signed by key {key_id}, which the repository does not trust "
-            f"(no {PUBLIC_KEYS_DIR}/{key_id}.pub)",
+            f"(no committed {PUBLIC_KEYS_DIR}/{key_id}.pub)",
             seq=seq,
             key_id=key_id,
         )
@@ -212,9 +218,63 @@ def find_signer(
 def load_public_key(path: Path) -> Ed25519PublicKey:
     """Read an Ed25519 public key (PEM SubjectPublicKeyInfo)."""
     try:
-        key = serialization.load_pem_public_key(path.read_bytes())
+        data = path.read_bytes()
     except OSError as exc:
         raise SigningKeyError(f"cannot read public key {path}: {exc}") from exc
+    return _public_key(data, str(path))
+
+
+TRUSTED_REV = "HEAD"
+"""The default revision whose `keys/*.pub` are trusted (setting `trusted_keys_rev`)."""
+
+
+def trusted_keys(
+    root: Path, *, public_dir: Path | None = None, rev: str | None = None
+) -> dict[str, Ed25519PublicKey]:
+    """Every public key the repository trusts, by key id: the `keys/*.pub` files committed at
+    git revision `rev` (default HEAD), never what the working tree holds, so a `.pub` file
+    dropped in `keys/` is not trusted until it is committed (and reviewed). Outside a git
+    repository, or with `public_dir` given, the folder's files are read as they are.
+
+    A file's name must be its key id: a renamed or swapped file is an error, so a reviewer
+    can trust the names they read in a diff.
+    """
+    if public_dir is None:
+        committed = read_tree_files(root, rev or TRUSTED_REV, str(PUBLIC_KEYS_DIR))
+        if committed is not None:
+            files = {name: data for name, data in committed.items() if name.endswith(".pub")}
+            return dict(_keys_of(files, f"{rev or TRUSTED_REV}:{PUBLIC_KEYS_DIR}"))
+    folder = public_dir or root / PUBLIC_KEYS_DIR
+    if not folder.is_dir():
+        return {}
+    files = {}
+    for p in sorted(folder.glob("*.pub")):
+        try:
+            files[p.name] = p.read_bytes()
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read public key {p}: {exc}") from exc
+    return dict(_keys_of(files, str(folder)))
+
+
+def _keys_of(files: Mapping[str, bytes], where: str) -> list[tuple[str, Ed25519PublicKey]]:
+    out = []
+    for name in sorted(files):
+        path = f"{where}/{name}"
+        key = _public_key(files[name], path)
+        kid = key_id_of(key)
+        stem = name.removesuffix(".pub")
+        if stem != kid:
+            raise SigningKeyError(
+                f"{path}: the file is named {stem} but holds key {kid}",
+                remedy=f"rename it to {kid}.pub (a key's file name is its id)",
+            )
+        out.append((kid, key))
+    return out
+
+
+def _public_key(data: bytes, path: str) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as exc:
         raise SigningKeyError(
             f"{path} is not a PEM public key: {exc}",
@@ -223,28 +283,6 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise SigningKeyError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
     return key
-
-
-def trusted_keys(root: Path, *, public_dir: Path | None = None) -> dict[str, Ed25519PublicKey]:
-    """Every public key the repository trusts (`<root>/keys/*.pub`), by key id.
-
-    A file's name must be its key id: a renamed or swapped file is an error, so a reviewer
-    can trust the names they read in a diff.
-    """
-    folder = public_dir or root / PUBLIC_KEYS_DIR
-    out: dict[str, Ed25519PublicKey] = {}
-    if not folder.is_dir():
-        return out
-    for p in sorted(folder.glob("*.pub")):
-        key = load_public_key(p)
-        kid = key_id_of(key)
-        if p.stem != kid:
-            raise SigningKeyError(
-                f"{p}: the file is named {p.stem} but holds key {kid}",
-                remedy=f"rename it to {kid}.pub (a key's file name is its id)",
-            )
-        out[kid] = key
-    return out
 
 
 def is_key_id(text: str) -> bool:

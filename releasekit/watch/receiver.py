@@ -51,6 +51,8 @@ from releasekit.watch.watcher import (
 )
 
 ENV_LABEL = "releasekit_env"
+MAX_ENV_LABELS = 64
+"""Distinct `env` label values the receiver's metrics take without an `envs` list."""
 RELEASE_LABEL = "releasekit_release"
 _RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$"
 
@@ -386,12 +388,26 @@ def create_receiver(
         registry=reg,
     )
 
+    env_labels: set[str] = set()
+
+    def env_label(r: AlertResult) -> str:
+        # A label value must not come from what a sender writes: an ignored alert's env
+        # is not ours, and without an `envs` list only the first MAX_ENV_LABELS get a series.
+        if r.env is None or r.action == "ignored":
+            return ""
+        if r.env in env_labels or known is not None:
+            return r.env
+        if len(env_labels) < MAX_ENV_LABELS:
+            env_labels.add(r.env)
+            return r.env
+        return "other"
+
     def answer(
         code: int, body: ReceiverResponse, headers: dict[str, str] | None = None
     ) -> Response:
         deliveries.labels(str(code)).inc()
         for r in body.results:
-            alerts_seen.labels(r.env or "", r.action).inc()
+            alerts_seen.labels(env_label(r), r.action).inc()
         return JSONResponse(body.model_dump(mode="json"), status_code=code, headers=headers)
 
     async def read_body(request: Request) -> bytes | None:

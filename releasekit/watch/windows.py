@@ -62,8 +62,9 @@ LATENCY_FAMILIES: dict[str, tuple[str | None, str | None]] = {
 }
 _QUANTILE_SUFFIX = {q: f"p{round(q * 100)}" for q in QUANTILES}  # 0.95 -> p95
 
-# Routes of the gateway that are not inference traffic (never counted as requests).
-NON_INFERENCE_ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/version"})
+# Routes of the gateway that are not inference traffic (never counted as requests): paths,
+# and the gateway's own `route` label for the model list.
+NON_INFERENCE_ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/version", "models"})
 StatusClass = Literal["ok", "client_error", "error", "timeout", "abort"]
 
 
@@ -381,7 +382,9 @@ ABORT_STATUSES = frozenset(
     {"499", "abort", "aborted", "cancelled", "canceled", "client_closed", "disconnected"}
 )
 ERROR_WORDS = frozenset({"error", "upstream_error", "failed", "failure"})
-CLIENT_WORDS = frozenset({"rejected", "bad_request", "unauthorized"})
+# `client_timeout`: a non-stream request that outlasted the gateway's first-byte timeout (its
+# first byte follows the whole generation the client asked for): the client's, not a timeout.
+CLIENT_WORDS = frozenset({"rejected", "bad_request", "unauthorized", "client_timeout"})
 
 
 def classify_status(status: str) -> StatusClass:

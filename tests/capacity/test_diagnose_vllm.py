@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from releasekit.bench.scrape import WAITING
-from releasekit.capacity.diagnose import Diagnosis
+from releasekit.capacity.diagnose import Diagnosis, Thresholds
 from releasekit.cli import diagnose_cmds
 from releasekit.cli._common import State
 from releasekit.config import Settings
@@ -126,18 +126,36 @@ def test_more_clients_than_max_num_seqs_is_queueing(
 ) -> None:
     """128 clients on a server with max-num-seqs 32: queueing is named (first, or right after
     a slow API-server front end on a starved host), with vLLM's queue time and waiting
-    requests as its evidence."""
+    requests as its evidence.
+
+    The test judges a window only once the server itself reports a queue in it (vLLM's
+    waiting gauge above 0 and its queue-time histogram over diagnose's line), not on how fast
+    the clients ramp up: on a loaded machine the first windows can see a queue still
+    building (queue 0.47 s with 179 requests), and such a window is measured again."""
+    line = Thresholds().queue_abs_s
+    seen: list[str] = []
     # Whole answers (no SSE): the engine, not the API server's relay, is the bottleneck.
     with load(
         vllm_server.base_url, vllm_server.model, clients=128, max_tokens=128, stream=False
     ) as done:
         _wait_for_a_queue(vllm_server.base_url)
-        d = _diagnose(vllm_server.base_url, 10)
+        for _ in range(6):
+            d = _diagnose(vllm_server.base_url, 10)
+            k = d.key_figures
+            waiting, queue = k.get("waiting_requests_max") or 0, k.get("queue_mean_s") or 0
+            seen.append(f"{d.verdict}: waiting {waiting:g}, queue {queue:.2f} s")
+            if waiting > 0 and queue > line:
+                break  # the server reports a queue in this window: judge it
+        else:
+            pytest.fail(
+                "vLLM never reported a queue over diagnose's line in 6 windows of 128 clients: "
+                + "; ".join(seen)
+            )
     assert done[0] > 0
-    assert d.verdict == "problems", d.summary
+    assert d.verdict == "problems", (d.summary, seen)
     kinds = [f.kind for f in d.findings]
     assert "queueing" in kinds[:2], (d.key_figures, [f.title for f in d.findings])
     top = d.findings[kinds.index("queueing")]
     by = {e.metric: e for e in top.evidence}
-    assert by["queue_mean_s"].source == "vllm" and (by["queue_mean_s"].value or 0) > 0.5
+    assert by["queue_mean_s"].source == "vllm" and (by["queue_mean_s"].value or 0) > line
     assert (by["waiting_requests_max"].value or 0) > 0

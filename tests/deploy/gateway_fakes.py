@@ -6,7 +6,9 @@ The fake upstream is steered per request by headers the gateway forwards untouch
   x-fake-delay: S       seconds between chunks (default 0.01)
   x-fake-hold: NAME     after the first chunk, wait until the test calls `release(NAME)`
   x-fake-stall-after: K after K chunks, go silent (never end)
-  x-fake-hang: 1        never send response headers
+  x-fake-hang: 1        never send response headers (records "hang" in `cancelled` once the
+                        gateway closes the connection)
+  x-fake-pad: N         pad every SSE chunk with N bytes
   x-fake-status: CODE   non-stream answer with this status
 """
 
@@ -65,7 +67,11 @@ class FakeUpstream:
                 }
             )
             if h.get("x-fake-hang"):
-                await asyncio.sleep(3600)
+                for _ in range(72_000):
+                    await asyncio.sleep(0.05)
+                    if await request.is_disconnected():
+                        self.cancelled.append("hang")
+                        return Response(status_code=499)
             payload = json.loads(body) if body else {}
             chat = request.url.path.endswith("chat/completions")
             rid = self.next_id("chatcmpl" if chat else "cmpl")
@@ -85,6 +91,7 @@ class FakeUpstream:
             delay = float(h.get("x-fake-delay", "0.01"))
             hold = h.get("x-fake-hold")
             stall = int(h.get("x-fake-stall-after", "-1"))
+            pad = "x" * int(h.get("x-fake-pad", "0"))
 
             async def events() -> Any:
                 try:
@@ -100,6 +107,8 @@ class FakeUpstream:
                             await asyncio.sleep(3600)
                         key = "content" if chat else "text"
                         obj: dict[str, Any] = {"id": rid, "upstream": self.name}
+                        if pad:
+                            obj["pad"] = pad
                         obj["choices"] = [{"delta": {key: f"t{i}"}} if chat else {key: f"t{i}"}]
                         yield _sse(obj)
                         if i == 0 and hold:
@@ -121,11 +130,19 @@ class FakeUpstream:
             self.received.append({"path": request.url.path, "headers": dict(request.headers)})
             return JSONResponse({"object": "list", "data": [{"id": self.name}]})
 
+        async def anything(request: Request) -> Response:
+            # vLLM serves more than the OpenAI routes (admin and dev endpoints): record any
+            # such request, so a test can show none arrives.
+            self.received.append({"path": request.url.path, "headers": dict(request.headers)})
+            return JSONResponse({"reached": request.url.path})
+
+        every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
         return Starlette(
             routes=[
                 SRoute("/v1/completions", completions, methods=["POST"]),
                 SRoute("/v1/chat/completions", completions, methods=["POST"]),
                 SRoute("/v1/models", models, methods=["GET"]),
+                SRoute("/{path:path}", anything, methods=every),
             ]
         )
 

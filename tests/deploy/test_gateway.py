@@ -333,27 +333,24 @@ def test_queued_request_gets_the_freed_slot(
 
 
 def test_hung_upstream_gives_504(upstream_factory: Up, gateway_factory: Gw) -> None:
-    """An upstream that never answers headers gets 504 after the first-byte timeout."""
+    """An upstream that never answers headers gets 504 after the first-byte timeout. For a
+    stream that is the server's timeout; a non-stream request's first byte comes after the
+    whole generation the client asked for, so its 504 is counted as `client_timeout`."""
     a = upstream_factory("a")
     tg = gateway_factory(
         [Route(release_id="rel-a", base_url=a.url)], upstream_first_byte_timeout_s=0.3
     )
-    r = httpx.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"}, timeout=10)
+    hang = {"x-fake-hang": "1"}
+    r = httpx.post(tg.url + "/v1/completions", json=STREAM, headers=hang, timeout=10)
     assert r.status_code == 504
     assert r.headers["x-releasekit-release"] == "rel-a"
+    r = httpx.post(tg.url + "/v1/completions", json=PLAIN, headers=hang, timeout=10)
+    assert r.status_code == 504
     m = metrics(tg.url)
     assert sample(m, "releasekit_gateway_rejections_total", env="test", reason="timeout") == 1
-    assert (
-        sample(
-            m,
-            "releasekit_gateway_requests_total",
-            env="test",
-            release="rel-a",
-            route="completions",
-            status="504",
-        )
-        == 1
-    )
+    lab = {"env": "test", "release": "rel-a", "route": "completions"}
+    assert sample(m, "releasekit_gateway_requests_total", **lab, status="504") == 1
+    assert sample(m, "releasekit_gateway_requests_total", **lab, status="client_timeout") == 1
     assert sample(m, "releasekit_gateway_in_flight", env="test", release="rel-a") == 0
 
 

@@ -328,6 +328,16 @@ def test_signed_ledger_cli_keygen_verify_and_forgery(mlproj: Proj) -> None:
     key = json.loads(res.stdout)
     assert Path(key["public"]) == mlproj.root / "keys" / f"{key['key_id']}.pub"
     assert ".releasekit/keys" in key["private"]
+    # Keys count once committed (the working tree is never trusted).
+    ident = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "Test",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "Test",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    for cmd in (["git", "add", "keys"], ["git", "commit", "-qm", "trust the release key"]):
+        subprocess.run(cmd, cwd=mlproj.root, check=True, env=ident)
     lk = mlproj.build("demo-bf16")
     assert runner.invoke(app, ["register", "manifests/demo-bf16.yaml"]).exit_code == 0
     res = runner.invoke(app, ["assign", lk.release_id, "-e", "production", "-r", "go"])

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from releasekit.errors import SigningRequiredError
 from releasekit.stores import anchor as anc
 from releasekit.stores import signing
 from releasekit.stores.ledger import (
@@ -50,6 +51,8 @@ def repo(tmp_path: Path) -> Path:
     git(r, "config", "user.name", "Ada")
     git(r, "config", "user.email", "ada@example.com")
     signing.generate_keypair(r)
+    git(r, "add", "keys")
+    git(r, "commit", "-q", "-m", "trust the release key")
     return r
 
 
@@ -329,3 +332,134 @@ def test_concurrent_first_opens_of_a_postgres_ledger(pg_url: str) -> None:
     ]
     outs = [(p.wait(timeout=120), p.stderr.read() if p.stderr else b"") for p in procs]
     assert all(rc == 0 for rc, _ in outs), outs
+
+
+# ----------------------------------------------------------------------------- swapped ledger
+
+
+def strip_and_rechain(url: str) -> None:
+    """The swap with database access but no key: recompute the chain (as `forge`), then
+    delete every signature row."""
+    forge(url, 3, "swapped")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(signatures_table.delete())
+    engine.dispose()
+
+
+def reanchor(url: str, repo: Path) -> None:
+    """... and with write access to the local git repo: re-anchor the forged head locally."""
+    git(repo, "update-ref", "-d", anc.ANCHOR_REF)
+    led = Ledger(url)
+    head = led.head()
+    assert head is not None
+    anc.anchor(repo, head[0], head[1])
+    led.close()
+
+
+def test_swapped_unsigned_ledger_fails_when_keys_are_trusted(ledger_db: str, repo: Path) -> None:
+    """Recomputed chain, signatures deleted, anchor re-made locally: verify still fails,
+    because the repository trusts a key and no record is signed."""
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    strip_and_rechain(ledger_db)
+    reanchor(ledger_db, repo)
+    res = open_signed(ledger_db, repo).verify()
+    assert not res.ok and res.first_bad_seq == 5
+    assert "no record is signed although the repository trusts" in (res.problem or "")
+
+
+def test_uncommitted_public_key_is_not_trusted(ledger_db: str, repo: Path, tmp_path: Path) -> None:
+    """A .pub dropped into keys/ without a commit does not count: records signed by its key
+    fail as signed by an untrusted key."""
+    rogue = signing.generate_keypair(
+        repo, private_path=tmp_path / "rogue.pem", public_dir=repo / "keys"
+    )
+    assert rogue.public_path.is_file()
+    trusted = signing.trusted_keys(repo)
+    assert rogue.key_id not in trusted and len(trusted) == 1
+    led = Ledger(
+        ledger_db,
+        actor="x",
+        signer=signing.load_private_key(rogue.private_path),
+        anchor_repo=repo,
+        trusted=trusted,
+    )
+    fill(led, 2)
+    res = led.verify()
+    assert not res.ok and res.first_bad_seq == 1
+    assert f"key {rogue.key_id}, which the repository does not trust" in (res.problem or "")
+
+
+def test_unsigned_append_after_a_signed_record_is_refused(ledger_db: str, repo: Path) -> None:
+    """A writer without the key cannot append after signed records (nothing is written),
+    whether or not it was told which keys are trusted; the error says what to do."""
+    led = open_signed(ledger_db, repo)
+    fill(led, 2)
+    for trusted in (None, signing.trusted_keys(repo)):
+        keyless = Ledger(ledger_db, actor="x", anchor_repo=repo, trusted=trusted)
+        with pytest.raises(SigningRequiredError) as info:
+            keyless.append(Event(type=EventType.BUILD, to_release=RID))
+        assert "RELEASEKIT_SIGNING_KEY" in info.value.remedy
+        keyless.close()
+    assert led.count() == 2 and led.verify().ok
+
+
+def test_trusting_a_key_requires_signed_appends(ledger_db: str, repo: Path) -> None:
+    """Once the repository trusts a key, even the first record must be signed."""
+    keyless = Ledger(ledger_db, actor="x", trusted=signing.trusted_keys(repo))
+    with pytest.raises(SigningRequiredError, match="every record must be signed"):
+        keyless.append(Event(type=EventType.BUILD, to_release=RID))
+    assert keyless.count() == 0
+
+
+def test_trusted_keys_come_from_the_pinned_revision(repo: Path) -> None:
+    """`rev` pins the revision read: a key committed later on another branch is not
+    trusted at the pinned one."""
+    first = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "side")
+    extra = signing.generate_keypair(repo, private_path=repo.parent / "extra.pem")
+    git(repo, "add", "keys")
+    git(repo, "commit", "-q", "-m", "another key")
+    assert extra.key_id in signing.trusted_keys(repo)
+    assert extra.key_id not in signing.trusted_keys(repo, rev=first)
+
+
+def test_verify_against_the_pushed_anchor_catches_a_local_reanchor(
+    ledger_db: str, repo: Path, tmp_path: Path
+) -> None:
+    """The anchor pushed to a remote outlives a local re-anchor: `verify(remote=...)` fails
+    on the swapped ledger even after the forger also drops the trusted key locally, because
+    it trusts the keys committed on the remote's default branch."""
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    led = open_signed(ledger_db, repo)
+    fill(led)
+    git(repo, "push", "-q", "origin", "HEAD:refs/heads/main", anc.ANCHOR_REF)
+    git(remote, "symbolic-ref", "HEAD", "refs/heads/main")
+    assert led.verify(remote="origin").ok
+    strip_and_rechain(ledger_db)
+    reanchor(ledger_db, repo)
+    git(repo, "rm", "-q", "-r", "keys")
+    git(repo, "commit", "-q", "-m", "drop the key")
+    local = Ledger(ledger_db, anchor_repo=repo, trusted=signing.trusted_keys(repo))
+    assert signing.trusted_keys(repo) == {}
+    git(repo, "update-ref", "-d", anc.remote_anchor_ref("origin"))  # the fetched copy too
+    assert local.verify().ok  # what a local-only check is fooled into
+    res = local.verify(remote="origin")
+    assert not res.ok
+    assert "rewritten" in (res.problem or "") or "no record is signed" in (res.problem or "")
+
+
+def test_verify_against_a_remote_without_an_anchor_fails(
+    ledger_db: str, repo: Path, tmp_path: Path
+) -> None:
+    """A remote that never got the anchor ref is a failure with the push command, not a pass."""
+    remote = tmp_path / "empty.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    led = open_signed(ledger_db, repo)
+    fill(led, 1)
+    res = led.verify(remote="origin")
+    assert not res.ok and "git push origin refs/releasekit/ledger" in (res.problem or "")

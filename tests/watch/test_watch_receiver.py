@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 from pydantic import SecretStr
 from watchkit import AppServer
 
@@ -365,3 +366,19 @@ def test_unknown_keys_are_ignored_but_known_ones_strictly_typed(
     bad["truncatedAlerts"] = "0"
     assert post(url, bad, BEARER).status_code == 400
     assert len(recorder.requests) == 1
+
+
+def test_alert_contents_do_not_become_metric_labels(
+    receiver: tuple[str, Any], recorder: Recorder
+) -> None:
+    """200 alerts naming 200 made-up environments add one series, not 200: label values
+    come from the receiver's own environments, never from what a sender writes."""
+    url, app = receiver
+    for i in range(200):
+        assert post(url, payload(env=f"made-up-{i}", fp=f"f{i}"), BEARER).status_code == 422
+    lines = [
+        ln
+        for ln in generate_latest(app.state.registry).decode().splitlines()
+        if ln.startswith("releasekit_receiver_alerts_total")
+    ]
+    assert lines == ['releasekit_receiver_alerts_total{action="ignored",env=""} 200.0']

@@ -1,0 +1,225 @@
+"""The gateway: one stable, OpenAI-compatible address per environment in front of vLLM servers.
+
+An ASGI app (Starlette for everything but the hot path) served by uvicorn with uvloop and
+httptools when installed, talking to upstreams through one shared aiohttp session whose
+pool holds more connections than `max_in_flight` (aiohttp, not httpx: relaying a 33-chunk
+stream cost 1.1 ms of CPU with aiohttp and 3.9 ms with httpx in the same minimal proxy).
+It runs as its own process so that it outlives the releasekit command that started it:
+
+    python -m releasekit.deploy.gateway --config FILE.json
+
+The deployer writes FILE.json (a `GatewayConfig`; keep it mode 0600, it holds the admin
+token). Once the gateway listens it writes `ready_file` (a `GatewayEndpoint`: url, port,
+pid) atomically; `GatewayClient.wait_ready` then confirms the admin API answers. The
+gateway knows upstreams only: it never reads MLflow, the ledger or any store.
+
+Endpoints (one port)
+--------------------
+- `GET /health`            200 while at least one route carries traffic, 503 otherwise. Open.
+- `GET /metrics`           Prometheus text of the gateway's own registry. Open.
+- `/v1/*`                  the OpenAI routes vLLM serves (`GET /v1/models`; `POST` to
+                           `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings`,
+                           `/v1/responses`, `/v1/score`, `/v1/rerank`) proxied to the pinned
+                           route's upstream, `base_url + path + query`, body and status
+                           untouched, hop-by-hop headers dropped; SSE relayed chunk by chunk as
+                           the upstream sends it. Every proxied response carries
+                           `x-releasekit-release: <release id>`. Any other path (vLLM's admin
+                           and dev routes included), a path spelled with escapes, dot segments
+                           or doubled slashes, gets 404; another method 405. Neither reaches
+                           an upstream.
+- `POST /v1/templates/{prompt}/chat/completions`
+                           the templated route (below).
+- `POST /v1/feedback`      `{"response_id": "...", "score": -1..1 | "up" | "down"}` (below).
+- `/admin/*`               the admin API, guarded by `admin_token` (never by a client key):
+  - `GET  /admin/state`    `GatewayState`: routes, in-flight and served counts per release.
+  - `PUT  /admin/routes`   body `RouteTable`; swaps the table atomically, answers the new
+                           `GatewayState`; 422 lists each `field: problem`.
+  - `POST /admin/drain`    body `DrainRequest`; waits (up to `timeout_s`) until the release
+                           has no request in flight, answers `DrainResult`; 409 if the release
+                           still carries traffic (switch first).
+
+Routing
+-------
+The table is a list of `Route`s swapped by one reference assignment. A request is pinned to
+a route when it is admitted and stays there until its last byte, whatever the table does
+meanwhile: after a switch, the old release's in-flight count only falls, and a deployer waits
+for 0 (`GatewayClient.wait_drained`) before stopping that server. Weights split traffic
+with smooth weighted round-robin: deterministic, and exact over any run of
+`sum(weights)` requests for integer weights (a 9:1 canary sends 1 of every 10). Weight 0
+keeps a route in the table (its templates listed) without traffic.
+
+Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
+(401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
+otherwise the client's Authorization header is dropped when the gateway checks keys (it is
+the gateway's key, not the upstream's) and passed through when it does not.
+
+Limits before any request code runs (`limits`): the request line and headers at most
+`max_header_bytes` (60 KiB, Envoy's default; 431 and the connection closed), sent within
+`header_timeout_s` of the connection opening or of a keep-alive request's first byte (408).
+
+Admission and limits, in order: auth (401; after `auth_failure_limit.burst` wrong keys from
+one address, 429 without checking the key), per-key token bucket (`rate_limit`; 429 with
+Retry-After; keyed by API key, or by client address without keys, an IPv6 client by its
+/64), the path allowlist (404/405), the body (counted while it streams, chunked or not: 413
+past `max_request_bytes`, and the connection closed), JSON nesting past `max_json_depth`
+(400), then the in-flight limit `max_in_flight` with a queue: a request waits up to
+`max_queue_wait_s` for a slot, then gets 503 with Retry-After. Every path after admission
+frees its slot exactly once, errors included. Upstream: connect timeout and first-byte
+timeout (time to the upstream's response headers; for a non-stream request that includes
+generation) give 504; a refused or broken connection gives 502. A client that disconnects
+while the upstream works cancels the upstream request (its connection is closed, so vLLM
+aborts), stream or not. Once streaming, a gap longer than `stream_idle_timeout_s` between
+upstream chunks, or passing `request_timeout_s` in total, ends the stream with an SSE error
+event `data: {"error": {...}}` (a non-SSE body is cut); a client that stops reading for
+`stream_idle_timeout_s` (its socket full) is cut too, and its slot freed.
+
+Templated route
+---------------
+`POST /v1/templates/{prompt}/chat/completions` with `{"variables": {"name": "value"},
+...any other chat-completions parameter}`: the gateway renders the *pinned route's*
+template `prompt` (its `system` and `user` texts, `{{ name }}` placeholders, the project's
+renderer) into the system and user messages and forwards the body to
+`/v1/chat/completions` of that route's upstream (`model` defaults to the route's `model`).
+A release that differs only in its prompts is therefore a route-table change with the same
+`base_url`: no vLLM restart, and a rollback restores the old templates with the table.
+400 names an unknown prompt (and lists the known ones), every missing variable, or a body
+that sets `messages` itself. Plain `/v1/*` requests are never rewritten.
+
+Feedback
+--------
+The gateway remembers the `id` of recent successful responses (the JSON body's `id`, or the
+first SSE chunk's), mapped to the release that served them and the client it served (a
+digest of its key, or its address without keys), in a bounded LRU (`feedback_capacity`).
+`POST /v1/feedback` counts a score per release: > 0 positive, < 0 negative, 0 neutral
+(`up` = 1, `down` = -1); only feedback from the client that got the response counts, and
+only its first (a repeat answers `counted: false`). Unknown, evicted or another client's
+id: 404 (the same answer, so ids reveal nothing); malformed: 400.
+
+Metrics (own CollectorRegistry; `env` is the gateway's environment)
+-------------------------------------------------------------------
+- `releasekit_gateway_requests_total{env,release,route,status}` counter: pinned requests by
+  endpoint (`completions`, `chat/completions`, `models`, `templates`, `other`, ...) and the
+  HTTP status the client got (the upstream's, or 400/499/502/504 from the gateway), except
+  `client_timeout` for a non-stream request that outlasted the first-byte timeout (the
+  client got 504; its first byte comes after the whole generation it asked for, so it is
+  the client's outcome, not a server timeout).
+- `releasekit_gateway_in_flight{env,release}` gauge: pinned requests not finished.
+- `releasekit_gateway_ttft_seconds{env,release}` histogram (1 ms .. 30 s): arrival at the
+  gateway to the first SSE chunk carrying content (`"text"`/`"content"` not empty); streams only.
+- `releasekit_gateway_e2e_seconds{env,release}` histogram: arrival to last byte relayed,
+  every request that got upstream headers (streamed or not, cut or not).
+- `releasekit_gateway_upstream_wait_seconds{env,release}` histogram: arrival to the
+  upstream's response headers (admission wait included).
+- `releasekit_gateway_overhead_seconds{env,release}` histogram: arrival to the upstream
+  request being sent (auth, rate limit, queue, templating): the gateway's own share.
+- `releasekit_gateway_queue_wait_seconds{env}` histogram: admission wait (0 when a slot
+  was free), every admitted or queue-rejected request.
+- `releasekit_gateway_queue_depth{env}` gauge: requests waiting for a slot.
+- `releasekit_gateway_stream_chunks_total{env,release}` counter: SSE chunks relayed.
+- `releasekit_gateway_stream_errors_total{env,release,reason}` counter: streams ended early
+  (`timeout`, `upstream_error`, and the client's own: `client_disconnect`, `client_stalled`).
+- `releasekit_gateway_rejections_total{env,reason}` counter: `auth`, `rate_limit`,
+  `queue_full`, `no_route`, `timeout` (504 and mid-stream), `client_timeout` (a non-stream
+  504), `upstream_error` (502 and mid-stream), `bad_request` (404/405 paths, 413, 431,
+  invalid or too deep JSON, template errors). Every label value comes from a fixed set, the
+  route table or the upstream's status code: nothing a client sends becomes a label.
+- `releasekit_gateway_feedback_total{env,release,score}` counter: `positive`, `negative`,
+  `neutral`.
+- `releasekit_gateway_info{env,release,weight}` gauge, 1 per live route (`weight` is the
+  route's share of traffic, e.g. "0.9"); `releasekit_gateway_route_weight{env,release}` the
+  same share as a value; `releasekit_gateway_routes_generation{env}` the table version;
+  `releasekit_gateway_route_switches_total{env}` table swaps.
+
+Modules
+-------
+- `errors`     the error tree (GatewayError and its subclasses)
+- `config`     the config file, the route table and the admin API's models
+- `templates`  prompt templates rendered into chat messages
+- `routing`    the routing table and its weighted cursor
+- `limits`     per-key token buckets
+- `metrics`    the gateway's own Prometheus metrics
+- `responses`  OpenAI-style error and JSON answers
+- `relay`      one pinned request and the response that streams the upstream's answer
+- `app`        the `Gateway`: state, admission, the ASGI app
+- `server`     socket, uvicorn, ready file, `ThreadedGateway`, the process entry point
+
+Errors
+------
+    ReleasekitError
+    └── GatewayError                 root of everything the gateway and its client raise
+        ├── GatewayConfigError       the config file is unreadable or invalid
+        ├── GatewayStartError        the process could not listen, or never became ready
+        ├── GatewayUnreachableError  the admin API does not answer
+        ├── GatewayAuthError         the admin API refused the admin token (401)
+        ├── GatewayRequestError      the admin API rejected a request (422 routes, 409 drain)
+        └── PromptTemplateError      a templated request names an unknown prompt or misses
+                                     variables (the gateway answers it with 400)
+"""
+
+from __future__ import annotations
+
+from releasekit.deploy.gateway.app import Gateway
+from releasekit.deploy.gateway.config import (
+    DrainRequest,
+    DrainResult,
+    GatewayConfig,
+    GatewayEndpoint,
+    GatewayState,
+    PromptTemplate,
+    RateLimit,
+    Route,
+    RouteState,
+    RouteTable,
+    load_config,
+)
+from releasekit.deploy.gateway.errors import (
+    GatewayAuthError,
+    GatewayConfigError,
+    GatewayError,
+    GatewayRequestError,
+    GatewayStartError,
+    GatewayUnreachableError,
+    PromptTemplateError,
+)
+from releasekit.deploy.gateway.metrics import (
+    E2E_BUCKETS,
+    OVERHEAD_BUCKETS,
+    QUEUE_BUCKETS,
+    TTFT_BUCKETS,
+)
+from releasekit.deploy.gateway.relay import RELEASE_HEADER
+from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
+from releasekit.deploy.gateway.templates import render_prompt
+
+__all__ = [
+    "E2E_BUCKETS",
+    "OVERHEAD_BUCKETS",
+    "QUEUE_BUCKETS",
+    "RELEASE_HEADER",
+    "TTFT_BUCKETS",
+    "DrainRequest",
+    "DrainResult",
+    "Gateway",
+    "GatewayAuthError",
+    "GatewayConfig",
+    "GatewayConfigError",
+    "GatewayEndpoint",
+    "GatewayError",
+    "GatewayRequestError",
+    "GatewayStartError",
+    "GatewayState",
+    "GatewayUnreachableError",
+    "PromptTemplate",
+    "PromptTemplateError",
+    "RateLimit",
+    "Route",
+    "RouteState",
+    "RouteTable",
+    "ThreadedGateway",
+    "bind_socket",
+    "load_config",
+    "main",
+    "render_prompt",
+    "running",
+    "serve",
+]

@@ -1,0 +1,748 @@
+"""The gateway's state and its ASGI app: admission, routing, the admin API, feedback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import math
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import generate_latest as _generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route as _StarletteRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from releasekit.deploy.gateway.config import (
+    DrainRequest,
+    DrainResult,
+    Feedback,
+    GatewayConfig,
+    GatewayState,
+    Route,
+    RouteState,
+    RouteTable,
+    validation_problems,
+)
+from releasekit.deploy.gateway.errors import GatewayRequestError, PromptTemplateError
+from releasekit.deploy.gateway.limits import (
+    JsonBodyError,
+    TokenBuckets,
+    client_address,
+    header_bytes,
+    parse_json,
+    read_body,
+)
+from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
+from releasekit.deploy.gateway.relay import (
+    DROP_REQUEST,
+    RELEASE_HEADER,
+    DisconnectFlag,
+    Flight,
+    Relay,
+    watch_disconnect,
+)
+from releasekit.deploy.gateway.responses import error_response, json_response
+from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES, Table
+from releasekit.deploy.gateway.templates import templated_body
+
+log = logging.getLogger("releasekit.gateway")
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def admin_body(
+    request: Request, model: type[_Body], *, what: str, code: str
+) -> _Body | Response:
+    """An admin request's JSON body as `model`, or the 422 answer listing every problem."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problems = validation_problems(exc)
+        return error_response(
+            422,
+            f"invalid {what}: " + "; ".join(problems),
+            type_="invalid_request_error",
+            code=code,
+            extra={"problems": problems},
+        )
+
+
+def bearer_token(request: Request) -> bytes | None:
+    h = request.headers.get("authorization")
+    if h is None or len(h) < 8 or h[:7].lower() != "bearer ":
+        return None
+    return h[7:].strip().encode()
+
+
+class Gateway:
+    """The gateway's state and ASGI app; `app()` builds the ASGI application.
+
+    One instance serves one environment. Methods run on the event loop thread; `set_routes`
+    may also be called before the server starts.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._metrics = Metrics(self.registry, config.env)
+        self._table = Table(0, ())
+        self._in_flight: dict[str, int] = {}
+        self._served: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._queued = 0
+        self._in_flight_total = 0
+        self._sem = asyncio.Semaphore(config.max_in_flight)
+        self._session: aiohttp.ClientSession | None = None
+        self._buckets = TokenBuckets(config.rate_limit) if config.rate_limit else None
+        self._auth_failures = TokenBuckets(config.auth_failure_limit)
+        self._responses: OrderedDict[str, list[Any]] = OrderedDict()
+        self._api_keys = [k.encode() for k in config.api_keys]
+        self._admin_token = config.admin_token.encode()
+        c = config.upstream_connect_timeout_s
+        first = min(config.upstream_first_byte_timeout_s, config.request_timeout_s)
+        # sock_read bounds every wait for upstream bytes: the response headers first, then
+        # (switched after the headers, see _forward) each gap between body chunks.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=c, sock_connect=c, sock_read=first
+        )
+        self._idle_s = config.stream_idle_timeout_s
+        self._retry_queue = str(max(1, math.ceil(config.max_queue_wait_s)))
+        self.started_at = time.time()
+        self.set_routes(RouteTable(routes=config.routes))
+
+    # -- routing table
+
+    def set_routes(self, table: RouteTable) -> GatewayState:
+        """Swap the routing table (one reference assignment); answers the new state."""
+        new = Table(self._table.generation + 1, table.routes)
+        self._table = new
+        self._metrics.set_routes(new)
+        self._metrics.switches.inc()
+        return self.state()
+
+    def state(self) -> GatewayState:
+        """Routes, in-flight and served counts now."""
+        t = self._table
+        return GatewayState(
+            env=self.config.env,
+            generation=t.generation,
+            routes=[
+                RouteState(
+                    release_id=r.release_id,
+                    base_url=r.base_url,
+                    weight=r.weight,
+                    share=t.share(r),
+                    model=r.model,
+                    prompts=sorted(r.prompts),
+                    has_api_key=r.api_key is not None,
+                )
+                for r in t.routes
+            ],
+            in_flight=dict(self._in_flight),
+            served=dict(self._served),
+            in_flight_total=self._in_flight_total,
+            queued=self._queued,
+            max_in_flight=self.config.max_in_flight,
+            pid=os.getpid(),
+            started_at=self.started_at,
+        )
+
+    async def drain(self, release_id: str, timeout_s: float) -> DrainResult:
+        """Wait up to `timeout_s` until no request pinned to `release_id` is in flight.
+
+        Raises GatewayRequestError (409) if the release still gets new traffic.
+        """
+        if self._table.routed(release_id):
+            raise GatewayRequestError(
+                f"release {release_id} still carries traffic; switch the routes first",
+                status=409,
+            )
+        t = time.monotonic()
+        if self._in_flight.get(release_id, 0) > 0:
+            ev = self._idle.get(release_id)
+            if ev is None:
+                ev = self._idle[release_id] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await ev.wait()
+        n = self._in_flight.get(release_id, 0)
+        return DrainResult(
+            release_id=release_id, drained=n == 0, in_flight=n, waited_s=time.monotonic() - t
+        )
+
+    def _pin(self, rid: str, m: ReleaseMetrics) -> None:
+        self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
+        self._in_flight_total += 1
+        m.in_flight.inc()
+
+    def _unpin(self, rid: str, m: ReleaseMetrics) -> None:
+        n = self._in_flight[rid] - 1
+        self._in_flight[rid] = n
+        self._in_flight_total -= 1
+        self._served[rid] = self._served.get(rid, 0) + 1
+        m.in_flight.dec()
+        self._sem.release()
+        if n == 0:
+            ev = self._idle.pop(rid, None)
+            if ev is not None:
+                ev.set()
+
+    def _remember(self, response_id: str, release_id: str, client: str) -> None:
+        r = self._responses
+        r[response_id] = [release_id, False, client]
+        if len(r) > self.config.feedback_capacity:
+            r.popitem(last=False)
+
+    # -- lifecycle
+
+    async def startup(self) -> None:
+        """Open the shared upstream connection pool (more connections than in-flight
+        slots, so an admitted request never waits for one)."""
+        connector = aiohttp.TCPConnector(
+            limit=self.config.max_in_flight + 16,
+            limit_per_host=0,
+            keepalive_timeout=30.0,
+            enable_cleanup_closed=False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            trust_env=False,
+        )
+
+    async def shutdown(self) -> None:
+        """Close the upstream connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def app(self) -> ASGIApp:
+        """The ASGI application: plain `/v1/*` proxying on a direct path (it is the hot
+        path: no router or middleware per chunk), everything else through Starlette's router
+        (whose lifespan opens and closes the upstream pool)."""
+        starlette = self._starlette()
+        proxy = self._proxy
+        max_header = self.config.max_header_bytes
+        too_large = error_response(
+            431,
+            f"request headers over {max_header} bytes",
+            type_="invalid_request_error",
+            code="headers_too_large",
+            headers={"connection": "close"},
+        )
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                # The protocol refuses oversize header blocks as they arrive; this catches
+                # one that completed within a single read.
+                if header_bytes(scope) > max_header:
+                    self._metrics.reject("bad_request")
+                    await too_large(scope, receive, send)
+                    return
+                path = scope["path"]
+                if (
+                    path.startswith("/v1/")
+                    and path != "/v1/feedback"
+                    and not path.startswith("/v1/templates/")
+                ):
+                    response = await proxy(Request(scope, receive))
+                    await response(scope, receive, send)
+                    return
+            await starlette(scope, receive, send)
+
+        return app
+
+    def _starlette(self) -> Starlette:
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            await self.startup()
+            try:
+                yield
+            finally:
+                await self.shutdown()
+
+        every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+        routes = [
+            _StarletteRoute("/health", self._health, methods=["GET", "HEAD"]),
+            _StarletteRoute("/metrics", self._metrics_text, methods=["GET"]),
+            _StarletteRoute("/admin/state", self._admin_state, methods=["GET"]),
+            _StarletteRoute("/admin/routes", self._admin_routes, methods=["PUT"]),
+            _StarletteRoute("/admin/drain", self._admin_drain, methods=["POST"]),
+            _StarletteRoute("/v1/feedback", self._feedback, methods=["POST"]),
+            _StarletteRoute(
+                "/v1/templates/{prompt}/chat/completions", self._templated, methods=["POST"]
+            ),
+            _StarletteRoute("/v1/{path:path}", self._proxy, methods=every),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    # -- open endpoints
+
+    async def _health(self, request: Request) -> Response:
+        live = sum(1 for r in self._table.routes if r.weight > 0)
+        body = {"status": "ok" if live else "no_routes", "env": self.config.env, "routes": live}
+        return json_response(body, 200 if live else 503)
+
+    async def _metrics_text(self, request: Request) -> Response:
+        return Response(_generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- admin
+
+    def _admin_denied(self, request: Request) -> Response | None:
+        token = bearer_token(request)
+        if token is not None and hmac.compare_digest(token, self._admin_token):
+            return None
+        return error_response(
+            401,
+            "admin token missing or wrong",
+            type_="invalid_request_error",
+            code="invalid_admin_token",
+            headers={"www-authenticate": "Bearer"},
+        )
+
+    async def _admin_state(self, request: Request) -> Response:
+        return self._admin_denied(request) or json_response(self.state())
+
+    async def _admin_routes(self, request: Request) -> Response:
+        denied = self._admin_denied(request)
+        if denied:
+            return denied
+        table = await admin_body(request, RouteTable, what="route table", code="invalid_routes")
+        if isinstance(table, Response):
+            return table
+        return json_response(self.set_routes(table))
+
+    async def _admin_drain(self, request: Request) -> Response:
+        denied = self._admin_denied(request)
+        if denied:
+            return denied
+        req = await admin_body(request, DrainRequest, what="drain request", code="invalid_drain")
+        if isinstance(req, Response):
+            return req
+        try:
+            return json_response(await self.drain(req.release_id, req.timeout_s))
+        except GatewayRequestError as exc:
+            return error_response(
+                exc.status, exc.message, type_="invalid_request_error", code="routed"
+            )
+
+    # -- client endpoints
+
+    def _client_denied(self, request: Request) -> tuple[Response | None, str]:
+        """Auth, then the per-key token bucket: (None, client) when the request may proceed,
+        else (the answer, client). `client` names the caller without holding its key: a
+        digest of the key, or the client's address when the gateway has no keys."""
+        address = client_address(request)
+        if self._api_keys:
+            if self._auth_failures.wait(address) > 0:
+                # Too many wrong keys from this address: refuse without checking this one,
+                # so a guess cannot be confirmed while throttled.
+                self._metrics.reject("auth")
+                return self._too_many(self._auth_failures.wait(address), "auth"), address
+            token = bearer_token(request)
+            ok = False
+            if token is not None:
+                for k in self._api_keys:  # no early exit: time does not tell which key
+                    ok |= hmac.compare_digest(token, k)
+            if not ok:
+                self._auth_failures.take(address)
+                self._metrics.reject("auth")
+                answer = error_response(
+                    401,
+                    "missing API key" if token is None else "incorrect API key provided",
+                    type_="invalid_request_error",
+                    code="invalid_api_key",
+                    headers={"www-authenticate": "Bearer"},
+                )
+                return answer, address
+            client = "key:" + hashlib.blake2b(token or b"", digest_size=12).hexdigest()
+        else:
+            client = address
+        if self._buckets is not None:
+            wait = self._buckets.take(client)
+            if wait > 0:
+                self._metrics.reject("rate_limit")
+                return self._too_many(wait, "rate_limit"), client
+        return None, client
+
+    @staticmethod
+    def _too_many(wait: float, why: str) -> Response:
+        return error_response(
+            429,
+            "too many failed authentications" if why == "auth" else "rate limit exceeded",
+            type_="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"retry-after": str(max(1, math.ceil(wait)))},
+        )
+
+    async def _body(self, request: Request) -> bytes | Response:
+        limit = self.config.max_request_bytes
+        body = await read_body(request, limit)
+        if body is not None:
+            return body
+        self._metrics.reject("bad_request")
+        # Close the connection: the rest of an oversize body is not worth reading.
+        return error_response(
+            413,
+            f"request body over {limit} bytes",
+            type_="invalid_request_error",
+            code="too_large",
+            headers={"connection": "close"},
+        )
+
+    def _json(self, body: bytes) -> Any:
+        """A request body parsed (None when empty), or the 400 answer."""
+        if not body:
+            return None
+        try:
+            return parse_json(body, self.config.max_json_depth)
+        except JsonBodyError as exc:
+            self._metrics.reject("bad_request")
+            return error_response(400, str(exc), type_="invalid_request_error", code="invalid_json")
+
+    def _refuse_path(self, request: Request) -> Response | None:
+        """404 for a path outside the allowlist (or spelled with escapes or dot segments),
+        405 for a method the route does not take; None when it may go upstream."""
+        scope = request.scope
+        path: str = scope["path"]
+        raw = scope.get("raw_path")
+        methods = UPSTREAM_ROUTES.get(path)
+        if methods is None or (raw is not None and raw != path.encode("latin-1")):
+            self._metrics.reject("bad_request")
+            return error_response(
+                404,
+                f"unknown route {path[:200]!r}",
+                type_="invalid_request_error",
+                code="unknown_route",
+            )
+        if request.method not in methods:
+            self._metrics.reject("bad_request")
+            return error_response(
+                405,
+                f"{request.method} is not allowed on {path}",
+                type_="invalid_request_error",
+                code="method_not_allowed",
+                headers={"allow": ", ".join(methods)},
+            )
+        return None
+
+    async def _admit(self) -> Response | None:
+        """Take an in-flight slot, waiting up to max_queue_wait_s; 503 past that."""
+        sem = self._sem
+        m = self._metrics
+        if not sem.locked():
+            await sem.acquire()
+            m.queue_wait.observe(0.0)
+            return None
+        t = time.perf_counter()
+        self._queued += 1
+        m.queue_depth.inc()
+        try:
+            async with asyncio.timeout(self.config.max_queue_wait_s):
+                await sem.acquire()
+        except TimeoutError:
+            m.queue_wait.observe(time.perf_counter() - t)
+            m.reject("queue_full")
+            return error_response(
+                503,
+                f"gateway busy: no slot within {self.config.max_queue_wait_s:g} s",
+                type_="server_error",
+                code="queue_full",
+                headers={"retry-after": self._retry_queue},
+            )
+        finally:
+            self._queued -= 1
+            m.queue_depth.dec()
+        m.queue_wait.observe(time.perf_counter() - t)
+        return None
+
+    async def _proxy(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        denied, client = self._client_denied(request)
+        if denied:
+            return denied
+        refused = self._refuse_path(request)
+        if refused:
+            return refused
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        payload = self._json(body)
+        if isinstance(payload, Response):
+            return payload
+        path = request.scope["path"]
+        return await self._forward(
+            request,
+            t0,
+            path=path,
+            body=body,
+            payload=payload,
+            route_label=endpoint_label(path),
+            prompt=None,
+            client=client,
+        )
+
+    async def _templated(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        denied, client = self._client_denied(request)
+        if denied:
+            return denied
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        payload = self._json(body)
+        if isinstance(payload, Response):
+            return payload
+        return await self._forward(
+            request,
+            t0,
+            path="/v1/chat/completions",
+            body=body,
+            payload=payload,
+            route_label="templates",
+            prompt=request.path_params["prompt"],
+            client=client,
+        )
+
+    def _upstream_headers(self, request: Request, route: Route) -> list[tuple[str, str]]:
+        out = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in request.scope["headers"]
+            if k not in DROP_REQUEST
+        ]
+        out.append(("accept-encoding", "identity"))
+        if route.api_key is not None:
+            out.append(("authorization", "Bearer " + route.api_key))
+        elif not self._api_keys:
+            auth = request.headers.get("authorization")
+            if auth is not None:
+                out.append(("authorization", auth))
+        return out
+
+    async def _forward(
+        self,
+        request: Request,
+        t0: float,
+        *,
+        path: str,
+        body: bytes,
+        payload: Any,
+        route_label: str,
+        prompt: str | None,
+        client: str,
+    ) -> Response:
+        busy = await self._admit()
+        if busy is not None:
+            return busy
+        # Pin and count in the same step (no await in between): a drain that sees 0 in
+        # flight for a release no longer routed can trust it stays 0.
+        route = self._table.pick()
+        if route is None:
+            self._sem.release()
+            self._metrics.reject("no_route")
+            return error_response(
+                503,
+                "no release is routed",
+                type_="server_error",
+                code="no_route",
+                headers={"retry-after": "1"},
+            )
+        stream = isinstance(payload, dict) and payload.get("stream") is True
+        flight = Flight(self, route, route_label, t0, client=client, stream=stream)
+        self._pin(route.release_id, flight.m)
+        # From here on every path ends the flight (and so frees its slot) exactly once.
+        try:
+            return await self._upstream(request, flight, path=path, body=body,
+                                        payload=payload, prompt=prompt)  # fmt: skip
+        except Exception as exc:
+            flight.finish(500, got_response=False)
+            log.exception("gateway failed on a request to %s", route.base_url)
+            return error_response(
+                500,
+                f"gateway error: {type(exc).__name__}",
+                type_="server_error",
+                code="gateway_error",
+                headers={RELEASE_HEADER: route.release_id},
+            )
+        except BaseException:
+            flight.finish(499, got_response=False, outcome="client_disconnect")
+            raise
+
+    async def _upstream(
+        self,
+        request: Request,
+        flight: Flight,
+        *,
+        path: str,
+        body: bytes,
+        payload: Any,
+        prompt: str | None,
+    ) -> Response:
+        route = flight.route
+        rel_header = {RELEASE_HEADER: route.release_id}
+        try:
+            if prompt is not None:
+                body = templated_body(route, prompt, payload)
+        except PromptTemplateError as exc:
+            flight.finish(400, got_response=False)
+            self._metrics.reject("bad_request")
+            return error_response(
+                400,
+                exc.message,
+                type_="invalid_request_error",
+                code="bad_template",
+                headers=rel_header,
+            )
+        session = self._session
+        if session is None:  # pragma: no cover - lifespan not run
+            flight.finish(503, got_response=False)
+            return error_response(503, "gateway starting", type_="server_error", code="starting")
+        qs = request.scope["query_string"]
+        url = route.base_url + path + ("?" + qs.decode("latin-1") if qs else "")
+        # Watch the client while the upstream works: a client that goes away cancels the
+        # upstream request (its connection is closed, so vLLM aborts the generation).
+        flag = DisconnectFlag()
+        watcher = asyncio.ensure_future(watch_disconnect(request.receive, flag))
+        task = asyncio.current_task()
+
+        def gone(_: object) -> None:
+            if flag.set and flag.armed and task is not None:
+                task.cancel()
+
+        watcher.add_done_callback(gone)
+        flag.armed = True
+        try:
+            headers = self._upstream_headers(request, route)
+            flight.m.overhead.observe(time.perf_counter() - flight.t0)
+            upstream = await session.request(
+                request.method, url, headers=headers, data=body or None, allow_redirects=False
+            )
+        except asyncio.CancelledError:
+            flag.armed = False
+            watcher.cancel()
+            if flag.set and task is not None and task.uncancel() == 0:
+                flight.finish(499, got_response=False, outcome="client_disconnect")
+                return Response(status_code=499)
+            raise
+        except TimeoutError as exc:
+            flag.armed = False
+            watcher.cancel()
+            if flight.stream:
+                flight.finish(504, got_response=False)
+                self._metrics.reject("timeout")
+            else:
+                # A non-stream answer's first byte comes after the whole generation, whose
+                # length the client chose: the client's outcome, not the server's.
+                flight.finish(504, got_response=False, label="client_timeout")
+                self._metrics.reject("client_timeout")
+            return error_response(
+                504,
+                f"upstream {route.release_id} timed out ({type(exc).__name__})",
+                type_="server_error",
+                code="upstream_timeout",
+                headers=rel_header,
+            )
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            flag.armed = False
+            watcher.cancel()
+            flight.finish(502, got_response=False)
+            self._metrics.reject("upstream_error")
+            log.warning("upstream %s failed: %r", route.base_url, exc)
+            return error_response(
+                502,
+                f"upstream {route.release_id} failed: {type(exc).__name__}",
+                type_="server_error",
+                code="upstream_error",
+                headers=rel_header,
+            )
+        except BaseException:
+            flag.armed = False
+            watcher.cancel()
+            raise
+        flag.armed = False
+        flight.m.upstream_wait.observe(time.perf_counter() - flight.t0)
+        conn = upstream.connection
+        if conn is not None and conn.protocol is not None:
+            # From the next body chunk on, a gap over stream_idle_timeout_s is a stall.
+            conn.protocol.read_timeout = self._idle_s
+        return Relay(
+            flight,
+            upstream,
+            capture_id=request.method == "POST",
+            watcher=watcher,
+            flag=flag,
+            idle_s=self._idle_s,
+        )
+
+    async def _feedback(self, request: Request) -> Response:
+        denied, client = self._client_denied(request)
+        if denied:
+            return denied
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            fb = Feedback.model_validate_json(body)
+        except ValidationError as exc:
+            return error_response(
+                400,
+                "invalid feedback: " + "; ".join(validation_problems(exc)),
+                type_="invalid_request_error",
+                code="bad_feedback",
+            )
+        if isinstance(fb.score, str):
+            score = 1.0 if fb.score == "up" else -1.0
+        else:
+            score = float(fb.score)
+        if not -1.0 <= score <= 1.0:
+            return error_response(
+                400,
+                f"invalid feedback: score {score:g} is outside [-1, 1]",
+                type_="invalid_request_error",
+                code="bad_feedback",
+            )
+        seen = self._responses.get(fb.response_id)
+        # Another client's response answers exactly like an unknown one: ids are not a
+        # way to learn what others asked, nor to vote on their answers.
+        if seen is None or not hmac.compare_digest(seen[2], client):
+            return error_response(
+                404,
+                f"unknown response id {fb.response_id!r} (or too old)",
+                type_="invalid_request_error",
+                code="unknown_response",
+            )
+        release_id, already, _ = seen
+        label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+        if not already:
+            seen[1] = True
+            self._metrics.feedback.labels(self.config.env, release_id, label).inc()
+        return json_response(
+            {
+                "response_id": fb.response_id,
+                "release_id": release_id,
+                "score": score,
+                "label": label,
+                "counted": not already,
+            }
+        )

@@ -1,0 +1,229 @@
+"""The gateway's models: its config file, the route table, and what the admin API answers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from releasekit.deploy.gateway.errors import GatewayConfigError
+
+PROMPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class PromptTemplate(BaseModel):
+    """One prompt of a release: its system and user template texts (`{{ name }}`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system: str | None = None
+    user: str
+
+
+class Route(BaseModel):
+    """One upstream the gateway may send traffic to: a release's vLLM server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    release_id: str = Field(min_length=1, max_length=200, description="the release served")
+    base_url: str = Field(description="the upstream, http://host:port without /v1")
+    weight: float = Field(1.0, ge=0, le=1e6, allow_inf_nan=False, description="traffic share")
+    api_key: str | None = Field(None, repr=False, description="key the upstream demands")
+    model: str | None = Field(None, description="served model name; default on templated calls")
+    prompts: dict[str, PromptTemplate] = Field(
+        default_factory=dict, description="prompt name -> templates, for the templated route"
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        try:
+            url = httpx.URL(v)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL: {v!r}") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"must be http(s)://host:port, got {v!r}")
+        if url.path not in ("", "/") or url.query:
+            raise ValueError(f"must have no path or query (the gateway adds /v1/...), got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("prompts")
+    @classmethod
+    def _check_prompt_names(cls, v: dict[str, PromptTemplate]) -> dict[str, PromptTemplate]:
+        for name in v:
+            if not PROMPT_NAME.match(name):
+                raise ValueError(f"prompt name {name!r} must match [A-Za-z0-9_.-]{{1,128}}")
+        return v
+
+
+class RouteTable(BaseModel):
+    """The whole routing table (`PUT /admin/routes`): release ids unique, and at least one
+    route with weight > 0 unless the table is empty."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    routes: list[Route] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> RouteTable:
+        seen: set[str] = set()
+        for r in self.routes:
+            if r.release_id in seen:
+                raise ValueError(f"release {r.release_id!r} appears twice")
+            seen.add(r.release_id)
+        if self.routes and not any(r.weight > 0 for r in self.routes):
+            raise ValueError("at least one route needs weight > 0")
+        return self
+
+
+class RateLimit(BaseModel):
+    """A token bucket per client key: `rps` requests per second, bursts of `burst`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rps: float = Field(gt=0, allow_inf_nan=False)
+    burst: int = Field(ge=1)
+
+
+class GatewayConfig(BaseModel):
+    """Everything a gateway process needs, loaded from the JSON file the deployer writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0: the OS picks (see ready_file)")
+    admin_token: str = Field(min_length=16, repr=False, description="guards /admin/*")
+    api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
+    rate_limit: RateLimit | None = None
+    max_in_flight: int = Field(256, ge=1, le=100_000)
+    max_queue_wait_s: float = Field(5.0, ge=0, allow_inf_nan=False)
+    request_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    upstream_connect_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    upstream_first_byte_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    stream_idle_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body, as it streams")
+    max_header_bytes: int = Field(60 * 1024, ge=1024, description="request line and headers")
+    header_timeout_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="time to send the request headers"
+    )
+    max_json_depth: int = Field(64, ge=2, le=512, description="array/object nesting in bodies")
+    auth_failure_limit: RateLimit = Field(
+        default_factory=lambda: RateLimit(rps=1.0, burst=10),
+        description="failed authentications per client address",
+    )
+    feedback_capacity: int = Field(100_000, ge=1)
+    shutdown_timeout_s: float = Field(30.0, ge=0, description="uvicorn graceful shutdown")
+    ready_file: str | None = Field(None, description="where to write GatewayEndpoint when up")
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    routes: list[Route] = Field(default_factory=list, description="the initial table")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, v: list[str]) -> list[str]:
+        if any(not k for k in v):
+            raise ValueError("an API key is empty")
+        return v
+
+    @model_validator(mode="after")
+    def _check_routes(self) -> GatewayConfig:
+        RouteTable(routes=self.routes)
+        return self
+
+
+class RouteState(BaseModel):
+    """A route as `GET /admin/state` shows it (no upstream key)."""
+
+    release_id: str
+    base_url: str
+    weight: float
+    share: float = Field(description="fraction of new traffic it gets")
+    model: str | None = None
+    prompts: list[str] = Field(default_factory=list)
+    has_api_key: bool = False
+
+
+class GatewayState(BaseModel):
+    """What the gateway does right now (`GET /admin/state`)."""
+
+    env: str
+    generation: int = Field(description="route-table version; +1 per swap")
+    routes: list[RouteState]
+    in_flight: dict[str, int] = Field(description="release -> pinned requests not finished")
+    served: dict[str, int] = Field(description="release -> requests finished")
+    in_flight_total: int
+    queued: int = Field(description="requests waiting for an in-flight slot")
+    max_in_flight: int
+    pid: int
+    started_at: float = Field(description="unix time the gateway started")
+
+
+class DrainRequest(BaseModel):
+    """`POST /admin/drain`: wait up to `timeout_s` until `release_id` has nothing in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release_id: str = Field(min_length=1)
+    timeout_s: float = Field(30.0, ge=0, le=3600, allow_inf_nan=False)
+
+
+class DrainResult(BaseModel):
+    """Answer to a drain: `drained` once no request of the release is in flight."""
+
+    release_id: str
+    drained: bool
+    in_flight: int
+    waited_s: float
+
+
+class GatewayEndpoint(BaseModel):
+    """The ready file: where a started gateway listens and which process it is."""
+
+    env: str
+    url: str
+    host: str
+    port: int
+    pid: int
+    started_at: float
+
+
+class Feedback(BaseModel):
+    """`POST /v1/feedback`: a score for a response the gateway served."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    response_id: str = Field(min_length=1, max_length=256)
+    score: StrictFloat | StrictInt | Literal["up", "down"]
+
+
+def validation_problems(exc: ValidationError) -> list[str]:
+    out = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(root)"
+        out.append(f"{loc}: {e['msg']}")
+    return out
+
+
+def load_config(path: Path | str) -> GatewayConfig:
+    """Read and validate a gateway config file; GatewayConfigError lists every problem."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise GatewayConfigError(p, [f"cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        return GatewayConfig.model_validate_json(raw)
+    except ValidationError as exc:
+        raise GatewayConfigError(p, validation_problems(exc)) from exc

@@ -1,0 +1,552 @@
+"""The ledger store: the database, appends (chained, signed, anchored) and opening a project's
+ledger from its settings."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    IntegrityError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
+from sqlalchemy.pool import StaticPool
+
+from releasekit._support.text import redact_url
+from releasekit.errors import (
+    LedgerError,
+    LedgerIntegrityError,
+    LedgerNotFoundError,
+    NotAProjectError,
+    SigningRequiredError,
+)
+from releasekit.stores import anchor as anchors
+from releasekit.stores import locks
+from releasekit.stores.ledger.chain import LedgerVerification
+from releasekit.stores.ledger.queries import LedgerQueries
+from releasekit.stores.ledger.schema import (
+    GENESIS,
+    Event,
+    EventType,
+    LedgerRecord,
+    _evidence_text,
+    _meta,
+    events_table,
+    format_time,
+    head_table,
+    parse_stored_time,
+    record_hash,
+    signatures_table,
+)
+from releasekit.stores.signing import (
+    KeyPair,
+    Signer,
+    find_signer,
+    generate_keypair,
+    trusted_keys,
+)
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from releasekit.config import Settings
+
+
+class _Contention(Exception):
+    """Internal: another writer moved the head between our read and our write."""
+
+
+class Ledger(LedgerQueries, LedgerVerification):
+    """The event ledger at a SQLAlchemy URL (created on first use unless `create=False`).
+
+    Usage: `open_ledger(settings).append(Event(type=EventType.BUILD, to_release=rid))`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        actor: str | None = None,
+        timeout_s: float = 30.0,
+        sqlite_immediate: bool = True,
+        create: bool = True,
+        signer: Signer | None = None,
+        anchor_repo: Path | None = None,
+        anchor_ref: str = anchors.ANCHOR_REF,
+        trusted: Mapping[str, Ed25519PublicKey] | None = None,
+        require_signed: bool | None = None,
+    ) -> None:
+        """`actor` is used for events that name none (default: provenance.actor());
+        `timeout_s` bounds how long an append waits for another writer.
+        `sqlite_immediate=False` makes SQLite use the portable optimistic path (unique seq,
+        compare-and-swap on the head, retry) that other databases use; for tests.
+        `create=False` never creates anything: a missing database or missing tables raise
+        LedgerNotFoundError. `signer` signs every record appended; `anchor_repo` is the git
+        repository whose `anchor_ref` each append advances (failures become `warnings`);
+        `trusted` are the public keys `verify` accepts (None: signatures not checked).
+        `require_signed` refuses unsigned appends (SigningRequiredError); default: when
+        `trusted` holds a key. An unsigned append after a signed record is refused always."""
+        self.url = url
+        self._immediate = sqlite_immediate
+        self._actor = actor
+        self._timeout_s = timeout_s
+        self.signer = signer
+        self.anchor_repo = anchor_repo
+        self.anchor_ref = anchor_ref
+        self.trusted = trusted
+        self.require_signed = bool(trusted) if require_signed is None else require_signed
+        self.trusted_from: str | None = None
+        """Where `trusted` was read (a git revision), for verify's report."""
+        self.warnings: list[str] = []
+        """Problems that did not stop an append (an anchor that could not be written)."""
+        self._engine = self._make_engine(url, timeout_s, create=create)
+        self._has_sigs = True
+        self._ensure_schema(create=create)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @staticmethod
+    def _make_engine(url: str, timeout_s: float, *, create: bool = True) -> Engine:
+        try:
+            u = make_url(url)
+        except ArgumentError as exc:
+            raise LedgerError(f"invalid ledger URL {url!r}: {exc}") from exc
+        sqlite = u.get_backend_name() == "sqlite"
+        kwargs: dict[str, Any] = {}
+        if sqlite:
+            memory = u.database in (None, "", ":memory:")
+            kwargs["connect_args"] = {"timeout": timeout_s, "check_same_thread": False}
+            if memory:
+                kwargs["poolclass"] = StaticPool
+            elif u.database and not u.database.startswith("file:"):  # not a sqlite URI name
+                path = Path(u.database).expanduser()
+                if create:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                elif not path.is_file():
+                    # Checked before connecting: sqlite3 would create an empty file.
+                    raise LedgerNotFoundError(
+                        f"no ledger at {redact_url(url)} (the file {path} does not exist)",
+                        url=redact_url(url),
+                    )
+        try:
+            engine = create_engine(u, **kwargs)
+        except (SQLAlchemyError, ImportError) as exc:
+            raise LedgerError(f"cannot open ledger {redact_url(url)}: {exc}") from exc
+        if sqlite:
+            _sqlite_transactions(engine, wal=not kwargs.get("poolclass") and create)
+        return engine
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A write transaction; on SQLite it holds the write lock from its first statement."""
+        with self._engine.connect() as conn:
+            conn = conn.execution_options(releasekit_immediate=self._immediate)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                yield conn
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"cannot read ledger {redact_url(self.url)}: {exc}") from exc
+
+    def _ensure_schema(self, *, create: bool = True) -> None:
+        try:
+            insp = inspect(self._engine)
+            have = {t for t in ("events", "ledger_head", "event_signatures") if insp.has_table(t)}
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+        if {"events", "ledger_head"} <= have and (not create or "event_signatures" in have):
+            # No write lock needed: a read-only auditor can still query a ledger written
+            # before signatures existed.
+            self._has_sigs = "event_signatures" in have
+            return
+        if not create:
+            raise LedgerNotFoundError(
+                f"no ledger at {redact_url(self.url)} (the database has no ledger tables)",
+                url=redact_url(self.url),
+            )
+        for attempt in range(8):
+            try:
+                with self._write() as conn:
+                    if conn.dialect.name == "postgresql":
+                        # Serialise first-time creators: concurrent CREATE TABLE on
+                        # PostgreSQL fails on its catalog's unique index, not "exists".
+                        conn.execute(text("SELECT pg_advisory_xact_lock(7269417751)"))
+                    _meta.create_all(conn, checkfirst=True)
+                self._has_sigs = True
+                return
+            except (OperationalError, IntegrityError, ProgrammingError) as exc:
+                # Another process created the tables between our check and our CREATE.
+                retry = isinstance(exc, IntegrityError) or "already exists" in str(exc).lower()
+                if isinstance(exc, OperationalError):
+                    retry = retry or _retryable(exc)
+                if attempt == 7 or not retry:
+                    raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+                time.sleep(0.05 * (attempt + 1))
+            except SQLAlchemyError as exc:
+                raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+
+    def _select(self) -> Any:
+        """SELECT of every record column, with its signature when the table exists."""
+        t = events_table
+        if not self._has_sigs:
+            return select(t)
+        sig = signatures_table
+        return select(t, sig.c.key_id, sig.c.signature).select_from(
+            t.outerjoin(sig, sig.c.seq == t.c.seq)
+        )
+
+    def lock(self, name: str, *, timeout_s: float | None = None) -> AbstractContextManager[Any]:
+        """Hold the named lock (e.g. `env:production`, `release:<id>`) in this ledger's
+        database for the block; raises LedgerLockTimeoutError after `timeout_s`
+        (default: the ledger's timeout). Not re-entrant."""
+        return locks.hold(
+            self._engine,
+            name,
+            write=self._write,
+            owner=self._default_actor(),
+            timeout_s=self._timeout_s if timeout_s is None else timeout_s,
+        )
+
+    def head(self) -> tuple[int, str] | None:
+        """(seq, hash) of the newest record as the head row says, or None when empty."""
+        with self._read() as conn:
+            row = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
+        return (int(row.seq), str(row.hash)) if row is not None else None
+
+    def anchor(self) -> anchors.Anchor | None:
+        """Advance the git anchor to the current head (`releasekit ledger anchor`); None
+        when it already anchors that head. Raises AnchorError when there is no repository."""
+        if self.anchor_repo is None:
+            raise anchors.AnchorError("no git repository configured for ledger anchors")
+        head = self.head()
+        if head is None:
+            return None
+        key = None
+        if self._has_sigs:
+            with self._read() as conn:
+                key = conn.execute(
+                    select(signatures_table.c.key_id).where(signatures_table.c.seq == head[0])
+                ).scalar()
+        return anchors.anchor(
+            self.anchor_repo,
+            head[0],
+            head[1],
+            key_id=key,
+            ref=self.anchor_ref,
+            ledger=redact_url(self.url),
+        )
+
+    def _anchor_after_append(self, last: LedgerRecord) -> None:
+        if self.anchor_repo is None:
+            return
+        try:
+            anchors.anchor(
+                self.anchor_repo,
+                last.seq,
+                last.hash,
+                key_id=last.key_id,
+                ref=self.anchor_ref,
+                ledger=redact_url(self.url),
+            )
+        except anchors.AnchorMismatchError as exc:
+            self.warnings.append(f"ledger anchor: {exc.message} (run `releasekit ledger verify`)")
+        except anchors.AnchorError as exc:
+            self.warnings.append(
+                f"the ledger head (record {last.seq}) is not anchored in git: {exc.message}"
+            )
+        except OSError as exc:  # the record is committed: an anchor problem must not hide it
+            self.warnings.append(
+                f"the ledger head (record {last.seq}) is not anchored in git: {exc}"
+            )
+
+    def close(self) -> None:
+        """Release pooled connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _default_actor(self) -> str:
+        if self._actor is None:
+            from releasekit.config import find_root
+            from releasekit.spec.provenance import actor
+
+            self._actor = actor(find_root())
+        return self._actor
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, event: Event) -> LedgerRecord:
+        """Append one event at the end of the chain and return the stored record."""
+        return self.append_many([event])[0]
+
+    def append_many(self, events: Sequence[Event]) -> list[LedgerRecord]:
+        """Append events in one transaction (all or none), in order."""
+        if not events:
+            return []
+        for ev in events:
+            EventType(ev.type)  # a typo'd type must not reach the chain
+        last_exc: Exception | None = None
+        deadline = time.monotonic() + self._timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self._write() as conn:
+                    recs = self._append_locked(conn, events)
+                # Committed: now (outside the transaction) move the git anchor forward.
+                self._anchor_after_append(recs[-1])
+                return recs
+            except (IntegrityError, _Contention) as exc:
+                last_exc = exc
+            except OperationalError as exc:
+                if not _retryable(exc):
+                    raise LedgerError(
+                        f"cannot append to ledger {redact_url(self.url)}: {exc}"
+                    ) from exc
+                last_exc = exc
+            except SQLAlchemyError as exc:
+                raise LedgerError(f"cannot append to ledger {redact_url(self.url)}: {exc}") from exc
+            if time.monotonic() > deadline:
+                break
+            # Jittered, capped backoff: losers retry soon, and not in lockstep.
+            time.sleep(random.uniform(0, min(0.05, 0.002 * 2 ** min(attempt, 10))))
+        raise LedgerError(
+            f"cannot append to ledger {redact_url(self.url)}: another writer kept it busy "
+            f"({last_exc})"
+        ) from last_exc
+
+    def _refuse_unsigned(self, conn: Connection, head_seq: int | None) -> None:
+        """Raise SigningRequiredError when this ledger must not take an unsigned record: the
+        repository trusts a key, or the newest record is signed (an unsigned record after it
+        would break verification for good)."""
+        if self.require_signed:
+            kids = ", ".join(sorted(self.trusted or {})) or "a key"
+            raise SigningRequiredError(
+                f"refusing to append an unsigned record to ledger {redact_url(self.url)}: the "
+                f"repository trusts {kids}, so every record must be signed, and no signing "
+                "key is configured"
+            )
+        if head_seq is None or not self._has_sigs:
+            return
+        kid = conn.execute(
+            select(signatures_table.c.key_id).where(signatures_table.c.seq == head_seq)
+        ).scalar()
+        if kid is not None:
+            raise SigningRequiredError(
+                f"refusing to append an unsigned record to ledger {redact_url(self.url)}: its "
+                f"newest record ({head_seq}) is signed by key {kid}, and an unsigned record "
+                "after it would fail verification for good; no signing key is configured"
+            )
+
+    def _append_locked(self, conn: Connection, events: Sequence[Event]) -> list[LedgerRecord]:
+        head = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
+        last = conn.execute(
+            select(events_table.c.seq, events_table.c.hash, events_table.c.time)
+            .order_by(events_table.c.seq.desc())
+            .limit(1)
+        ).first()
+        if head is None and last is not None:
+            raise LedgerIntegrityError(
+                "the ledger head record is missing; refusing to append to a chain that cannot "
+                "be checked (run `releasekit ledger verify`)"
+            )
+        if head is not None and (last is None or (last.seq, last.hash) != (head.seq, head.hash)):
+            raise LedgerIntegrityError(
+                f"the ledger head says record {head.seq} is the newest but the table ends at "
+                f"{last.seq if last else 'nothing'}; refusing to append (run `releasekit ledger "
+                "verify`)",
+                seq=(last.seq + 1) if last else 1,
+            )
+        if self.signer is None:
+            self._refuse_unsigned(conn, head.seq if head is not None else None)
+        ids = [ev.event_id for ev in events]
+        dupes = (
+            conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(ids)))
+            .scalars()
+            .all()
+        )
+        if dupes or len(set(ids)) != len(ids):
+            raise LedgerError(f"event already recorded: {', '.join(dupes) or 'duplicate in batch'}")
+        prev_seq = head.seq if head is not None else 0
+        prev_hash = head.hash if head is not None else GENESIS
+        prev_time = head.time if head is not None else ""
+        # Times never go backwards along the chain, so "what was live at T" can trust order.
+        now = max(format_time(dt.datetime.now(dt.UTC)), prev_time)
+        rows: list[dict[str, Any]] = []
+        for ev in events:
+            row: dict[str, Any] = {
+                "seq": prev_seq + 1,
+                "event_id": ev.event_id,
+                "type": str(EventType(ev.type).value),
+                "time": now,
+                "actor": ev.actor or self._default_actor(),
+                "environment": ev.environment,
+                "from_release": ev.from_release,
+                "to_release": ev.to_release,
+                "reason": ev.reason,
+                "evidence": _evidence_text(ev.evidence),
+                "live": ev.live,
+                "prev_hash": prev_hash,
+            }
+            row["hash"] = record_hash(row)
+            rows.append(row)
+            prev_seq, prev_hash = row["seq"], row["hash"]
+        conn.execute(events_table.insert(), rows)
+        sigs: dict[int, tuple[str, str]] = {}
+        if self.signer is not None:
+            if not self._has_sigs:  # pragma: no cover - create=True always makes the table
+                raise LedgerError("this ledger was opened read-only; it cannot sign records")
+            for r in rows:
+                sigs[r["seq"]] = (self.signer.key_id, self.signer.sign(r["hash"]))
+            conn.execute(
+                signatures_table.insert(),
+                [{"seq": k, "key_id": v[0], "signature": v[1]} for k, v in sigs.items()],
+            )
+        if head is None:
+            conn.execute(head_table.insert().values(id=1, seq=prev_seq, hash=prev_hash, time=now))
+        else:
+            res = conn.execute(
+                head_table.update()
+                .where(head_table.c.id == 1, head_table.c.seq == head.seq)
+                .values(seq=prev_seq, hash=prev_hash, time=now)
+            )
+            if res.rowcount != 1:
+                raise _Contention("head moved")
+        return [
+            LedgerRecord(
+                **{
+                    **r,
+                    "time": parse_stored_time(r["time"]),
+                    "evidence": json.loads(r["evidence"]),
+                },
+                key_id=sigs[r["seq"]][0] if r["seq"] in sigs else None,
+                signature=sigs[r["seq"]][1] if r["seq"] in sigs else None,
+            )
+            for r in rows
+        ]
+
+
+def _retryable(exc: OperationalError) -> bool:
+    text = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
+    return any(
+        s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize")
+    )
+
+
+def _sqlite_transactions(engine: Engine, *, wal: bool) -> None:
+    """Let SQLAlchemy, not the sqlite3 module, emit BEGIN, so a write transaction can take
+    the write lock first (BEGIN IMMEDIATE) instead of failing on upgrade under contention."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        if wal:
+            # Readers do not block the writer (and vice versa); safe on local disks.
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("releasekit_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_project(root: Path) -> bool:
+    """True when `root` looks like a releasekit project: releasekit.toml, .git or manifests/."""
+    return (
+        (root / "releasekit.toml").is_file()
+        or (root / ".git").exists()
+        or (root / "manifests").is_dir()
+    )
+
+
+def require_project(settings: Settings) -> None:
+    """Raise NotAProjectError when the settings' root is not a releasekit project."""
+    if not is_project(settings.root):
+        raise NotAProjectError(
+            f"{settings.root} is not inside a releasekit project (no releasekit.toml, .git or "
+            "manifests/ here or above)",
+            root=settings.root,
+        )
+
+
+def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
+    """The project's ledger, signing with the configured key and anchoring in its git repo.
+
+    `read_only=True` (status, history, at, show, diff, ledger verify) never creates
+    anything: a ledger that does not exist raises LedgerNotFoundError naming the URL (and
+    what the git anchors say it held). Outside a project: NotAProjectError.
+    """
+    require_project(settings)
+    url = settings.ledger_url or ""
+    signer = None if read_only else find_signer(settings.root, path=settings.signing_key)
+    rev = settings.trusted_keys_rev
+    try:
+        led = Ledger(
+            url,
+            actor=settings.actor,
+            create=not read_only,
+            signer=signer,
+            anchor_repo=settings.root,
+            trusted=trusted_keys(settings.root, rev=rev),
+        )
+    except LedgerNotFoundError as exc:
+        held = _anchored_seq(settings.root)
+        if held:
+            raise LedgerNotFoundError(
+                f"{exc.message}; the git anchor says this ledger held {held} records: it was "
+                "deleted or moved",
+                url=exc.url,
+            ) from exc
+        raise
+    led.trusted_from = (
+        f"committed keys/ at {rev}"
+        if anchors.git_dir(settings.root) is not None
+        else "keys/ in the working tree (not a git repository)"
+    )
+    return led
+
+
+def _anchored_seq(repo: Path) -> int | None:
+    try:
+        refs = anchors.anchor_refs(repo)
+        found = [a for ref in refs for a in anchors.read_anchors(repo, ref=ref)]
+    except anchors.AnchorError:
+        return None
+    return max((a.seq for a in found), default=None)
+
+
+def keygen(settings: Settings, *, private_path: Path | None = None) -> KeyPair:
+    """`releasekit ledger keygen`: a new Ed25519 keypair for the project at `settings.root`
+    (which must be a releasekit project): the private PEM under .releasekit/keys/ (or at
+    `private_path`), the public one at keys/<key id>.pub for the team to commit."""
+    require_project(settings)
+    return generate_keypair(settings.root, private_path=private_path)

@@ -1,0 +1,385 @@
+"""The gateway under abuse: each test replays an attack against a real gateway (uvicorn on
+127.0.0.1, in front of a fake upstream) and checks the gateway refuses it, stays bounded and
+keeps serving."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from gateway_fakes import FakeUpstream
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.requests import Request
+
+from releasekit.deploy.gateway import (
+    PromptTemplate,
+    RateLimit,
+    Route,
+    ThreadedGateway,
+)
+from releasekit.deploy.gateway.limits import client_address, parse_json
+from releasekit.deploy.gateway_client import GatewayClient
+
+Up = Callable[[str], FakeUpstream]
+Gw = Callable[..., ThreadedGateway]
+STREAM = {"model": "demo", "prompt": "hi", "max_tokens": 4, "stream": True}
+PLAIN = {"model": "demo", "prompt": "hi", "max_tokens": 4}
+
+
+def _addr(tg: ThreadedGateway) -> tuple[str, int]:
+    return tg.endpoint.host, tg.endpoint.port
+
+
+def raw_request(tg: ThreadedGateway, data: bytes, *, wait_s: float = 5.0) -> bytes:
+    """Send raw bytes to the gateway and read until it closes (or `wait_s` passes)."""
+    with socket.create_connection(_addr(tg), timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                got = s.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not got:
+                break
+            out += got
+            if b"\r\n\r\n" in out and b"content-length: " in out.lower():
+                head, _, body = out.partition(b"\r\n\r\n")
+                n = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                if len(body) >= n:
+                    break
+    return out
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+
+
+def is_closed(s: socket.socket, wait_s: float) -> tuple[bool, bytes]:
+    """Whether the peer closed `s` within `wait_s`, and what it sent before."""
+    s.settimeout(wait_s)
+    got = b""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            return False, got
+        except ConnectionResetError:
+            return True, got
+        if not chunk:
+            return True, got
+        got += chunk
+    return False, got
+
+
+def in_flight(tg: ThreadedGateway, admin_token: str) -> int:
+    return GatewayClient(tg.url, admin_token=admin_token).state().in_flight_total
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def series(url: str, name: str) -> list[dict[str, str]]:
+    out = []
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        out.extend(s.labels for s in fam.samples if s.name == name)
+    return out
+
+
+# ----------------------------------------------------------------------------- bodies
+
+
+def test_deep_json_is_400_and_frees_the_slot(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """2 KB of JSON nested 1,100 deep, sent more times than there are slots, to the templated
+    route and to a plain route: each is a 400, no slot stays taken, the gateway keeps
+    serving and the upstream never sees the body."""
+    a = upstream_factory("a")
+    route = Route(
+        release_id="rel-a", base_url=a.url, prompts={"qa": PromptTemplate(user="{{ q }}")}
+    )
+    tg = gateway_factory([route], max_in_flight=4)
+    deep = b'{"variables": {"q": "x"}, "x": ' + b"[" * 1100 + b"]" * 1100 + b"}"
+    with httpx.Client(base_url=tg.url, timeout=10) as c:
+        for _ in range(10):
+            r = c.post("/v1/templates/qa/chat/completions", content=deep)
+            assert r.status_code == 400, r.text
+            assert "nests deeper" in r.json()["error"]["message"]
+            assert c.post("/v1/completions", content=deep).status_code == 400
+        assert in_flight(tg, admin_token) == 0
+        ok = c.post("/v1/templates/qa/chat/completions", json={"variables": {"q": "hi"}})
+        assert ok.status_code == 200
+    assert all(b"[[[[" not in (rec.get("body") or b"") for rec in a.received)
+
+
+def test_json_depth_limit_is_exact() -> None:
+    """Nesting up to max_json_depth parses; one level more is refused."""
+    ok = b"[" * 64 + b"]" * 64
+    assert parse_json(ok, 64) is not None
+    with pytest.raises(ValueError, match="nests deeper than 64"):
+        parse_json(b"[" * 65 + b"]" * 65, 64)
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_json(b"{nope", 64)
+
+
+def test_chunked_body_is_counted_while_it_streams(
+    upstream_factory: Up, gateway_factory: Gw
+) -> None:
+    """A chunked body with no Content-Length is cut at the limit: 413 arrives while the
+    client is still sending, long before 64 MiB went out, and the connection is closed."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], max_request_bytes=1 << 20)
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    piece = b"x" * 65536
+    chunk = b"%x\r\n" % len(piece) + piece + b"\r\n"
+    sent = 0
+    answer = b""
+    with socket.create_connection(_addr(tg), timeout=10) as s:
+        s.sendall(head)
+        while sent < 64 << 20:
+            readable, writable, _ = select.select([s], [s], [], 5)
+            if readable:
+                answer = s.recv(65536)
+                break
+            if writable:
+                try:
+                    s.sendall(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += len(piece)
+        if not answer:
+            _, answer = is_closed(s, 5)
+    assert status_of(answer) == 413, answer[:200]
+    assert sent < 8 << 20, f"sent {sent} bytes before the 413"
+    assert a.received == []
+    assert httpx.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
+
+
+# ----------------------------------------------------------------------------- headers
+
+
+def test_oversize_unfinished_headers_get_431_and_a_close(
+    upstream_factory: Up, gateway_factory: Gw
+) -> None:
+    """Header bytes that never end are counted as they arrive: past max_header_bytes the
+    client gets 431 and the connection closes; nothing reaches the upstream."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], max_header_bytes=8192)
+    with socket.create_connection(_addr(tg), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-junk: ")
+        sent = 0
+        try:
+            while sent < 16 << 20:
+                s.sendall(b"a" * 65536)
+                sent += 65536
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        closed, got = is_closed(s, 5)
+    assert sent < 4 << 20, f"the gateway read {sent} header bytes"
+    assert closed
+    assert status_of(got) in (431, 0)  # 0: reset before the answer was read
+    assert a.received == []
+
+
+def test_complete_oversize_headers_are_refused(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """A header block over the limit that arrives in one piece is refused too, unforwarded."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], max_header_bytes=8192)
+    big = b"x-big: " + b"a" * 20_000 + b"\r\n"
+    got = raw_request(tg, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + big + b"\r\n")
+    assert status_of(got) == 431
+    assert a.received == []
+    r = httpx.get(tg.url + "/v1/models", headers={"x-small": "a" * 1000})
+    assert r.status_code == 200
+
+
+def test_slow_headers_time_out(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """A client that dribbles its headers, or sends nothing at all, is cut after
+    header_timeout_s with 408."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], header_timeout_s=0.5)
+    with (
+        socket.create_connection(_addr(tg), timeout=5) as dribble,
+        socket.create_connection(_addr(tg), timeout=5) as silent,
+    ):
+        t = time.monotonic()
+        dribble.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        closed_at = None
+        for _ in range(40):
+            try:
+                dribble.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                closed_at = time.monotonic() - t
+                break
+            readable, _, _ = select.select([dribble], [], [], 0.1)
+            if readable:
+                closed_at = time.monotonic() - t
+                break
+        assert closed_at is not None and closed_at < 3.0
+        closed, got = is_closed(dribble, 2)
+        assert status_of(got) in (408, 0)
+        closed, got = is_closed(silent, 3)
+        assert closed
+    assert httpx.get(tg.url + "/v1/models").status_code == 200
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"GET /v1/%2e%2e/%2e%2e/admin/secret HTTP/1.1",
+        b"GET /v1/../../version HTTP/1.1",
+        b"GET /v1/models/..%2F..%2Fversion HTTP/1.1",
+        b"POST /v1//completions HTTP/1.1",
+        b"POST /v1/completions%2F HTTP/1.1",
+        b"POST /v1/./completions HTTP/1.1",
+        b"POST /v1/collective_rpc HTTP/1.1",
+        b"POST /v1/scale_elastic_ep HTTP/1.1",
+        b"DELETE /v1/completions HTTP/1.1",
+        b"GET /v1/completions HTTP/1.1",
+    ],
+)
+def test_only_the_openai_routes_reach_the_upstream(
+    line: bytes, upstream_factory: Up, gateway_factory: Gw
+) -> None:
+    """Paths outside the allowlist, paths with escapes or dot segments, and methods a route
+    does not take are refused (404/405) and never reach the upstream (or its key)."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url, api_key="upstream-key")])
+    body = b"{}"
+    req = line + b"\r\nhost: x\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n"
+    got = raw_request(tg, req + body)
+    assert status_of(got) in (404, 405), got[:300]
+    assert a.received == []
+
+
+def test_allowed_routes_still_pass(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """The routes vLLM serves keep working, query strings included."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
+    assert httpx.get(tg.url + "/v1/models").status_code == 200
+    assert httpx.post(tg.url + "/v1/completions?x=1", json=PLAIN).status_code == 200
+    assert [r["path"] for r in a.received] == ["/v1/models", "/v1/completions"]
+
+
+def test_unknown_paths_do_not_grow_metric_series(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """200 distinct made-up paths leave the metric series as they were: labels are bounded."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
+    httpx.post(tg.url + "/v1/completions", json=PLAIN)
+    names = ("releasekit_gateway_requests_total", "releasekit_gateway_rejections_total")
+    before = [series(tg.url, n) for n in names]
+    with httpx.Client(base_url=tg.url) as c:
+        for i in range(200):
+            assert c.post(f"/v1/made-up-{i}", json=PLAIN).status_code == 404
+    after = [series(tg.url, n) for n in names]
+    assert after[0] == before[0]
+    assert after[1] == [*before[1], {"env": "test", "reason": "bad_request"}]
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+def test_client_that_stops_reading_loses_its_slot(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """A client that reads the headers of a stream and then nothing more is cut after
+    stream_idle_timeout_s; its slot is freed, the upstream stream closed, and the outcome
+    is the client's (no rejection counted)."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], stream_idle_timeout_s=0.5)
+    body = json.dumps(STREAM).encode()
+    req = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"x-fake-chunks: 100000\r\nx-fake-delay: 0\r\nx-fake-pad: 16384\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    ) + body
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(_addr(tg))
+    try:
+        s.sendall(req)
+        assert s.recv(1024).startswith(b"HTTP/1.1 200")
+        assert wait_until(lambda: in_flight(tg, admin_token) == 0, timeout_s=20)
+        assert wait_until(lambda: bool(a.cancelled), timeout_s=5)
+    finally:
+        s.close()
+    fams = series(tg.url, "releasekit_gateway_stream_errors_total")
+    assert any(lab.get("reason") == "client_stalled" for lab in fams)
+    assert not any(
+        lab.get("reason") == "timeout"
+        for lab in series(tg.url, "releasekit_gateway_rejections_total")
+    )
+    assert httpx.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
+
+
+def test_client_leaving_a_non_stream_request_cancels_the_upstream(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """A client that gives up on a non-stream request (the upstream still generating) frees
+    its slot at once and the upstream request is cancelled (its connection closed)."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"},
+                   timeout=0.5)  # fmt: skip
+    assert wait_until(lambda: "hang" in a.cancelled, timeout_s=5)
+    assert wait_until(lambda: in_flight(tg, admin_token) == 0, timeout_s=5)
+    statuses = {lab["status"] for lab in series(tg.url, "releasekit_gateway_requests_total")}
+    assert "499" in statuses and "504" not in statuses
+
+
+def test_wrong_keys_are_rate_limited_per_address(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """After `burst` wrong keys from one address, further attempts get 429 without the key
+    being checked (so a guess cannot be confirmed while throttled)."""
+    a = upstream_factory("a")
+    tg = gateway_factory(
+        [Route(release_id="rel-a", base_url=a.url)],
+        api_keys=["right-key"],
+        auth_failure_limit=RateLimit(rps=0.01, burst=3),
+    )
+    with httpx.Client(base_url=tg.url) as c:
+        codes = [
+            c.post(
+                "/v1/completions", json=PLAIN, headers={"authorization": f"Bearer w{i}"}
+            ).status_code
+            for i in range(5)
+        ]
+        assert codes == [401, 401, 401, 429, 429]
+        r = c.post("/v1/completions", json=PLAIN, headers={"authorization": "Bearer right-key"})
+        assert r.status_code == 429
+
+
+def _request_from(host: str) -> Request:
+    return Request({"type": "http", "client": (host, 1234), "headers": []})
+
+
+def test_ipv6_clients_share_a_bucket_per_64() -> None:
+    """Without keys the bucket is per address; IPv6 addresses of one /64 are one client."""
+    assert client_address(_request_from("2001:db8:1:2::1")) == client_address(
+        _request_from("2001:db8:1:2:ffff::9")
+    )
+    assert client_address(_request_from("2001:db8:1:3::1")) != client_address(
+        _request_from("2001:db8:1:2::1")
+    )
+    assert client_address(_request_from("10.0.0.1")) == "10.0.0.1"
+    assert client_address(_request_from("::ffff:10.0.0.1")) == "10.0.0.1"
