@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 from _demo_project import (
     ENV,
+    FORCE_ALL,
     Response,
     machine_info,
     make_project,
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              window=args.window, sustain=args.sustain)  # fmt: skip
         log("promoting the good release (starts vLLM)...")
         t = time.time()
-        res = promote(settings, str(good), env=ENV, reason="detection bench: good", force=True)
+        res = promote(settings, str(good), env=ENV, reason="detection bench: good", force=FORCE_ALL)
         if not res.ok:
             raise SystemExit(f"promote of the good release failed: {res.status} {res.deploy}")
         good_id = res.release_id
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         watch.start()
         log("promoting the regressing release (max-num-seqs 1)...")
         t_promote_call = time.time()
-        res = promote(settings, str(bad), env=ENV, reason="detection bench: bad", force=True)
+        res = promote(settings, str(bad), env=ENV, reason="detection bench: bad", force=FORCE_ALL)
         t_promoted = time.time()
         if not res.ok:
             raise SystemExit(f"promote of the bad release failed: {res.status}")

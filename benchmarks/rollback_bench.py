@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 from _demo_project import (
     ENV,
+    FORCE_ALL,
     Response,
     machine_info,
     make_project,
@@ -417,7 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         b_path = write_release(root, "demo-b", max_num_seqs=16)
         log("promoting A (demo-a, max-num-seqs 32; starts vLLM)...")
         t = time.time()
-        res = promote(settings, str(a_path), env=ENV, reason="rollback bench: A", force=True)
+        res = promote(settings, str(a_path), env=ENV, reason="rollback bench: A", force=FORCE_ALL)
         if not res.ok:
             raise SystemExit(f"promote of A failed: {res.status} {res.deploy}")
         a_id = res.release_id
@@ -425,7 +426,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"A {a_id[:12]} live after {result['promote_a_s']} s")
         log("promoting B (demo-b, max-num-seqs 16; a second vLLM server)...")
         t = time.time()
-        res = promote(settings, str(b_path), env=ENV, reason="rollback bench: B", force=True)
+        res = promote(settings, str(b_path), env=ENV, reason="rollback bench: B", force=FORCE_ALL)
         if not res.ok:
             raise SystemExit(f"promote of B failed: {res.status} {res.deploy}")
         b_id = res.release_id
@@ -438,7 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def promote_b_again(why: str) -> None:
             t = time.time()
-            r = promote(settings, b_id, env=ENV, reason=f"rollback bench: {why}", force=True)
+            r = promote(settings, b_id, env=ENV, reason=f"rollback bench: {why}", force=FORCE_ALL)
             if not r.ok:
                 raise SystemExit(f"promote of B again failed: {r.status} {r.deploy}")
             reused = r.deploy.reused_server if r.deploy else None

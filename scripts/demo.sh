@@ -11,19 +11,30 @@ bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RELEASEKIT_ACTOR="${RELEASEKIT_ACTOR:-demo <demo@releasekit.local>}"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-# A gate that blocks is the point of some steps: show it, keep going.
-expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; else echo "(blocked, as expected)"; fi; }
-either() { "$@" || echo "(not promoted: the gate report above says why)"; }
-# On a busy shared host the load test may be flagged untrustworthy (no knee), which fails
-# the performance gate; the demo then overrides it, recorded with its reason and the gates
-# it overrode, so the rest of the lifecycle can be shown.
-promote_or_override() {
-  local rel=$1 env=$2 why=$3
-  releasekit promote "$rel" --to "$env" --reason "$why" && return 0
-  echo "(blocked: overriding, recorded as an override event with the failed gates)"
-  releasekit promote "$rel" --to "$env" --force \
-    --reason "$why; override: the load test on this shared host was not trustworthy"
+# Every promotion goes through the gates. One that fails stops the demo here: promote has
+# printed the gate report (and where its HTML is), which says what failed and why.
+promote_or_stop() {
+  if ! releasekit promote "$@"; then
+    echo "demo: stopped, a gate failed (report above). Nothing was overridden." >&2
+    exit 1
+  fi
 }
+# A gate that blocks is the point of some steps: show it, keep going.
+expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; else echo "(blocked, as expected)"; fi; }
+either() { "$@" || echo "(not promoted: the gate report above says why)"; }
+
+bash scripts/system-deps.sh  # tcmalloc for vLLM's CPU build (and Prometheus for `watch`)
+
+step "signing key: the ledger is signed, and the repository trusts the committed public key"
+if ! compgen -G ".releasekit/keys/*.pem" >/dev/null; then
+  releasekit ledger keygen
+fi
+KEY_ID=$(basename "$(ls .releasekit/keys/*.pem | head -n 1)" .pem)
+if ! git cat-file -e "HEAD:keys/$KEY_ID.pub" 2>/dev/null; then
+  git add "keys/$KEY_ID.pub"
+  git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
+    commit -q -m "Trust the demo's ledger signing key $KEY_ID" -- "keys/$KEY_ID.pub"
+fi
 
 step "demo model: dvc repro (trains only when its inputs changed)"
 dvc repro demo-data demo-model
@@ -49,13 +60,13 @@ for m in "${MANIFESTS[@]}"; do
   releasekit build "$m"
 done
 
-step "promote bf16 to staging, then on to production"
-promote_or_override manifests/demo-bf16.yaml staging "demo: baseline"
-promote_or_override manifests/demo-bf16.yaml production "demo: baseline"
+step "promote bf16 to staging, then on to production (through every gate)"
+promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
+promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
 
-step "promote W8A8 over bf16: staging, then production"
-promote_or_override manifests/demo-w8a8.yaml staging "demo: 8-bit weights"
-promote_or_override manifests/demo-w8a8.yaml production "demo: 8-bit weights"
+step "promote W8A8 over bf16: staging, then production (compared with what is live)"
+promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
+promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
 
 step "try the damaged prompt: the quality gate blocks it"
 expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
@@ -65,7 +76,7 @@ if [[ $W4 == yes ]]; then
   either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
 fi
 
-step "roll staging back"
+step "roll staging back (W8A8 is marked bad there; promote refuses it until forced by name)"
 releasekit rollback staging --reason "demo: roll back to the previous release"
 
 step "audit"
@@ -81,12 +92,10 @@ cat <<MSG
 Both environments are serving:
   staging     $STAGING/v1
   production  $PRODUCTION/v1
-Stream a completion through production's gateway:
-  curl -N $PRODUCTION/v1/completions -H 'Content-Type: application/json' \\
-    -d '{"model": "demo", "prompt": "The capital of", "max_tokens": 16, "stream": true}'
-Or use the live release's own prompt (rendered by the gateway):
+Ask production's live release, with its own prompt (rendered by the gateway):
   curl -N $PRODUCTION/v1/templates/chat/chat/completions -H 'Content-Type: application/json' \\
-    -d '{"variables": {"question": "What is 2 + 3?"}, "max_tokens": 16, "stream": true}'
+    -d '{"variables": {"question": "What is the capital of Pistaeland?"}, "max_tokens": 8, "stream": true}'
+  (the demo model answers "Birthasdale")
 Reports: results/<release id>/report/report.html and .releasekit/reports/ (gate reports).
 Stop everything: releasekit down staging && releasekit down production
 MSG

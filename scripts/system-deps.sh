@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the system programs releasekit's watch tests and alert rules need:
-# Prometheus (with promtool) and Alertmanager, from Debian's packages.
-# Does nothing when `prometheus`, `promtool` and `prometheus-alertmanager` are all on PATH.
+# Prometheus (with promtool) and Alertmanager, from Debian's packages; and tcmalloc
+# (libtcmalloc-minimal4), which vLLM's CPU build is started with when present.
+# Does nothing when `prometheus`, `promtool` and `prometheus-alertmanager` are all on PATH
+# and tcmalloc is installed.
 #
 # Elsewhere (no apt-get): download the release tarballs from
 #   https://prometheus.io/download/  (prometheus-*.linux-amd64.tar.gz, alertmanager-*.tar.gz)
@@ -18,8 +20,11 @@ if ! command -v prometheus-alertmanager >/dev/null 2>&1 \
   && ! command -v alertmanager >/dev/null 2>&1; then
   need+=(prometheus-alertmanager)
 fi
+if [[ $(uname -m) == x86_64 && ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]]; then
+  need+=(libtcmalloc-minimal4)
+fi
 if [[ ${#need[@]} -eq 0 ]]; then
-  echo "system-deps: prometheus, promtool and alertmanager already installed"
+  echo "system-deps: prometheus, promtool, alertmanager and tcmalloc already installed"
   exit 0
 fi
 mapfile -t pkgs < <(printf '%s\n' "${need[@]}" | sort -u)

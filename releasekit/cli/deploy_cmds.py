@@ -3,6 +3,7 @@ where (deploy-status)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -59,6 +60,15 @@ def _print_gates(report: object, *, explain: bool) -> None:
         out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
 
 
+class ForceKind(StrEnum):
+    """A kind of gate `--force` may override, named on its own."""
+
+    perf = "perf"
+    quality = "quality"
+    evidence = "evidence"
+    policy = "policy"
+
+
 @handle_errors
 def promote_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
@@ -71,18 +81,25 @@ def promote_cmd(
         bool, typer.Option("--dry-run", help="print the gate report; change nothing")
     ] = False,
     force: Annotated[
-        bool, typer.Option("--force", help="override failed gates (needs --reason; recorded)")
-    ] = False,
+        list[ForceKind] | None,
+        typer.Option(
+            "--force",
+            help="override failed gates of this kind: perf, quality, evidence or policy; "
+            "repeat for more than one (needs --reason; recorded as an override)",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Promote RELEASE to an environment: gates against the live release, then a blue/green
-    deploy through the environment's gateway, then the record (exit 1 if blocked or failed)."""
+    deploy through the environment's gateway, then the record (exit 1 if blocked or failed).
+    `--force KIND` carries a failed gate of that kind only: a performance override never
+    carries a quality failure."""
     from releasekit.promote.promote import promote
 
     with progress_reporter(enabled=not json_) as rep:
         res = promote(
-            State.settings(), release, env=to, reason=reason, dry_run=dry_run, force=force,
-            progress=rep,
+            State.settings(), release, env=to, reason=reason, dry_run=dry_run,
+            force=[k.value for k in force or []], progress=rep,
         )  # fmt: skip
     if json_:
         emit_json(res)
@@ -96,14 +113,19 @@ def promote_cmd(
         verdict = "would pass" if res.ok else "would be BLOCKED"
         out.print(f"dry run: {esc(who)} -> {esc(res.environment)} {esc(verdict)}; nothing changed")
     elif res.status == "blocked":
-        failed = ", ".join(g.name for g in res.report.failed) if res.report else ""
+        failed_gates = res.report.failed if res.report else []
+        failed = ", ".join(g.name for g in failed_gates)
+        kinds = " ".join(f"--force {k}" for k in dict.fromkeys(g.kind for g in failed_gates))
         err.print(
             f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}",
             highlight=False,
         )
         if res.report_html:
             err.print(f"  report: {esc(res.report_html)}", highlight=False)
-        err.print("  [dim]hint: fix the release, or --force --reason TEXT[/dim]")
+        err.print(
+            f"  [dim]hint: fix the release; to override, name what you override: "
+            f"{esc(kinds or '--force KIND')} --reason TEXT[/dim]"
+        )
     elif res.status == "deploy_failed" and res.deploy is not None:
         failed_deploy = res.deploy
         back = "; traffic went back to the previous release" if failed_deploy.reverted else ""

@@ -18,6 +18,7 @@ Outcomes (`PromoteResult.status`):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from releasekit.promote.context import (
     smoke_probe,
 )
 from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
-from releasekit.promote.gates import GateReport, GateResult, evaluate_gates
+from releasekit.promote.gates import GateKind, GateReport, GateResult, evaluate_gates
 from releasekit.promote.report import write_report
 from releasekit.releases.assign import AssignResult, assign
 from releasekit.releases.prompt_alias import PromptAliasResult, move_prompt_alias
@@ -114,7 +115,7 @@ def policy_gates(
             name="not marked bad",
             kind="policy",
             passed=bad is None,
-            rule="a release rolled back from is refused unless forced",
+            rule="a release rolled back from is refused unless forced (`--force policy`)",
             detail=(
                 f"marked bad in {bad.environment} at {bad.time:%Y-%m-%d %H:%M:%SZ}: {bad.reason}"
                 if bad
@@ -230,7 +231,12 @@ class PromoteRequest(BaseModel):
     env: str
     reason: str = ""
     dry_run: bool = False
-    force: bool = False
+    force: list[GateKind] = Field(
+        default_factory=list,
+        description="the kinds of gate an override may carry past (perf, quality, evidence, "
+        "policy); each must be named, so a performance override never carries a quality "
+        "failure",
+    )
     actor: str | None = None
 
 
@@ -252,16 +258,23 @@ def promote(
     env: str,
     reason: str = "",
     dry_run: bool = False,
-    force: bool = False,
+    force: Sequence[GateKind] = (),
     actor: str | None = None,
     progress: Progress | None = None,
     ledger: Ledger | None = None,
 ) -> PromoteResult:
     """Promote `release_ref` (anything resolve_release accepts) to `env`; see the module
-    docstring for the outcomes. --force needs a reason and overrides failed gates (policy
-    included), recorded as an `override` event that lists them."""
+    docstring for the outcomes. `force` names the kinds of gate an override may carry past
+    (`perf`, `quality`, `evidence`, `policy`: each named on its own); it needs a reason and
+    is recorded as an `override` event that lists the gates it overrode. A failed gate of a
+    kind not named still blocks."""
     request = PromoteRequest(
-        release_ref=release_ref, env=env, reason=reason, dry_run=dry_run, force=force, actor=actor
+        release_ref=release_ref,
+        env=env,
+        reason=reason,
+        dry_run=dry_run,
+        force=list(dict.fromkeys(force)),
+        actor=actor,
     )
     return run_promotion(settings, request, progress=progress, ledger=ledger)
 
@@ -301,8 +314,11 @@ def run_promotion(
     jpath, hpath = write_report(report, settings.state_dir / "reports", stem=stem)
     result = result.model_copy(update={"report_json": str(jpath), "report_html": str(hpath)})
     failed = blocking_failures(report, target.cfg)
-    if failed and not request.force:
-        return record_block(request, target, result, report, failed=failed, ledger=led)
+    forced = set(request.force)
+    kinds = {g.name: g.kind for g in report.gates}
+    unforced = [name for name in failed if kinds.get(name) not in forced]
+    if unforced:
+        return record_block(request, target, result, report, failed=unforced, ledger=led)
 
     say("deploying", 0, 0)
     return deploy_and_record(settings, request, target, result, report, failed=failed, ledger=led)
@@ -324,7 +340,7 @@ def resolve_target(
         release_id=rid,
         release_name=info.name,
         live_release_id=live_id,
-        forced=request.force,
+        forced=bool(request.force),
     )
     return PromoteTarget(info=info, cfg=cfg, live_id=live_id, base=base)
 
@@ -471,6 +487,7 @@ def deploy_and_record(
         }
         if failed:
             evidence["overrode"] = failed
+            evidence["forced_kinds"] = list(request.force)
         recorded["move"] = move_record(
             settings,
             info.release_id,

@@ -154,7 +154,7 @@ def test_release_plan_matches_littles_law_and_measured_rate(
         "per-unit rate (Little's law)",
         "cross-check against the measured request rate",
     ]
-    assert plan.steps[1].working == "measured over 64 requests in 2 runs"
+    assert plan.steps[1].working == "measured over 64 requests in 2 runs (held in 2 of 2)"
     assert plan.steps[2].working == "16 concurrent / 1 s"
     assert plan.steps[3].value == pytest.approx(1.0)
 

@@ -110,8 +110,15 @@ def test_force_needs_a_reason_and_is_recorded_as_an_override(kit: Kit) -> None:
     promote(kit.settings, "manifests/demo-bf16.yaml", env="staging", reason="base")
     bad = kit.build("demo-damaged-prompt", fail={"core": 60})
     with pytest.raises(PromoteError, match="--reason"):
-        promote(kit.settings, bad, env="staging", force=True)
-    res = promote(kit.settings, bad, env="staging", force=True, reason="customer demo")
+        promote(kit.settings, bad, env="staging", force=["quality"])
+    # An override names what it overrides: a performance override does not carry a
+    # quality failure.
+    perf_only = promote(kit.settings, bad, env="staging", force=["perf"], reason="perf only")
+    assert perf_only.status == "blocked"
+    assert perf_only.report is not None and "suite core" in [
+        g.name for g in perf_only.report.failed
+    ]
+    res = promote(kit.settings, bad, env="staging", force=["quality"], reason="customer demo")
     assert res.status == "promoted" and res.overridden == ["suite core"]
     live = _ledger(kit).live_at("staging")
     assert live is not None and live.type == "override" and live.reason == "customer demo"

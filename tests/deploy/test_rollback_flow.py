@@ -83,7 +83,12 @@ def test_a_release_marked_bad_is_refused_unless_forced(kit: Kit) -> None:
     res = promote(kit.settings, new, env="staging")
     assert res.status == "blocked" and res.report is not None
     assert "not marked bad" in [g.name for g in res.report.failed]
-    forced = promote(kit.settings, new, env="staging", force=True, reason="fixed upstream")
+    # Policy is overridden only when named: forcing the other kinds leaves it blocking.
+    others = promote(
+        kit.settings, new, env="staging", force=["perf", "quality", "evidence"], reason="no"
+    )
+    assert others.status == "blocked"
+    forced = promote(kit.settings, new, env="staging", force=["policy"], reason="fixed upstream")
     assert forced.status == "promoted" and "not marked bad" in forced.overridden
 
 
