@@ -267,6 +267,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "bench_vs_vllm.json"))
     ap.add_argument("--start-timeout", type=float, default=480.0, help="vLLM start, seconds")
     ap.add_argument("--reprint", help="print the tables of an earlier results JSON and exit")
+    ap.add_argument(
+        "--preload",
+        choices=["on", "off"],
+        default="on",
+        help="start vLLM with tcmalloc and Intel OpenMP preloaded (releasekit's default) or not",
+    )
     ns = ap.parse_args()
     if ns.reprint:
         old = json.loads(Path(ns.reprint).read_text())
@@ -283,6 +289,7 @@ def main() -> int:
         _worker_vllm(ns.url)
         return 0
 
+    from releasekit.serving.host import server_env
     from releasekit.serving.vllm import VLLMServer
 
     model_dir = Path(ns.model_dir)
@@ -301,9 +308,12 @@ def main() -> int:
             "max-num-seqs": str(MAX_NUM_SEQS),
             "enforce-eager": "",
         },
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **server_env(python=Path(sys.executable), preload=ns.preload == "on"),
+        },
         python=Path(sys.executable),
-        log_path=RESULTS / "bench_vs_vllm.server.log",
+        log_path=RESULTS / f"bench_vs_vllm.server.{ns.preload}.log",
         start_timeout_s=ns.start_timeout,
     )
     report: dict[str, Any] = {
@@ -315,6 +325,7 @@ def main() -> int:
             "temperature": 0,
             "max_num_seqs": MAX_NUM_SEQS,
             "order": "releasekit, vllm, vllm, releasekit at each concurrency",
+            "preload": ns.preload,
         },
         "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "points": [],

@@ -76,7 +76,7 @@ if [[ $W4 == yes ]]; then
   either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
 fi
 
-step "roll staging back (W8A8 is marked bad there; promote refuses it until forced by name)"
+step "roll staging back to the release live before (the one rolled back from is marked bad)"
 releasekit rollback staging --reason "demo: roll back to the previous release"
 
 step "audit"

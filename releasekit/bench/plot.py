@@ -116,7 +116,8 @@ def plot_sweep(result: BenchResult, path: Path) -> None:
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model
     if result.knee is None:
-        knee = "no knee: " + (result.knee_stop or "no point holds")
+        why = result.knee_stop or "no point holds"
+        knee = "no knee: " + (why if len(why) <= 90 else why[:87] + "...")
     else:
         knee = f"knee at {_load_label(result.knee)}"
         if result.repetitions < 2:

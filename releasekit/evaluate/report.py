@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from releasekit._support.files import write_atomic
 from releasekit.errors import EvalError, InputMissingError
@@ -39,6 +39,8 @@ class BenchSide(BaseModel):
     output_token_throughput: float | None = None
     goodput: float | None = None
     points: int = 0
+    knee_stop: str | None = Field(None, description="why the knee is where it is (or absent)")
+    knee_rule: str | None = None
 
 
 def _num(d: Any, *keys: str) -> float | None:
@@ -62,7 +64,13 @@ def read_bench(path: Path) -> BenchSide:
         raise EvalError(f"unreadable bench result {path}: not a JSON object")
     knee = data.get("knee")
     points = data.get("points") if isinstance(data.get("points"), list) else []
-    side = BenchSide(release_id=data.get("release_id"), points=len(points or []))
+    stop, rule = data.get("knee_stop"), data.get("knee_rule")
+    side = BenchSide(
+        release_id=data.get("release_id"),
+        points=len(points or []),
+        knee_stop=stop if isinstance(stop, str) else None,
+        knee_rule=rule if isinstance(rule, str) else None,
+    )
     if isinstance(knee, dict):
         side = side.model_copy(
             update={
@@ -319,7 +327,9 @@ def _fmt_bench(side: BenchSide | None, key: str, fmt: str) -> str:
     value = getattr(side, key)
     if key == "knee_load":
         if value is None:
-            return "no knee (SLOs fail at every load)" if side.points else "n/a"
+            if not side.points:
+                return "n/a"
+            return f"no knee: {side.knee_stop}" if side.knee_stop else "no knee"
         return f"{value:g} ({side.mode or 'load'})"
     if fmt == "s":
         return _num_fmt(value, ".3f", " s")
