@@ -44,6 +44,11 @@ def actor(root: Path, configured: str | None = None) -> str:
     )
 
 
+def _is_lock_output(path: str) -> bool:
+    name = path.rsplit(" -> ", 1)[-1].rsplit("/", 1)[-1]
+    return name.endswith(".lock.json") or name == "dvc.lock"
+
+
 def read_provenance(root: Path) -> Provenance:
     """Read commit, branch, dirty flag and author of the repository at `root`."""
     try:
@@ -57,7 +62,10 @@ def read_provenance(root: Path) -> Provenance:
     try:
         commit = repo.head.commit.hexsha if repo.head.is_valid() else None
         branch = None if repo.head.is_detached else repo.active_branch.name
-        dirty = repo.is_dirty(untracked_files=False)
+        # Lock files and dvc.lock are what locking and building write, not inputs: a tree
+        # whose only changes are those is as clean as its commit.
+        changed = repo.git.status("--porcelain", "--untracked-files=no").splitlines()
+        dirty = any(not _is_lock_output(line[3:].strip().strip('"')) for line in changed)
     except git.GitCommandError as exc:
         raise GitError(f"cannot read git state at {root}: {exc.stderr.strip()}") from exc
     return Provenance(commit=commit, branch=branch, dirty=dirty, author=git_identity(root))
