@@ -269,5 +269,8 @@ def test_unstable_or_flagged_knee_warns(bench_factory: Callable[..., BenchResult
     assert "(16, 8)" in next(w.message for w in plan.warnings if w.code == "knee_unstable")
     assert bench.knee is not None and not bench.knee.flags
     flag = PointFlag(code="client_bound", message="client queued")
-    flagged = bench.model_copy(update={"knee": bench.knee.model_copy(update={"flags": [flag]})})
+    # One flagged run of two is below the knee rule's share: the knee is not trusted.
+    runs = [bench.knee.runs[0].model_copy(update={"flags": [flag]}), *bench.knee.runs[1:]]
+    knee = bench.knee.model_copy(update={"flags": [flag], "runs": runs})
+    flagged = bench.model_copy(update={"knee": knee})
     assert "knee_flagged" in _codes(plan_from_bench(TRAFFIC, flagged))
