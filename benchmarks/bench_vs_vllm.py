@@ -270,8 +270,9 @@ def main() -> int:
     ap.add_argument(
         "--preload",
         choices=["on", "off"],
-        default="on",
-        help="start vLLM with tcmalloc and Intel OpenMP preloaded (releasekit's default) or not",
+        default="off",
+        help="start vLLM with tcmalloc and Intel OpenMP preloaded, or not (releasekit's "
+        "default: off, `server_preload`)",
     )
     ns = ap.parse_args()
     if ns.reprint:

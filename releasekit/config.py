@@ -93,9 +93,10 @@ class Settings(BaseSettings):
     server_start_timeout_s: float = Field(300.0, gt=0)
     server_stop_grace_s: float = Field(10.0, gt=0)
     server_preload: bool = Field(
-        True,
+        False,
         description="start vLLM's CPU build with tcmalloc and Intel OpenMP preloaded (its CPU "
-        "guide's advice) when the host has them",
+        "guide's advice) when the host has them; off by default: on the demo's 2-core host "
+        "it did not help (benchmarks/results/bench_vs_vllm*.json)",
     )
     server_start_nice: int | None = Field(
         -10,

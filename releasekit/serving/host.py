@@ -16,6 +16,9 @@ What was measured on a 2-core host (README, "Where the time goes on a 2-core hos
   worker is busy on.
 - vLLM's CPU guide preloads tcmalloc and Intel's OpenMP runtime (`preload_libs`); Debian's
   libtcmalloc-minimal4 and the intel-openmp wheel vLLM's CPU build depends on ship them.
+  Measured side by side on the demo (benchmarks/bench_vs_vllm.py --preload on|off), it did
+  not help on 2 cores (the same at 1-4 in flight, 6-16% fewer tokens/s at 16-64), so it is
+  a setting (`server_preload`), off by default.
 """
 
 from __future__ import annotations
