@@ -19,16 +19,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from releasekit.promote.gates import GateKind
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 ENV = "staging"
 # The benchmarks measure the switch, not the gates: every kind of gate is overridden by name.
-FORCE_ALL = ("perf", "quality", "evidence", "policy")
+FORCE_ALL: tuple[GateKind, ...] = ("perf", "quality", "evidence", "policy")
 RELEASE_HEADER = "x-releasekit-release"
 TEXT_CHUNK = re.compile(r'"text":\s*"[^"]')  # a chunk with text in it (not an empty first one)
 
