@@ -1,8 +1,9 @@
 """Scorers: turn one model output into pass, fail or error.
 
 Every scorer returns a `Score`. `pass`/`fail` are verdicts on the release; `error` means no
-verdict could be reached (the server timed out, the judge answered unparseably) and the item
-is left out of pass rates and paired comparisons, but counted.
+verdict could be reached (the server timed out, the judge answered unparseably). The paired
+comparison counts an erroring item as a failure of the release that produced it, unless the
+item expects an error (`evaluate.compare`), and reports errors on each side.
 
 Normalisation used by `exact_match` (see `normalise`): Unicode NFKC, typographic quotes
 folded to ASCII, case-folded, runs of whitespace collapsed to one space, then any

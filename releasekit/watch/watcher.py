@@ -131,7 +131,8 @@ class RollbackGuard:
                     status="no_known_good",
                     env=request.env,
                     from_release=request.from_release,
-                    message="no known-good release to roll back to; recorded, not rolled back",
+                    message="no known-good release to roll back to: not rolled back (counted in "
+                    'releasekit_watch_rollbacks_total{status="no_known_good"})',
                 )
             outcome = self._rollback(request)
             if outcome.status == "rolled_back":
