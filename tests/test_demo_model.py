@@ -91,13 +91,16 @@ def test_tokenizer_has_a_chat_template(repo_root: Path) -> None:
 
 
 def _cpu_kind() -> str:
-    """The float-kernel family torch picks here: AVX-512 machines and AVX2-only machines
-    train the same seeded model to different (each deterministic) weights."""
+    """The float-kernel family torch picks here: AVX-512 machines with AMX (oneDNN's AMX
+    kernels), AVX-512 machines without, and AVX2-only machines train the same seeded model
+    to different (each deterministic) weights."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:  # pragma: no cover - not Linux
         return "unknown"
-    return "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "unknown"
+    if "avx512f" in flags:
+        return "avx512_amx" if "amx_bf16" in flags else "avx512"
+    return "avx2" if "avx2" in flags else "unknown"
 
 
 @pytest.mark.slow

@@ -64,7 +64,9 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
         assert bench["knee"] is not None, bench["knee_stop"]
 
         up = promote(k.settings, "manifests/demo-bf16.yaml", env="staging", reason="real")
-        assert up.status == "promoted", up.report.failed if up.report else up.deploy
+        assert up.status == "promoted", (
+            up.deploy.model_dump_json(indent=1) if up.deploy else up.report
+        )
         assert up.report is not None and up.report.passed and not up.overridden
         assert {g.kind for g in up.report.gates} >= {"perf", "quality", "evidence", "policy"}
 
