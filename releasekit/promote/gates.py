@@ -236,6 +236,15 @@ def _knee_gates(label: str, bench: BenchResult) -> list[GateResult]:
     ]
 
 
+def run_spread(p: PointResult, metric: str) -> float:
+    """(max - min) / median of `metric` over the repetitions of a load point (0 with fewer
+    than two runs, or for a figure the runs do not record): the host's own noise there."""
+    s = p.spread.get(metric)
+    if s is None or s.n < 2 or s.min is None or s.max is None or not s.median:
+        return 0.0
+    return (s.max - s.min) / abs(s.median)
+
+
 def _tolerance(info: ReleaseInfo, metric: str) -> tuple[float, str]:
     for g in info.lm.manifest.gates:
         if g.metric == f"bench.knee.{metric}" and g.kind in ("max_increase", "non_inferior"):
@@ -293,12 +302,19 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
         c = point_metric(at, metric) if at else None
         v = point_metric(lk, metric)
         higher = metric in _HIGHER_BETTER
-        limit = None if v is None else (v * (1 - tol) if higher else v * (1 + tol))
+        # A difference smaller than the run-to-run spread of either release at this load
+        # is the host's noise, not a regression: the tolerance is at least that spread.
+        noise = max(run_spread(at, metric) if at else 0.0, run_spread(lk, metric))
+        eff = max(tol, noise)
+        limit = None if v is None else (v * (1 - eff) if higher else v * (1 + eff))
         ok = c is not None and limit is not None and (c >= limit if higher else c <= limit)
+        how = f"{source} tolerance {tol:g}"
+        if noise > tol:
+            how += f", widened to the releases' run-to-run spread {noise:.2f}"
         rule = (
-            f"{metric} at the live knee load >= live x (1 - {tol:g}) ({source} tolerance)"
+            f"{metric} at the live knee load >= live x (1 - {eff:.2f}) ({how})"
             if higher
-            else f"{metric} at the live knee load <= live x (1 + {tol:g}) ({source} tolerance)"
+            else f"{metric} at the live knee load <= live x (1 + {eff:.2f}) ({how})"
         )
         gates.append(
             GateResult(
@@ -309,7 +325,10 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
                 candidate=c,
                 live=v,
                 limit=limit,
-                detail="missing figure" if c is None or v is None else "",
+                detail="missing figure"
+                if c is None or v is None
+                else f"run-to-run spread: candidate {run_spread(at, metric) if at else 0:.2f}, "
+                f"live {run_spread(lk, metric):.2f} ((max - min) / median of its runs)",
             )
         )
     return gates

@@ -49,7 +49,6 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
                 "build",
                 "manifests/demo-bf16.yaml",
                 "manifests/demo-damaged-prompt.yaml",
-                "--no-register",
             ],
             cwd=project,
             env=dict(os.environ),
