@@ -143,17 +143,7 @@ Modules
 - `app`        the `Gateway`: state, admission, the ASGI app
 - `server`     socket, uvicorn, ready file, `ThreadedGateway`, the process entry point
 
-Errors
-------
-    ReleasekitError
-    └── GatewayError                 root of everything the gateway and its client raise
-        ├── GatewayConfigError       the config file is unreadable or invalid
-        ├── GatewayStartError        the process could not listen, or never became ready
-        ├── GatewayUnreachableError  the admin API does not answer
-        ├── GatewayAuthError         the admin API refused the admin token (401)
-        ├── GatewayRequestError      the admin API rejected a request (422 routes, 409 drain)
-        └── PromptTemplateError      a templated request names an unknown prompt or misses
-                                     variables (the gateway answers it with 400)
+Errors: `releasekit.deploy.gateway.errors` holds the tree (every one a GatewayError).
 """
 
 from __future__ import annotations

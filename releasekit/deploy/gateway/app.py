@@ -477,20 +477,33 @@ class Gateway:
         m.queue_wait.observe(time.perf_counter() - t)
         return None
 
-    async def _proxy(self, request: Request) -> Response:
-        t0 = time.perf_counter()
+    async def _checked_request(
+        self, request: Request, *, check_path: bool
+    ) -> Response | tuple[str, bytes, Any]:
+        """The checks every inference request passes before it is forwarded: the client's
+        key and rate, (for plain routes) the path allowlist, the body's size and its JSON.
+        A Response when one refuses it, else (client, body, payload)."""
         denied, client = self._client_denied(request)
         if denied:
             return denied
-        refused = self._refuse_path(request)
-        if refused:
-            return refused
+        if check_path:
+            refused = self._refuse_path(request)
+            if refused:
+                return refused
         body = await self._body(request)
         if isinstance(body, Response):
             return body
         payload = self._json(body)
         if isinstance(payload, Response):
             return payload
+        return client, body, payload
+
+    async def _proxy(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        admitted = await self._checked_request(request, check_path=True)
+        if isinstance(admitted, Response):
+            return admitted
+        client, body, payload = admitted
         path = request.scope["path"]
         return await self._forward(
             request,
@@ -505,15 +518,10 @@ class Gateway:
 
     async def _templated(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        denied, client = self._client_denied(request)
-        if denied:
-            return denied
-        body = await self._body(request)
-        if isinstance(body, Response):
-            return body
-        payload = self._json(body)
-        if isinstance(payload, Response):
-            return payload
+        admitted = await self._checked_request(request, check_path=False)
+        if isinstance(admitted, Response):
+            return admitted
+        client, body, payload = admitted
         return await self._forward(
             request,
             t0,
