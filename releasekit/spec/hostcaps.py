@@ -94,6 +94,9 @@ class VllmFacts(BaseModel):
     ops: dict[str, bool] = Field(default_factory=dict)
     torch_version: str | None = None
     torch_cuda: str | None = None
+    torch_devices: list[GpuFacts] = Field(
+        default_factory=list, description="CUDA devices torch sees (None asked: empty)"
+    )
     cpu_fp8_scaled_mm: bool | None = Field(
         None, description="torch._scaled_mm on float8 ran on the CPU (None: not checked)"
     )
@@ -227,6 +230,7 @@ def vllm_facts(python: Path | str, *, with_torch: bool = False) -> VllmFacts:
         ops=v.get("ops") or {},
         torch_version=t.get("version"),
         torch_cuda=t.get("cuda"),
+        torch_devices=[GpuFacts.model_validate(d) for d in t.get("devices") or []],
         cpu_fp8_scaled_mm=t.get("cpu_fp8_scaled_mm"),
         cpu_fp8_error=t.get("cpu_fp8_error"),
     )
