@@ -110,6 +110,14 @@ def measure_accelerator_bandwidth_gbs(
     imported only when the driver lists one)."""
     if not nvidia_gpus():
         return None
+    return device_copy_bandwidth_gbs(megabytes=megabytes, repeats=repeats)
+
+
+def device_copy_bandwidth_gbs(
+    *, megabytes: int = 1024, repeats: int = 10
+) -> tuple[float, str] | None:
+    """measure_accelerator_bandwidth_gbs without asking the driver first: None where torch
+    has no CUDA device."""
     try:
         import torch
     except ImportError:
