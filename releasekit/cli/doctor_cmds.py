@@ -49,11 +49,9 @@ def _render(r: DoctorReport) -> None:
         f"{r.install_would_pick} (RELEASEKIT_STACK=cuda|cpu forces)",
         highlight=False,
     )
-    table(
-        "schemes",
-        ["scheme", "servable", "how"],
-        [(s.scheme, _yes(s.servable), s.how) for s in r.schemes],
-    )
+    out.print("schemes this host's vLLM can serve:", highlight=False)
+    for sc in r.schemes:
+        out.print(f"  {sc.scheme:<12} {_yes(sc.servable):<4} {esc(sc.how)}", highlight=False)
     table(
         "manifests",
         ["manifest", "scheme", "servable"],

@@ -99,8 +99,8 @@ def _summary(facts: HostFacts, schemes: list[SchemeSupport], quantise_device: st
     no = [s for s in schemes if s.servable is False]
     if yes:
         lines.append(f"servable here: {', '.join(yes)}")
-    for s in no:
-        lines.append(f"not servable here: {s.scheme} ({s.how})")
+    if no:
+        lines.append(f"not servable here: {', '.join(s.scheme for s in no)} (reasons above)")
     lines.append(f"quantisation (llm-compressor) runs on {quantise_device}")
     if not facts.gpus:
         lines.append(

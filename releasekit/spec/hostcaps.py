@@ -285,7 +285,7 @@ def _cpu_support(scheme: Scheme, facts: HostFacts) -> SchemeSupport:
             scheme=scheme,
             servable=True,
             how="FP8 weights per channel, activations per token, through torch._scaled_mm "
-            f"(vLLM's channel-wise Torch FP8 kernel; a reference path, not a fast one){checked}",
+            f"(vLLM's channel-wise Torch FP8 kernel; its speed not measured here){checked}",
         )
     # static FP8
     if cpu.has("amx_tile") and v.ops.get("fp8_scaled_mm_cpu", False):
