@@ -10,10 +10,11 @@ kernels each platform lists), checked on the installed package:
   through oneDNN in all three. W4A16 needs `cpu_gemm_wna16`, which the AVX2 library lacks
   (a W4A16 release there fails at its first request). FP8_DYNAMIC (FP8 weights per channel,
   activations per token) runs through torch's `_scaled_mm` on the CPU (vLLM's channel-wise
-  Torch FP8 kernel): seen serving the demo on an AVX-512 host without AMX. Static FP8
-  (per-tensor activation scales) needs the static FP8 quantisation op, a stub in the CPU
-  build (`static_scaled_fp8_quant() -> ()`), so the engine fails at start; vLLM's only other
-  path is its AMX kernel, for CPUs with AMX and a library with `fp8_scaled_mm_cpu`.
+  Torch FP8 kernel): seen serving a model of the demo's architecture on an AVX-512 host
+  without AMX. Static FP8 (per-tensor activation scales) needs the static FP8 quantisation
+  op, a stub in the CPU build (`static_scaled_fp8_quant() -> ()`), so the engine fails at
+  start (seen on that host); vLLM's only other path is its AMX kernel, for CPUs with AMX and
+  a library with `fp8_scaled_mm_cpu` (not seen running).
 - CUDA build (`vllm`): every quantised scheme needs compute capability 7.5 (Turing) or
   newer; FP8 with activations needs 8.9 (Ada, Hopper), and on 7.5-8.9 vLLM serves FP8
   weights only (Marlin W8A16), computing in bf16.
