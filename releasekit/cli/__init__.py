@@ -16,6 +16,7 @@ from releasekit.cli import (
     diagnose_cmds,
     eval_cmds,
     manifest_cmds,
+    rollout_cmds,
     watch_cmds,
 )
 from releasekit.cli._common import State
@@ -58,6 +59,7 @@ for _group in (
     capacity_cmds,
     diagnose_cmds,
     watch_cmds,
+    rollout_cmds,
 ):
     _group.register(app)
 

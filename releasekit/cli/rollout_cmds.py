@@ -1,0 +1,89 @@
+"""CLI: approvals (`approve`), shadow traffic (`shadow start|compare|stop`), and the
+rendering of canary steps that `promote` prints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
+
+shadow_app = typer.Typer(
+    help="Mirror a share of an environment's requests to a candidate (answers discarded).",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("approve")(approve_cmd)
+    app.add_typer(shadow_app, name="shadow")
+
+
+def _short(rid: str | None) -> str:
+    return rid[:12] if rid else "-"
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def print_canary(canary: dict[str, Any]) -> None:
+    """The canary steps as they ran: one row a step, then the breach, if any."""
+    rows = []
+    for s in canary.get("steps", []):
+        j = s.get("judgement") or {}
+        checks = "; ".join(
+            f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
+            for c in j.get("checks", [])
+            if c.get("verdict") != "not_measured"
+        )
+        rows.append(
+            [
+                str(s["index"] + 1),
+                f"{s['weight']:g}%",
+                s["status"],
+                f"{s['ended_at'] - s['started_at']:.1f}",
+                f"{s.get('canary_requests', 0):g}/{s.get('stable_requests', 0):g}",
+                checks or "-",
+            ]
+        )
+    table(
+        f"canary: {_short(canary.get('release_id'))} -> {canary.get('outcome')}",
+        ["step", "weight", "status", "s", "requests canary/stable", "canary vs stable"],
+        rows,
+    )
+    share = canary.get("canary_served", 0), canary.get("total_served", 0)
+    if share[1]:
+        out.print(
+            f"  the canary served {share[0]} of {share[1]} requests ({share[0] / share[1]:.1%})"
+        )
+    if canary.get("decide_to_zero_s") is not None:
+        out.print(
+            f"  breach -> 0% canary in {canary['decide_to_zero_s'] * 1000:.0f} ms after the "
+            f"decision ({canary['window_to_zero_s']:.2f} s after the breaching window closed)"
+        )
+
+
+@handle_errors
+def approve_cmd(
+    release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
+    env: Annotated[str, typer.Option("--env", help="environment the approval is for")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why it may go (recorded)")],
+    json_: JsonOpt = False,
+) -> None:
+    """Approve RELEASE for an environment (an `approve` ledger event naming you); an
+    environment with `requires_approval` takes no release without one."""
+    from releasekit.promote.approvals import approve
+
+    res = approve(State.settings(), release, env=env, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    note = "" if res.required else f" ({env} does not require approvals)"
+    out.print(
+        f"approved {_short(res.release_id)} for {esc(env)} by {esc(res.approver)} "
+        f"(ledger event {res.record.seq}){esc(note)}",
+        highlight=False,
+    )
