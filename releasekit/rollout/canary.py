@@ -74,8 +74,8 @@ class CanaryRun(BaseModel):
     steps: list[StepReport] = Field(default_factory=list)
     breaches: list[BreachRecord] = Field(default_factory=list)
     reason: str = ""
-    canary_served: int = Field(0, description="requests the canary finished during the run")
-    total_served: int = Field(0, description="requests every release finished during the run")
+    canary_served: int = Field(0, description="requests the canary took during the run")
+    total_served: int = Field(0, description="requests every release took during the run")
     decide_to_zero_s: float | None = Field(
         None, description="from the decision to abort to the gateway answering with 0%"
     )
@@ -110,10 +110,10 @@ class _Renewer(threading.Thread):
         self.generation = generation
         self.every_s = every_s
         self.lost = False
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._halt.wait(self.every_s):
             try:
                 self.client.renew_lease(self.generation)
             except GatewayError as exc:
@@ -123,7 +123,7 @@ class _Renewer(threading.Thread):
                 # Unreachable for a moment: try again; the lease runs out if it stays so.
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 
@@ -164,10 +164,13 @@ class CanaryController:
         return GatewayClient(self.ctx.gateway.url, admin_token=self.ctx.gateway.admin_token)
 
     def _served(self, client: GatewayClient) -> dict[str, int]:
+        """Requests each release took so far: finished plus in flight."""
         try:
-            return dict(client.state().served)
+            st = client.state()
         except GatewayError:
             return {}
+        keys = set(st.served) | set(st.in_flight)
+        return {k: st.served.get(k, 0) + st.in_flight.get(k, 0) for k in keys}
 
     def _set_weight(self, client: GatewayClient, weight: float) -> int:
         table = RouteTable(
