@@ -4,8 +4,9 @@ releasekit.toml), with retries and a dead-letter log. See `webhooks`."""
 from releasekit.notify.webhooks import (
     Notifier,
     build_payload,
+    close_all,
     notifier_for,
     slack_body,
 )
 
-__all__ = ["Notifier", "build_payload", "notifier_for", "slack_body"]
+__all__ = ["Notifier", "build_payload", "close_all", "notifier_for", "slack_body"]

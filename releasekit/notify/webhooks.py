@@ -237,11 +237,13 @@ class Notifier:
         log.warning("webhook %s: %s not delivered (%s)", hook.url, body.get("event"), error)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush, then stop the worker."""
+        """Flush, then stop the worker (a delivery still in its request is abandoned)."""
         self.flush(timeout_s)
+        self._closing.set()
         self._q.put(None)
-        self._thread.join(timeout=5)
-        self._http.close()
+        self._thread.join(timeout=1)
+        if not self._thread.is_alive():
+            self._http.close()
 
 
 _NOTIFIERS: dict[tuple[str, str], Notifier] = {}
@@ -274,7 +276,13 @@ def notifier_for(settings: Settings) -> Notifier | None:
         return n
 
 
-@atexit.register
-def _flush_all() -> None:
-    for n in list(_NOTIFIERS.values()):
-        n.flush(10.0)
+def close_all(timeout_s: float = 10.0) -> None:
+    """Flush and stop every notifier of this process (what is left is dead-lettered)."""
+    with _LOCK:
+        notifiers = list(_NOTIFIERS.values())
+        _NOTIFIERS.clear()
+    for n in notifiers:
+        n.close(timeout_s)
+
+
+atexit.register(close_all)
