@@ -127,11 +127,13 @@ def write_release(
     ttft_limit: float = 30.0,
     window: float = 10.0,
     sustain: int = 3,
+    extra: str = "",
 ) -> Path:
     """A demo-bf16 variant with its own name, max-num-seqs and watch rules, locked, with
     its lock and manifest copied to results/<id>/ (what promote reads), and registered in
     the project's MLflow store (no build evidence: promote is forced past the gates). Two
-    variants with different max-num-seqs have different serving keys: two vLLM servers."""
+    variants with different max-num-seqs have different serving keys: two vLLM servers.
+    `extra` is appended to the manifest (e.g. a `promotion:` section)."""
     from releasekit.spec.lock import lock
 
     text = (root / "manifests" / "demo-bf16.yaml").read_text()
@@ -142,7 +144,7 @@ def write_release(
         f"  - {{metric: ttft_p95_s, max: {ttft_limit:.3f}, window_s: {window:g}, "
         f"sustain: {sustain}}}\n"
         f"  - {{metric: error_rate, max: 0.2, window_s: {window:g}, sustain: {sustain}}}\n"
-    )
+    ) + extra
     path = root / "manifests" / f"{name}.yaml"
     path.write_text(text)
     lk = lock(path, root=root)

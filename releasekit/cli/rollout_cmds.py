@@ -87,3 +87,77 @@ def approve_cmd(
         f"(ledger event {res.record.seq}){esc(note)}",
         highlight=False,
     )
+
+
+@shadow_app.command("start")
+@handle_errors
+def shadow_start_cmd(
+    release: Annotated[str, typer.Argument(help="the candidate: release id, name@version, ...")],
+    env: Annotated[str, typer.Option("--env", help="environment whose traffic is mirrored")],
+    share: Annotated[float, typer.Option("--share", help="fraction of requests copied")] = 0.1,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    json_: JsonOpt = False,
+) -> None:
+    """Start RELEASE's server beside ENV's and mirror a share of ENV's requests to it: its
+    answers are discarded and the copies never count against clients' rate limits."""
+    from releasekit.rollout.shadow import start_shadow
+
+    res = start_shadow(State.settings(), release, env=env, share=share, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    how = "reused a running server" if res.reused_server else f"server at {res.base_url}"
+    out.print(
+        f"mirroring {res.share:.0%} of {esc(env)}'s requests to {_short(res.release_id)} "
+        f"({esc(how)}); compare with `releasekit shadow compare --env {esc(env)}`",
+        highlight=False,
+    )
+
+
+@shadow_app.command("compare")
+@handle_errors
+def shadow_compare_cmd(
+    env: Annotated[str, typer.Option("--env", help="environment being mirrored")],
+    window: Annotated[float, typer.Option("--window", help="seconds to measure")] = 30.0,
+    json_: JsonOpt = False,
+) -> None:
+    """Judge the shadow candidate's live figures against stable's over the next --window
+    seconds (the candidate's canary checks); promote reads the result as a gate."""
+    from releasekit.rollout.shadow import compare_shadow
+
+    res = compare_shadow(State.settings(), env=env, window_s=window)
+    if json_:
+        emit_json(res)
+    else:
+        rows = [
+            [c.metric, _fmt(c.canary), _fmt(c.stable), _fmt(c.limit), c.source or "-", c.verdict]
+            for c in res.judgement.checks
+        ]
+        table(
+            f"shadow {_short(res.release_id)} vs stable {_short(res.stable_release_id)} "
+            f"over {res.window_s:g} s ({res.judgement.canary_requests:g} mirrored / "
+            f"{res.judgement.stable_requests:g} live requests): {res.verdict}",
+            ["metric", "candidate", "stable", "limit", "source", "verdict"],
+            rows,
+        )
+        if res.dropped:
+            out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
+    if res.verdict == "breach":
+        raise typer.Exit(1)
+
+
+@shadow_app.command("stop")
+@handle_errors
+def shadow_stop_cmd(
+    env: Annotated[str, typer.Option("--env", help="environment being mirrored")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    json_: JsonOpt = False,
+) -> None:
+    """Stop mirroring and the candidate's shadow server (its last comparison is kept)."""
+    from releasekit.rollout.shadow import stop_shadow
+
+    res = stop_shadow(State.settings(), env=env, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    out.print(f"{esc(env)}: no longer mirrored to {_short(res.release_id)}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -312,9 +312,11 @@ def run_promotion(
     progress: Progress | None = None,
     ledger: Ledger | None = None,
     shift: ShiftFn | None = None,
+    extra_gates: Callable[[str], list[GateResult]] | None = None,
 ) -> PromoteResult:
     """The steps of a promotion: resolve, (serve the record again,) gates, block or deploy,
-    record. `shift` (canary steps, from `releasekit.rollout`) runs before the switch."""
+    record. `shift` (canary steps, from `releasekit.rollout`) runs before the switch;
+    `extra_gates(release_id)` adds gates from above (the shadow comparison)."""
     say = progress or (lambda label, done, total: None)
     cfg = env_config(settings, request.env)
     if request.force and not request.reason.strip():
@@ -332,6 +334,14 @@ def run_promotion(
 
     say("checking gates", 0, 0)
     report = check_gates(settings, target, ledger=led)
+    if extra_gates is not None:
+        more = extra_gates(rid)
+        if more:
+            report = report.with_gates(more)
+            if not target.cfg.gates_required:
+                report = report.model_copy(
+                    update={"passed": all(g.passed for g in report.gates if g.kind == "policy")}
+                )
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
     result = target.base.model_copy(update={"report": report})

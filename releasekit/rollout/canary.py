@@ -90,6 +90,53 @@ class CanaryRun(BaseModel):
         return self.canary_served / self.total_served if self.total_served else None
 
 
+Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
+"""(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
+
+
+def scrape_pair(
+    http: httpx.Client,
+    gateway_url: str,
+    candidate_url: str | None,
+    stable_url: str | None,
+    *,
+    timeout_s: float,
+) -> Scrape:
+    """Scrape the gateway and (when given) both releases' vLLM /metrics now."""
+
+    def one(url: str | None) -> Exposition | None:
+        if url is None:
+            return None
+        try:
+            return parse_exposition(
+                scrape(url + "/metrics", timeout_s=timeout_s, client=http), url=url
+            )
+        except ScrapeError:
+            return None
+
+    return time.time(), one(gateway_url), one(candidate_url), one(stable_url)
+
+
+def pair_windows(
+    env: str, candidate_id: str, stable_id: str, before: Scrape, after: Scrape
+) -> tuple[ReleaseWindows, ReleaseWindows]:
+    """(candidate, stable) windows between two scrapes: each release's edge window from
+    the gateway's per-release series, and its engine window from its own vLLM."""
+    t0, g0, c0, s0 = before
+    t1, g1, c1, s1 = after
+
+    def rw(release_id: str, e0: Exposition | None, e1: Exposition | None) -> ReleaseWindows:
+        edge = build_window(
+            Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
+        )
+        engine = None
+        if e0 is not None and e1 is not None:
+            engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
+        return ReleaseWindows(release_id=release_id, edge=edge, engine=engine)
+
+    return rw(candidate_id, c0, c1), rw(stable_id, s0, s1)
+
+
 def split_routes(stable: list[Route], canary: Route, weight: float) -> list[Route]:
     """Stable's routes scaled to `100 - weight` percent (their ratios kept) plus the canary
     at `weight` percent."""
@@ -187,48 +234,22 @@ class CanaryController:
 
     # -- figures
 
-    def _scrape(self, url: str) -> Exposition | None:
-        try:
-            text = scrape(url + "/metrics", timeout_s=self.scrape_timeout_s, client=self._http)
-            return parse_exposition(text, url=url)
-        except ScrapeError:
-            return None
-
-    def snapshot(self) -> tuple[float, Exposition | None, Exposition | None, Exposition | None]:
+    def snapshot(self) -> Scrape:
         """(time, gateway, canary vLLM, stable vLLM) scraped now; engine ones are None when
         both releases share a server (their engine figures cannot be told apart)."""
-        gw = self._scrape(self.ctx.gateway.url)
-        if self.shared_server:
-            return time.time(), gw, None, None
-        return (
-            time.time(),
-            gw,
-            self._scrape(self.canary.base_url),
-            self._scrape(self.stable_primary.base_url),
+        shared = self.shared_server
+        return scrape_pair(
+            self._http,
+            self.ctx.gateway.url,
+            None if shared else self.canary.base_url,
+            None if shared else self.stable_primary.base_url,
+            timeout_s=self.scrape_timeout_s,
         )
 
-    def windows(
-        self,
-        before: tuple[float, Exposition | None, Exposition | None, Exposition | None],
-        after: tuple[float, Exposition | None, Exposition | None, Exposition | None],
-    ) -> tuple[ReleaseWindows, ReleaseWindows]:
+    def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
         """(canary, stable) windows between two snapshots."""
-        t0, g0, c0, s0 = before
-        t1, g1, c1, s1 = after
-        env = self.ctx.env
-
-        def rw(release_id: str, e0: Exposition | None, e1: Exposition | None) -> ReleaseWindows:
-            edge = build_window(
-                Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
-            )
-            engine = None
-            if e0 is not None and e1 is not None:
-                engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
-            return ReleaseWindows(release_id=release_id, edge=edge, engine=engine)
-
-        return (
-            rw(self.canary.release_id, c0, c1),
-            rw(self.stable_primary.release_id, s0, s1),
+        return pair_windows(
+            self.ctx.env, self.canary.release_id, self.stable_primary.release_id, before, after
         )
 
     # -- the steps

@@ -10,6 +10,8 @@ with the ledger events that record it.
   `canary_aborted` event holding the breaching windows plus a `mark_bad` event, and the
   result's status is `canary_aborted`; too little evidence by a step's `max_duration_s` is a
   `canary_aborted` event without `mark_bad`.
+- a shadow comparison of the release in the environment (`rollout.shadow`) is the
+  "shadow comparison" gate;
 - a canary a dead `promote` left behind (`rollout.state`) is resumed at its step with
   `resume=True` (same release), else recorded as aborted before this promotion starts.
 """
@@ -24,10 +26,11 @@ from releasekit.config import Settings
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
-from releasekit.promote.gates import GateKind
+from releasekit.promote.gates import GateKind, GateResult
 from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promotion
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
+from releasekit.rollout.shadow import shadow_gate
 from releasekit.rollout.state import RolloutState, clear_rollout, read_rollout, write_rollout
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
@@ -286,10 +289,15 @@ def promote_progressive(
         else:
             rec = record_interrupted(settings, left, ledger=led, actor=actor)
             notes.append(f"an interrupted canary was recorded as aborted (event {rec.seq})")
+
+    def gates(release_id: str) -> list[GateResult]:
+        g = shadow_gate(settings, env=env, release_id=release_id)
+        return [g] if g is not None else []
+
     if policy is None or no_canary or dry_run:
         if policy is not None and no_canary:
             notes.append("--no-canary: one switch, no canary steps")
-        res = run_promotion(settings, request, progress=progress, ledger=led)
+        res = run_promotion(settings, request, progress=progress, ledger=led, extra_gates=gates)
         return res.model_copy(update={"warnings": [*res.warnings, *notes]})
     runs: list[CanaryRun] = []
     shift = canary_shift(
@@ -301,7 +309,9 @@ def promote_progressive(
         progress=progress,
         runs=runs,
     )
-    res = run_promotion(settings, request, progress=progress, ledger=led, shift=shift)
+    res = run_promotion(
+        settings, request, progress=progress, ledger=led, shift=shift, extra_gates=gates
+    )
     update: dict[str, Any] = {"warnings": [*res.warnings, *notes]}
     if runs:
         update["canary"] = runs[-1].model_dump(mode="json")

@@ -207,7 +207,8 @@ class CanaryCheck(_Strict):
     )
 
 
-def _default_checks() -> list[CanaryCheck]:
+def default_checks() -> list[CanaryCheck]:
+    """The canary checks a manifest gets when it names none."""
     return [
         CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05),
         CanaryCheck(metric="tpot_p95_s", tolerance=0.5, slack=0.005, required=False),
@@ -239,7 +240,7 @@ class Canary(_Strict):
     the stable release; a breach sends all traffic back to stable at once."""
 
     steps: list[CanaryStep] = Field(min_length=1)
-    checks: list[CanaryCheck] = Field(default_factory=_default_checks)
+    checks: list[CanaryCheck] = Field(default_factory=default_checks)
     interval_s: float = Field(2.0, gt=0, le=60, description="seconds between judgements")
     sustain: int = Field(
         2, ge=1, description="consecutive breaching judgements of a check before aborting"
