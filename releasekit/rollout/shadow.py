@@ -277,7 +277,8 @@ def stop_shadow(
         for s in list(st.servers):
             if s.role == "shadow" and s.release_id == status.release_id:
                 target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
-                st.servers.remove(s)
+                if s in st.servers:  # the target forgets what it stopped
+                    st.servers.remove(s)
         handle.save()
     with contextlib.suppress(FileNotFoundError):
         (_dir(settings) / f"{env}.json").unlink()
