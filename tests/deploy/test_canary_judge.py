@@ -3,10 +3,17 @@ counts as an error, and when a check waits instead of deciding."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import yaml
+
+from releasekit.errors import ManifestError
 from releasekit.rollout.judge import ReleaseWindows, judge_check
-from releasekit.spec.manifest import CanaryCheck
+from releasekit.spec.manifest import CanaryCheck, parse_manifest
 from releasekit.watch.windows import Snapshot, build_window, parse_exposition
 
+REPO = Path(__file__).resolve().parents[2]
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 
@@ -143,3 +150,18 @@ def test_tpot_is_engine_side_and_not_measured_without_engine_figures() -> None:
     can, stb = windows(gw, can_v, stb_v)
     res, _ = judge_check(CanaryCheck(metric="tpot_p95_s"), can, stb)
     assert res.verdict == "breach" and res.source == "vllm"
+
+
+def test_a_manifest_canary_must_rise_and_name_each_metric_once(tmp_path: Path) -> None:
+    """Falling weights, a metric twice, or an unknown metric are refused by field."""
+    data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
+    assert parse_manifest(data, path=tmp_path / "m.yaml").promotion.canary is not None
+    bad = [
+        {"steps": [{"weight": 50}, {"weight": 25}]},
+        {"steps": [{"weight": 5}], "checks": [{"metric": "error_rate"}] * 2},
+        {"steps": [{"weight": 5}], "checks": [{"metric": "ttft_p50_s"}]},
+    ]
+    for canary in bad:
+        with pytest.raises(ManifestError) as e:
+            parse_manifest({**data, "promotion": {"canary": canary}}, path=tmp_path / "m.yaml")
+        assert "promotion.canary" in str(e.value)
