@@ -13,7 +13,9 @@ gateway port of 32900-32999 and vLLM on 32000-32899:
 3. promote the `max-num-seqs: 1` release with canary steps (`--first-weight`% -> 50% ->
    100%, judged every 2 s, checks: TTFT p95 within 1.5x stable + 50 ms, error rate);
    it should breach at its first step and go back to 0%;
-4. promote a healthy release (`max-num-seqs: 16`) the same way: it should reach 100%.
+4. promote a healthy release (`max-num-seqs: 16`, its own vLLM server) the same way, and
+   then a prompt-only change (the stable release's server, edge figures only): controls
+   that should reach 100%.
 
 Measured for the aborted canary: the share of requests it served (the controller's count
 from the gateway, and independently the clients' `x-releasekit-release` headers); the time
@@ -191,6 +193,13 @@ def main() -> int:
                             extra=policy(args.first_weight))  # fmt: skip
         good = write_release(root, "demo-canary-seqs16", max_num_seqs=16,
                              extra=policy(args.first_weight))  # fmt: skip
+        # A prompt-only change: the same serving key, so the same vLLM server as stable.
+        sysp = root / "prompts" / "demo" / "system.txt"
+        (sysp.parent / "system-canary.txt").write_text(sysp.read_text().rstrip() + " Be brief.\n")
+        prompt = write_release(
+            root, "demo-canary-prompt", max_num_seqs=32, extra=policy(args.first_weight),
+            replace={"prompts/demo/system.txt": "prompts/demo/system-canary.txt"},
+        )  # fmt: skip
         log("promoting the stable release (max-num-seqs 32) ...")
         t = time.time()
         res = promote_progressive(settings, str(stable), env=ENV, reason="stable",
@@ -201,7 +210,7 @@ def main() -> int:
         url = res.gateway_url or ""
         load = Load(url, args.concurrency, args.max_tokens).start()
         time.sleep(10)
-        for label, manifest in (("seqs1", bad), ("seqs16", good)):
+        for label, manifest in (("seqs1", bad), ("seqs16", good), ("prompt", prompt)):
             gw = read_state(settings.state_dir, ENV).gateway
             assert gw is not None
             log(f"promoting {manifest.stem} with canary steps under load ...")

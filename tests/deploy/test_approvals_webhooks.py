@@ -120,6 +120,9 @@ def test_promote_without_approval_is_refused_and_no_force_carries_it(akit: Kit) 
     assert [(e.type, e.actor, e.to_release) for e in events] == [
         ("approve", "Pat Promoter <pat@example.com>", rid)
     ]
+    shown = CliRunner().invoke(app, ["history", "--env", "staging"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert "approved by Pat Promoter" in shown.output
 
 
 def test_promote_waits_for_an_approval(akit: Kit) -> None:
