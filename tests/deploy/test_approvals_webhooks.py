@@ -94,8 +94,8 @@ def _with_webhooks(k: Kit, hooks: str) -> None:
 
 def test_promote_without_approval_is_refused_and_no_force_carries_it(akit: Kit) -> None:
     """An environment that requires approval refuses an unapproved release (even forced
-    over policy); after `approve` it takes it, and the promote event and history name the
-    approver."""
+    over policy); a promote that waits goes on once `approve` records one, and the promote
+    event and history name the approver."""
     rid = akit.build("demo-bf16")
     res = promote_progressive(akit.settings, rid, env="staging", reason="try")
     assert res.status == "blocked" and res.report is not None
@@ -107,12 +107,23 @@ def test_promote_without_approval_is_refused_and_no_force_carries_it(akit: Kit) 
     assert forced.status == "blocked"
     with pytest.raises(ApprovalError):
         approve(akit.settings, rid, env="staging", reason=" ")
-    out = CliRunner().invoke(
-        app, ["approve", rid[:12], "--env", "staging", "--reason", "reviewed the report"]
-    )
-    assert out.exit_code == 0, out.output
-    assert "approved" in out.output and "Pat Promoter" in out.output
-    ok = promote_progressive(akit.settings, rid, env="staging", reason="approved")
+
+    def approve_by_cli() -> None:
+        out = CliRunner().invoke(
+            app, ["approve", rid[:12], "--env", "staging", "--reason", "reviewed the report"]
+        )
+        assert out.exit_code == 0, out.output
+        assert "approved" in out.output and "Pat Promoter" in out.output
+
+    # promote waits for the approval (polling the ledger) and goes on once it is recorded
+    t = threading.Timer(1.0, approve_by_cli)
+    t.start()
+    try:
+        ok = promote_progressive(
+            akit.settings, rid, env="staging", reason="approved", approval_wait_s=60
+        )
+    finally:
+        t.join()
     assert ok.status == "promoted", ok.deploy
     assert ok.record is not None
     assert ok.record.evidence["approval"]["by"] == "Pat Promoter <pat@example.com>"
@@ -123,23 +134,6 @@ def test_promote_without_approval_is_refused_and_no_force_carries_it(akit: Kit) 
     shown = CliRunner().invoke(app, ["history", "--env", "staging"], env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
     assert "approved by Pat Promoter" in shown.output
-
-
-def test_promote_waits_for_an_approval(akit: Kit) -> None:
-    """With a wait, promote polls the ledger and goes on once the approval is recorded."""
-    rid = akit.build("demo-bf16")
-    t = threading.Timer(
-        1.0, lambda: approve(akit.settings, rid, env="staging", reason="go", actor="Ana <a@x>")
-    )
-    t.start()
-    try:
-        res = promote_progressive(
-            akit.settings, rid, env="staging", reason="wait", approval_wait_s=60
-        )
-    finally:
-        t.join()
-    assert res.status == "promoted"
-    assert res.record is not None and res.record.evidence["approval"]["by"] == "Ana <a@x>"
 
 
 def test_webhooks_receive_events_and_failures_go_to_the_dead_letter_log(akit: Kit) -> None:

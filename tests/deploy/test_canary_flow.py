@@ -9,21 +9,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
 from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
 
+from releasekit.deploy.gateway import GatewayRequestError, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
 from releasekit.rollout.progressive import RolloutResumeError, promote_progressive
 from releasekit.rollout.state import read_rollout, write_rollout
 from releasekit.stores.ledger import Ledger
 
-__all__ = ["mlflow_template_db"]
+__all__ = ["admin_token", "gateway_factory", "mlflow_template_db", "upstream_factory"]
 
 LEASE_S = 1.5
 
@@ -253,20 +255,19 @@ def test_a_promote_killed_mid_canary_leaves_no_weight_and_resumes(ckit: Kit) -> 
     assert read_rollout(ckit.settings, "staging") is None
 
 
-def test_gateway_lease_reverts_and_renewal_keeps_the_split(ckit: Kit) -> None:
+def test_gateway_lease_reverts_and_renewal_keeps_the_split(
+    upstream_factory: Callable[[str], FakeUpstream],
+    gateway_factory: Callable[..., ThreadedGateway],
+    admin_token: str,
+) -> None:
     """A leased table stays while renewed and reverts to its fallback once not renewed;
     a renewal of a table that is gone answers 409."""
-    from releasekit.deploy.gateway import GatewayRequestError, RouteTable
-
-    old = ckit.build("demo-bf16")
-    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
-    state = read_state(ckit.settings.state_dir, "staging")
-    [stable] = state.routes
-    other = stable.model_copy(update={"release_id": "x" * 12, "weight": 1.0})
-    gw = state.gateway
-    assert gw is not None
-    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
-        table = RouteTable(routes=[stable, other], lease_s=0.6, fallback=[stable])
+    stable_up, canary_up = upstream_factory("stable"), upstream_factory("canary")
+    stable = Route(release_id="s", base_url=stable_up.url)
+    canary = Route(release_id="c", base_url=canary_up.url)
+    gw = gateway_factory(routes=[stable])
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        table = RouteTable(routes=[stable, canary], lease_s=0.6, fallback=[stable])
         gen = c.set_routes(table).generation
         for _ in range(4):
             time.sleep(0.2)
@@ -276,9 +277,10 @@ def test_gateway_lease_reverts_and_renewal_keeps_the_split(ckit: Kit) -> None:
         while len(c.state().routes) == 2 and time.monotonic() < end:
             time.sleep(0.05)
         st = c.state()
-        assert [r.release_id for r in st.routes] == [old] and st.lease_left_s is None
+        assert [r.release_id for r in st.routes] == ["s"] and st.lease_left_s is None
+        assert st.lease_expiries == 1
         with pytest.raises(GatewayRequestError) as e:
             c.renew_lease(gen)
         assert e.value.status == 409
-    r = httpx.get(f"{ckit.gateway('staging')}/metrics", timeout=10)
-    assert 'releasekit_gateway_lease_expiries_total{env="staging"} 1.0' in r.text
+    r = httpx.get(f"{gw.url}/metrics", timeout=10)
+    assert 'releasekit_gateway_lease_expiries_total{env="test"} 1.0' in r.text
