@@ -102,31 +102,18 @@ def _pick(
 ) -> tuple[Figure, Figure, Window | None, str, str]:
     """(canary figure, stable figure, canary window, source, why) for one check."""
     metric = check.metric
-    engines = canary.engine is not None and stable.engine is not None
+    ce, se = canary.engine, stable.engine
     if metric == "tpot_p95_s":
-        if not engines:
+        if ce is None or se is None:
             return Figure(), Figure(), None, "vllm", "no per-release engine metrics"
-        assert canary.engine is not None and stable.engine is not None
-        return (
-            canary.engine.figure(metric),
-            stable.engine.figure(metric),
-            canary.engine,
-            "vllm",
-            "engine-side",
-        )
+        return ce.figure(metric), se.figure(metric), ce, "vllm", "engine-side"
     if metric == "ttft_p95_s":
         bursty = _bursty(canary) or _bursty(stable)
         edge_c, edge_s = canary.edge.figure(metric), stable.edge.figure(metric)
-        if engines and (bursty or not (edge_c.has_data and edge_s.has_data)):
-            assert canary.engine is not None and stable.engine is not None
+        edge_ok = edge_c.has_data and edge_s.has_data
+        if ce is not None and se is not None and (bursty or not edge_ok):
             why = "engine-side: the stream is bursty" if bursty else "engine-side: no edge TTFT"
-            return (
-                canary.engine.figure(metric),
-                stable.engine.figure(metric),
-                canary.engine,
-                "vllm",
-                why,
-            )
+            return ce.figure(metric), se.figure(metric), ce, "vllm", why
         return edge_c, edge_s, canary.edge, "gateway", "edge"
     return canary.edge.figure(metric), stable.edge.figure(metric), canary.edge, "gateway", "edge"
 
