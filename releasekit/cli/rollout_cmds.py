@@ -57,7 +57,7 @@ def print_canary(canary: dict[str, Any]) -> None:
     share = canary.get("canary_served", 0), canary.get("total_served", 0)
     if share[1]:
         out.print(
-            f"  the canary served {share[0]} of {share[1]} requests ({share[0] / share[1]:.1%})"
+            f"  the canary took {share[0]} of {share[1]} requests ({share[0] / share[1]:.1%})"
         )
     if canary.get("decide_to_zero_s") is not None:
         out.print(
