@@ -151,21 +151,31 @@ def write_release(
     ttft_limit: float = 30.0,
     window: float = 10.0,
     sustain: int = 3,
+    extra: str = "",
+    replace: dict[str, str] | None = None,
 ) -> Path:
     """A demo-bf16 variant with its own name, max-num-seqs and watch rules, locked, with
     its lock and manifest copied to results/<id>/ (what promote reads), and registered in
     the project's MLflow store (no build evidence: promote is forced past the gates). Two
-    variants with different max-num-seqs have different serving keys: two vLLM servers."""
+    variants with different max-num-seqs have different serving keys: two vLLM servers.
+    `extra` is appended to the manifest (e.g. a `promotion:` section); `replace` swaps
+    text in it (e.g. another prompt file)."""
     from releasekit.spec.lock import lock
 
     text = (root / "manifests" / "demo-bf16.yaml").read_text()
     text = text.replace("name: demo-bf16", f"name: {name}")
     text = text.replace("max-num-seqs: 32", f"max-num-seqs: {max_num_seqs}")
-    text = text[: text.index("watch:")] + (
-        "watch:\n"
-        f"  - {{metric: ttft_p95_s, max: {ttft_limit:.3f}, window_s: {window:g}, "
-        f"sustain: {sustain}}}\n"
-        f"  - {{metric: error_rate, max: 0.2, window_s: {window:g}, sustain: {sustain}}}\n"
+    for old, new in (replace or {}).items():
+        text = text.replace(old, new)
+    text = (
+        text[: text.index("watch:")]
+        + (
+            "watch:\n"
+            f"  - {{metric: ttft_p95_s, max: {ttft_limit:.3f}, window_s: {window:g}, "
+            f"sustain: {sustain}}}\n"
+            f"  - {{metric: error_rate, max: 0.2, window_s: {window:g}, sustain: {sustain}}}\n"
+        )
+        + extra
     )
     path = root / "manifests" / f"{name}.yaml"
     path.write_text(text)

@@ -64,11 +64,46 @@ class EnvironmentConfig(BaseModel):
     api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
     max_in_flight: int = Field(256, ge=1)
     max_queue_wait_s: float = Field(5.0, ge=0)
+    requires_approval: bool = Field(
+        False, description="a release needs `releasekit approve` for this environment first"
+    )
+    approval_wait_s: float = Field(
+        0.0, ge=0, description="how long promote waits for a missing approval (0: refuse)"
+    )
+    canary_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="a canary weight the promoting process stops renewing reverts to the "
+        "stable release at the gateway after this long",
+    )
+    shadow_max_in_flight: int = Field(
+        4, ge=1, description="mirrored requests in flight at most (more are dropped)"
+    )
 
     @property
     def url(self) -> str:
         """http://host:port of the environment's gateway."""
         return f"http://{self.host}:{self.port}"
+
+
+class WebhookConfig(BaseModel):
+    """One outbound webhook (`[[webhooks]]`): events are POSTed as JSON (or a Slack-compatible
+    `{"text": ...}` body), retried, and written to the dead-letter log when they never land."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^https?://", description="where events are POSTed")
+    format: Literal["json", "slack"] = "json"
+    events: list[str] = Field(
+        default_factory=list,
+        description="event types to send (ledger types: promote, gate_failed, canary_step, "
+        "canary_aborted, rollback, ...); empty: all",
+    )
+    environments: list[str] = Field(default_factory=list, description="empty: all")
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(3, ge=0, le=20)
+    backoff_s: float = Field(0.5, ge=0)
 
 
 class Settings(BaseSettings):
@@ -135,6 +170,12 @@ class Settings(BaseSettings):
     )
     environments: dict[str, EnvironmentConfig] = Field(
         default_factory=dict, description="[environments.NAME]: deploy target and policy"
+    )
+    webhooks: list[WebhookConfig] = Field(
+        default_factory=list, description="[[webhooks]]: outbound event notifications"
+    )
+    links_base_url: str | None = Field(
+        None, description="prefix for links to gate reports in notifications (default: file path)"
     )
 
     @classmethod

@@ -17,6 +17,7 @@ from releasekit.cli import (
     doctor_cmds,
     eval_cmds,
     manifest_cmds,
+    rollout_cmds,
     watch_cmds,
 )
 from releasekit.cli._common import State
@@ -60,6 +61,7 @@ for _group in (
     diagnose_cmds,
     watch_cmds,
     doctor_cmds,
+    rollout_cmds,
 ):
     _group.register(app)
 

@@ -225,6 +225,13 @@ def reconcile_cmd(
         out.print(f"[green]ok[/green] {res.checked} environments agree with the ledger")
 
 
+def _approved(e: LedgerRecord) -> str:
+    approval = e.evidence.get("approval") if isinstance(e.evidence, dict) else None
+    if isinstance(approval, dict) and approval.get("by"):
+        return f" (approved by {_who(str(approval['by']))})"
+    return ""
+
+
 def _events_table(title: str, events: list[LedgerRecord]) -> None:
     table(
         title,
@@ -238,7 +245,7 @@ def _events_table(title: str, events: list[LedgerRecord]) -> None:
                 _short(e.from_release) if e.from_release else "",
                 _short(e.to_release) if e.to_release else "",
                 _who(e.actor),
-                e.reason,
+                e.reason + _approved(e),
             )
             for e in events
         ],

@@ -88,18 +88,31 @@ def promote_cmd(
             "repeat for more than one (needs --reason; recorded as an override)",
         ),
     ] = None,
+    no_canary: Annotated[
+        bool, typer.Option("--no-canary", help="one switch, skipping the manifest's canary steps")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="resume a canary an ended promote left at its step")
+    ] = False,
+    wait_approval: Annotated[
+        float | None,
+        typer.Option("--wait-approval", help="seconds to wait for a missing approval"),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Promote RELEASE to an environment: gates against the live release, then a blue/green
-    deploy through the environment's gateway, then the record (exit 1 if blocked or failed).
+    deploy through the environment's gateway (after the manifest's canary steps, judged live
+    against the stable release), then the record (exit 1 if blocked, aborted or failed).
     `--force KIND` carries a failed gate of that kind only: a performance override never
-    carries a quality failure."""
-    from releasekit.promote.promote import promote
+    carries a quality failure, and nothing carries a missing approval."""
+    from releasekit.cli.rollout_cmds import print_canary
+    from releasekit.rollout.progressive import promote_progressive
 
     with progress_reporter(enabled=not json_) as rep:
-        res = promote(
+        res = promote_progressive(
             State.settings(), release, env=to, reason=reason, dry_run=dry_run,
-            force=[k.value for k in force or []], progress=rep,
+            force=[k.value for k in force or []], progress=rep, no_canary=no_canary,
+            resume=resume, approval_wait_s=wait_approval,
         )  # fmt: skip
     if json_:
         emit_json(res)
@@ -108,6 +121,8 @@ def promote_cmd(
         return
     if res.report is not None:
         _print_gates(res.report, explain=explain)
+    if res.canary is not None:
+        print_canary(res.canary)
     who = f"{res.release_name} {_short(res.release_id)}"
     if res.status == "dry_run":
         verdict = "would pass" if res.ok else "would be BLOCKED"
@@ -125,6 +140,13 @@ def promote_cmd(
         err.print(
             f"  [dim]hint: fix the release; to override, name what you override: "
             f"{esc(kinds or '--force KIND')} --reason TEXT[/dim]"
+        )
+    elif res.status == "canary_aborted" and res.deploy is not None:
+        err.print(
+            f"[red]canary aborted:[/red] {esc(res.deploy.failure)}; all traffic is back on "
+            f"{_short(res.deploy.previous_release_id)}"
+            + (f" (ledger event {res.record.seq})" if res.record else ""),
+            highlight=False,
         )
     elif res.status == "deploy_failed" and res.deploy is not None:
         failed_deploy = res.deploy

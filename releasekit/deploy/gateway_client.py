@@ -119,6 +119,12 @@ class GatewayClient:
         r = self._call("PUT", "/admin/routes", json=table.model_dump(mode="json"))
         return GatewayState.model_validate_json(r.content)
 
+    def renew_lease(self, generation: int) -> GatewayState:
+        """Keep the leased table of `generation` for another lease period; GatewayRequestError
+        (409) when it is no longer in force (it expired and reverted, or was replaced)."""
+        r = self._call("POST", "/admin/lease", json={"generation": generation})
+        return GatewayState.model_validate_json(r.content)
+
     def switch_to(self, route: Route) -> GatewayState:
         """Send all new traffic to one route (blue/green switch)."""
         return self.set_routes([route])

@@ -15,7 +15,8 @@ State file format (`EnvState`, JSON, mode 0600: it holds the gateway's admin tok
      "routes": [<gateway Route>, ...],               # the table last set on the gateway
      "servers": [{"release_id": "...", "serving_key": "...", "base_url": ..., "port": 25123,
                   "pid": 4343, "proc_start": 123456, "model": "demo", "log_path": ...,
-                  "role": "live" | "warm" | "starting", "warm_until": 1733050300.0 | null,
+                  "role": "live" | "warm" | "starting" | "shadow",
+                  "warm_until": 1733050300.0 | null,
                   "started_at": ..., "target": "local"}, ...]}
 """
 
@@ -39,7 +40,7 @@ from releasekit.errors import ReleasekitError
 
 _ENV_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-Role = Literal["live", "warm", "starting"]
+Role = Literal["live", "warm", "starting", "shadow"]
 
 
 class DeployStateError(ReleasekitError):
@@ -101,12 +102,12 @@ class EnvState(BaseModel):
     def server_for(self, release_id: str) -> ServerRecord | None:
         """The server recorded for `release_id` (live or warm first), or None."""
         found = [s for s in self.servers if s.release_id == release_id]
-        found.sort(key=lambda s: {"live": 0, "warm": 1, "starting": 2}[s.role])
+        found.sort(key=lambda s: {"live": 0, "warm": 1, "shadow": 2, "starting": 3}[s.role])
         return found[0] if found else None
 
     def server_serving(self, serving_key: str) -> ServerRecord | None:
-        """A live or warm server already running this serving config, or None."""
-        for role in ("live", "warm"):
+        """A live, warm or shadow server already running this serving config, or None."""
+        for role in ("live", "warm", "shadow"):
             for s in self.servers:
                 if s.serving_key == serving_key and s.role == role:
                     return s

@@ -19,9 +19,11 @@ failure in 6-7 switches the table back to what it was by itself, and records why
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -32,6 +34,7 @@ from releasekit.deploy.local import LocalTarget, check_health
 from releasekit.deploy.smoke import run_smoke
 from releasekit.deploy.state import (
     EnvState,
+    GatewayRecord,
     StateHandle,
     locked_state,
     read_state,
@@ -47,7 +50,7 @@ from releasekit.deploy.target import (
 from releasekit.errors import ConfigError, ReleasekitError
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
-DeployStage = Literal["start", "smoke", "switch", "gateway_smoke", "record"]
+DeployStage = Literal["start", "smoke", "canary", "switch", "gateway_smoke", "record"]
 
 
 class EnvironmentNotConfiguredError(ConfigError):
@@ -99,6 +102,35 @@ class DeployOutcome(BaseModel):
 RecordFn = Callable[[str], Any]
 """Moves the record once traffic is on the new release; gets the gateway URL. Raising
 reverts the switch."""
+
+
+@dataclass(frozen=True)
+class ShiftContext:
+    """What a traffic shift before the switch (canary steps) works with: the environment's
+    gateway, the candidate's route and the routes serving now (stable)."""
+
+    env: str
+    gateway: GatewayRecord
+    canary: Route
+    stable: list[Route]
+    previous_release_id: str | None
+    links: dict[str, str] = field(default_factory=dict)
+
+
+class ShiftResult(BaseModel):
+    """What a shift did. `ok`: the candidate may take all traffic; otherwise traffic is
+    back on `stable` and `event` is the ledger record that says why."""
+
+    ok: bool
+    problem: str | None = None
+    detail: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    event: LedgerRecord | None = None
+
+
+ShiftFn = Callable[[ShiftContext], ShiftResult]
+"""Moves part of the traffic to the candidate before the switch (canary steps), under the
+deploy lock; on a False result the deploy stops the candidate and records the failure."""
 
 
 def env_config(settings: Settings, env: str) -> EnvironmentConfig:
@@ -176,11 +208,15 @@ def deploy_release(
     actor: str | None = None,
     lock_timeout_s: float = 600.0,
     started_at: float | None = None,
+    shift: ShiftFn | None = None,
 ) -> DeployOutcome:
     """Blue/green deploy of `spec` to `env` (see the module docstring). `probe` None skips
     both smoke runs (rollback to a known-good release). `expected_live` is the release the
     caller saw live; ConcurrentChangeError if another command changed it meanwhile.
-    `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from."""
+    `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from.
+    `shift` (canary steps) runs between the smoke and the switch when a release serves the
+    environment already; when it fails, the candidate is drained and stopped, nothing else
+    changes, and the outcome's `failure_event` is the shift's record."""
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -268,8 +304,32 @@ def deploy_release(
                 )
                 return out
 
-        # 5. switch
+        # 5a. canary steps: part of the traffic first, judged live (the shift's own job)
         previous_routes = list(handle.state.routes)
+        if shift is not None and previous_routes and handle.state.gateway is not None:
+            ts = time.monotonic()
+            ctx = ShiftContext(
+                env=env,
+                gateway=handle.state.gateway,
+                canary=up.route(spec),
+                stable=previous_routes,
+                previous_release_id=live_now,
+            )
+            shifted = shift(ctx)
+            step("canary", shifted.ok, ts, shifted.detail or (shifted.problem or "passed"))
+            if not shifted.ok:
+                with contextlib.suppress(GatewayError, DeployError):
+                    target.route(previous_routes)  # the shift put it back; make sure
+                out.reverted = True
+                if not any(r.base_url == up.base_url for r in previous_routes):
+                    target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
+                drop_new()
+                out.failed_stage, out.failure = "canary", shifted.problem or "canary failed"
+                out.failure_event = shifted.event
+                return out
+            out.notes.append(shifted.detail or "canary steps passed")
+
+        # 5. switch
         roles_before = {s.pid: (s.role, s.warm_until) for s in handle.state.servers}
         rec = target.record(up)
         ts = time.monotonic()

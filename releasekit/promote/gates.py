@@ -44,7 +44,7 @@ from releasekit.evaluate.runner import EvalResult, load_result
 from releasekit.promote.context import ReleaseInfo
 from releasekit.stores.results import ReleasePaths
 
-GateKind = Literal["policy", "evidence", "quality", "perf"]
+GateKind = Literal["policy", "evidence", "quality", "perf", "approval", "shadow"]
 
 DEFAULT_TOLERANCES: dict[str, float] = {"ttft_p95_s": 0.25, "goodput": 0.10}
 """Relative tolerances at the knee when the manifest names no gate for the metric."""

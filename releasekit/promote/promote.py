@@ -6,6 +6,8 @@ evidence against the live release, then a blue/green deploy and the record.
 Outcomes (`PromoteResult.status`):
 - `dry_run`: the gate report only; no ledger event, no process, no file;
 - `blocked`: a gate failed; a `gate_failed` event names the failed gates and the report;
+- `canary_aborted`: a canary step breached (or lacked evidence in time): traffic went back
+  to the stable release and a `canary_aborted` event holds the breaching windows;
 - `deploy_failed`: the release did not start or failed its smoke suite (it never got
   traffic), or failed after the switch (traffic went back by itself): a `deploy_failed`
   event says why;
@@ -17,8 +19,10 @@ Outcomes (`PromoteResult.status`):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +32,7 @@ from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
+from releasekit.promote.approvals import approval_for, approval_gate, wait_for_approval
 from releasekit.promote.context import (
     ReleaseContextError,
     ReleaseInfo,
@@ -35,7 +40,14 @@ from releasekit.promote.context import (
     release_spec,
     smoke_probe,
 )
-from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
+from releasekit.promote.deploy import (
+    DeployOutcome,
+    ShiftContext,
+    ShiftFn,
+    ShiftResult,
+    deploy_release,
+    env_config,
+)
 from releasekit.promote.gates import GateKind, GateReport, GateResult, evaluate_gates
 from releasekit.promote.report import write_report
 from releasekit.releases.assign import AssignResult, assign
@@ -44,7 +56,13 @@ from releasekit.releases.resolve import resolve_release
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
 PromoteStatus = Literal[
-    "dry_run", "blocked", "deploy_failed", "promoted", "already_live", "redeployed"
+    "dry_run",
+    "blocked",
+    "deploy_failed",
+    "canary_aborted",
+    "promoted",
+    "already_live",
+    "redeployed",
 ]
 
 
@@ -73,6 +91,9 @@ class PromoteResult(BaseModel):
     prompt_alias: PromptAliasResult | None = None
     warnings: list[str] = Field(default_factory=list)
     gateway_url: str | None = None
+    canary: dict[str, Any] | None = Field(
+        None, description="the canary steps as they ran (releasekit.rollout.canary.CanaryRun)"
+    )
 
     @property
     def ok(self) -> bool:
@@ -238,6 +259,9 @@ class PromoteRequest(BaseModel):
         "failure",
     )
     actor: str | None = None
+    approval_wait_s: float | None = Field(
+        None, ge=0, description="wait this long for a missing approval (default: the env's)"
+    )
 
 
 @dataclass(frozen=True)
@@ -262,6 +286,7 @@ def promote(
     actor: str | None = None,
     progress: Progress | None = None,
     ledger: Ledger | None = None,
+    approval_wait_s: float | None = None,
 ) -> PromoteResult:
     """Promote `release_ref` (anything resolve_release accepts) to `env`; see the module
     docstring for the outcomes. `force` names the kinds of gate an override may carry past
@@ -275,6 +300,7 @@ def promote(
         dry_run=dry_run,
         force=list(dict.fromkeys(force)),
         actor=actor,
+        approval_wait_s=approval_wait_s,
     )
     return run_promotion(settings, request, progress=progress, ledger=ledger)
 
@@ -285,9 +311,12 @@ def run_promotion(
     *,
     progress: Progress | None = None,
     ledger: Ledger | None = None,
+    shift: ShiftFn | None = None,
+    extra_gates: Callable[[str], list[GateResult]] | None = None,
 ) -> PromoteResult:
     """The steps of a promotion: resolve, (serve the record again,) gates, block or deploy,
-    record."""
+    record. `shift` (canary steps, from `releasekit.rollout`) runs before the switch;
+    `extra_gates(release_id)` adds gates from above (the shadow comparison)."""
     say = progress or (lambda label, done, total: None)
     cfg = env_config(settings, request.env)
     if request.force and not request.reason.strip():
@@ -305,6 +334,16 @@ def run_promotion(
 
     say("checking gates", 0, 0)
     report = check_gates(settings, target, ledger=led)
+    if extra_gates is not None:
+        more = extra_gates(rid)
+        if more:
+            report = report.with_gates(more)
+            if not target.cfg.gates_required:
+                report = report.model_copy(
+                    update={"passed": all(g.passed for g in report.gates if g.kind == "policy")}
+                )
+    if target.cfg.requires_approval:
+        report = _with_approval(request, target, report, ledger=led, say=say)
     result = target.base.model_copy(update={"report": report})
     if request.dry_run:
         return result
@@ -316,12 +355,17 @@ def run_promotion(
     failed = blocking_failures(report, target.cfg)
     forced = set(request.force)
     kinds = {g.name: g.kind for g in report.gates}
-    unforced = [name for name in failed if kinds.get(name) not in forced]
+    # An approval is a person's decision: no override stands in for it.
+    unforced = [
+        name for name in failed if kinds.get(name) not in forced or kinds.get(name) == "approval"
+    ]
     if unforced:
         return record_block(request, target, result, report, failed=unforced, ledger=led)
 
     say("deploying", 0, 0)
-    return deploy_and_record(settings, request, target, result, report, failed=failed, ledger=led)
+    return deploy_and_record(
+        settings, request, target, result, report, failed=failed, ledger=led, shift=shift
+    )
 
 
 def resolve_target(
@@ -430,8 +474,39 @@ def _unreadable_live_report(
 
 
 def blocking_failures(report: GateReport, cfg: EnvironmentConfig) -> list[str]:
-    """The failed gates that block: all of them where gates are required, else policy only."""
-    return [g.name for g in report.failed if cfg.gates_required or g.kind == "policy"]
+    """The failed gates that block: all of them where gates are required, else policy and
+    approval only."""
+    return [g.name for g in report.failed if cfg.gates_required or g.kind in ("policy", "approval")]
+
+
+def _with_approval(
+    request: PromoteRequest,
+    target: PromoteTarget,
+    report: GateReport,
+    *,
+    ledger: Ledger,
+    say: Progress,
+) -> GateReport:
+    """The report with the "approved for ENV" gate first, after waiting (not in a dry run)
+    up to the request's or the environment's approval wait for a missing approval."""
+    rid, env = target.info.release_id, request.env
+    wait_s = request.approval_wait_s
+    if wait_s is None:
+        wait_s = target.cfg.approval_wait_s
+    rec = approval_for(ledger, rid, env)
+    waited = 0.0
+    if rec is None and wait_s > 0 and not request.dry_run:
+        say(f"waiting up to {wait_s:g} s for an approval of {target.info.short_id} for {env}", 0, 0)
+        t = time.monotonic()
+        rec = wait_for_approval(ledger, rid, env, wait_s=wait_s)
+        waited = time.monotonic() - t
+    gate = approval_gate(env, rec, waited_s=waited)
+    out = report.with_gates([gate])
+    if not target.cfg.gates_required:
+        out = out.model_copy(
+            update={"passed": all(g.passed for g in out.gates if g.kind in ("policy", "approval"))}
+        )
+    return out
 
 
 def record_block(
@@ -469,14 +544,25 @@ def deploy_and_record(
     *,
     failed: list[str],
     ledger: Ledger,
+    shift: ShiftFn | None = None,
 ) -> PromoteResult:
-    """Blue/green deploy of the candidate; once traffic is on it, move the record (a
-    `promote` event, or `override` listing `failed` when forced over them)."""
+    """Blue/green deploy of the candidate (after `shift`'s canary steps, when given); once
+    traffic is on it, move the record (a `promote` event, or `override` listing `failed`
+    when forced over them)."""
     info, env = target.info, request.env
     spec = release_spec(settings, info, ledger=ledger)
     probe = smoke_probe(target.cfg, info)
     event_type = EventType.OVERRIDE if failed else EventType.PROMOTE
     recorded: dict[str, RecordMove] = {}
+    shifted: dict[str, ShiftResult] = {}
+    keep_shift: ShiftFn | None = None
+    if shift is not None:
+        inner = shift
+
+        def keep_shift(ctx: ShiftContext) -> ShiftResult:
+            links = {"gate_report": result.report_json or "", "report": result.report_html or ""}
+            shifted["result"] = inner(dataclasses.replace(ctx, links=links))
+            return shifted["result"]
 
     def record(url: str) -> None:
         evidence: dict[str, Any] = {
@@ -488,6 +574,12 @@ def deploy_and_record(
         if failed:
             evidence["overrode"] = failed
             evidence["forced_kinds"] = list(request.force)
+        if target.cfg.requires_approval:
+            ok = approval_for(ledger, info.release_id, env)
+            if ok is not None:
+                evidence["approval"] = {"by": ok.actor, "seq": ok.seq, "reason": ok.reason}
+        if "result" in shifted:
+            evidence["canary"] = shifted["result"].evidence
         recorded["move"] = move_record(
             settings,
             info.release_id,
@@ -509,11 +601,15 @@ def deploy_and_record(
         ledger=ledger,
         expected_live=target.live_id,
         actor=request.actor,
+        shift=keep_shift,
     )
     move: RecordMove | None = recorded.get("move")
+    status: PromoteStatus = "promoted"
+    if not outcome.ok:
+        status = "canary_aborted" if outcome.failed_stage == "canary" else "deploy_failed"
     return result.model_copy(
         update={
-            "status": "promoted" if outcome.ok else "deploy_failed",
+            "status": status,
             "overridden": failed,
             "deploy": outcome,
             "record": move.assign.record if move else outcome.failure_event,

@@ -1,8 +1,9 @@
 """The deployment manifest: the versioned schema that binds prompts, weights,
-quantisation, serving, evaluation, load, gates and watch rules."""
+quantisation, serving, evaluation, load, gates, watch rules and the promotion strategy."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -204,6 +205,82 @@ class WatchRule(_Strict):
         return self
 
 
+CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]
+
+
+class CanaryCheck(_Strict):
+    """One figure a canary step compares with the stable release over the same window: it
+    breaches when the canary's value is above `stable x (1 + tolerance) + slack`. Below
+    `min_samples` (requests, or feedback answers) on either side the check waits."""
+
+    metric: CanaryMetric
+    tolerance: float = Field(0.5, ge=0, description="relative to stable's figure")
+    slack: float = Field(0.0, ge=0, description="absolute allowance on top (rates: 0.02)")
+    min_samples: int = Field(20, ge=1)
+    required: bool = Field(
+        True,
+        description="the step waits for this check's samples; False: judged when it has "
+        "them (feedback is often sparse)",
+    )
+
+
+def default_checks() -> list[CanaryCheck]:
+    """The canary checks a manifest gets when it names none."""
+    return [
+        CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05),
+        CanaryCheck(metric="tpot_p95_s", tolerance=0.5, slack=0.005, required=False),
+        CanaryCheck(metric="error_rate", tolerance=0.0, slack=0.02),
+        CanaryCheck(
+            metric="negative_feedback_rate",
+            tolerance=0.5,
+            slack=0.05,
+            min_samples=10,
+            required=False,
+        ),
+    ]
+
+
+class CanaryStep(_Strict):
+    """One step: send `weight` percent of new requests to the canary, for at least
+    `min_duration_s` and `min_requests` canary requests, then judge."""
+
+    weight: float = Field(gt=0, le=100, description="percent of traffic to the canary")
+    min_duration_s: float = Field(30.0, ge=0)
+    min_requests: int = Field(20, ge=0)
+    max_duration_s: float = Field(
+        600.0, gt=0, description="without enough samples by then: abort (insufficient evidence)"
+    )
+
+
+class Canary(_Strict):
+    """Canary steps (promotion.canary): weights that rise to 100, each judged live against
+    the stable release; a breach sends all traffic back to stable at once."""
+
+    steps: list[CanaryStep] = Field(min_length=1)
+    checks: list[CanaryCheck] = Field(default_factory=default_checks)
+    interval_s: float = Field(2.0, gt=0, le=60, description="seconds between judgements")
+    sustain: int = Field(
+        2, ge=1, description="consecutive breaching judgements of a check before aborting"
+    )
+
+    @model_validator(mode="after")
+    def _rising(self) -> Canary:
+        weights = [s.weight for s in self.steps]
+        if any(b <= a for a, b in itertools.pairwise(weights)):
+            raise ValueError(f"canary weights must rise step by step, got {weights}")
+        metrics = [c.metric for c in self.checks]
+        dupes = sorted({m for m in metrics if metrics.count(m) > 1})
+        if dupes:
+            raise ValueError(f"canary checks name a metric twice: {', '.join(dupes)}")
+        return self
+
+
+class Promotion(_Strict):
+    """How a release takes traffic when promoted (not part of the release id, like `watch`)."""
+
+    canary: Canary | None = Field(None, description="canary steps; none: one switch")
+
+
 class Environment(_Strict):
     """Where a release can be promoted to."""
 
@@ -226,6 +303,7 @@ class Manifest(_Strict):
     load: Load
     gates: list[Gate] = Field(default_factory=list)
     watch: list[WatchRule] = Field(default_factory=list)
+    promotion: Promotion = Promotion()
     environments: list[Environment] = Field(
         default_factory=lambda: [
             Environment(name="staging"),

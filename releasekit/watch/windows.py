@@ -53,6 +53,7 @@ GW_FEEDBACK = "releasekit_gateway_feedback_total"  # {env,release,score}
 LATENCY_FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "ttft": (HISTOGRAMS["ttft"], GW_TTFT),
     "itl": (HISTOGRAMS["itl"], None),
+    "tpot": (HISTOGRAMS["tpot"], None),  # engine-side time per output token
     "e2e": (HISTOGRAMS["e2e"], GW_E2E),
     "queue": (HISTOGRAMS["queue"], None),
     "prefill": (HISTOGRAMS["prefill"], None),

@@ -15,10 +15,12 @@ LAYERS: list[set[str]] = [
     {"config"},
     {"_support"},
     {"spec"},
+    {"notify"},
     {"stores", "serving"},
     {"releases", "deploy", "bench", "evaluate"},
     {"promote", "build", "capacity"},
     {"watch"},
+    {"rollout"},
     {"cli", "__main__"},
 ]
 

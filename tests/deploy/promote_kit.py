@@ -42,12 +42,17 @@ from releasekit.stores.results import ReleasePaths
 
 HERE = Path(__file__).resolve().parent
 FAKE_VLLM = HERE / "promote_fake_vllm.py"
-PORT_LOW, PORT_HIGH = 25000, 25999
+# RELEASEKIT_TEST_DEPLOY_PORTS=LOW-HIGH moves the range (two suites on one host).
+PORT_LOW, PORT_HIGH = (
+    int(x) for x in os.environ.get("RELEASEKIT_TEST_DEPLOY_PORTS", "25000-25999").split("-")
+)
 ACTOR = "Pat Promoter <pat@example.com>"
 
 
-def free_port_in_band(low: int = 25900, high: int = 25999) -> int:
+def free_port_in_band(low: int | None = None, high: int | None = None) -> int:
     """A free port from the top of the deploy tests' range (gateways; servers use the rest)."""
+    low = PORT_HIGH - 99 if low is None else low
+    high = PORT_HIGH if high is None else high
     for port in range(low, high + 1):
         with socket.socket() as s:
             try:
@@ -55,7 +60,7 @@ def free_port_in_band(low: int = 25900, high: int = 25999) -> int:
             except OSError:
                 continue
             return port
-    pytest.skip("no free port in 25900-25999")
+    pytest.skip(f"no free port in {low}-{high}")
 
 
 def latency(p95: float) -> LatencySummary:

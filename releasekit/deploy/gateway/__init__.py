@@ -34,6 +34,9 @@ Endpoints (one port)
   - `GET  /admin/state`    `GatewayState`: routes, in-flight and served counts per release.
   - `PUT  /admin/routes`   body `RouteTable`; swaps the table atomically, answers the new
                            `GatewayState`; 422 lists each `field: problem`.
+  - `POST /admin/lease`    body `LeaseRenewal`; renews a leased table (`RouteTable.lease_s`):
+                           without a renewal in time the gateway swaps in the table's
+                           `fallback` by itself; 409 once that table is gone.
   - `POST /admin/drain`    body `DrainRequest`; waits (up to `timeout_s`) until the release
                            has no request in flight, answers `DrainResult`; 409 if the release
                            still carries traffic (switch first).
@@ -47,6 +50,11 @@ for 0 (`GatewayClient.wait_drained`) before stopping that server. Weights split 
 with smooth weighted round-robin: deterministic, and exact over any run of
 `sum(weights)` requests for integer weights (a 9:1 canary sends 1 of every 10). Weight 0
 keeps a route in the table (its templates listed) without traffic.
+
+Shadow traffic: a table's `mirror` copies exactly `share` of admitted requests to a
+candidate that is not routed (`mirror`); its answers are discarded, copies take no rate-limit
+token and no in-flight slot, and past `max_in_flight` copies are dropped. The candidate's
+figures are counted in the per-release families under its own release id.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
 (401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
@@ -129,6 +137,8 @@ Metrics (own CollectorRegistry; `env` is the gateway's environment)
   route's share of traffic, e.g. "0.9"); `releasekit_gateway_route_weight{env,release}` the
   same share as a value; `releasekit_gateway_routes_generation{env}` the table version;
   `releasekit_gateway_route_switches_total{env}` table swaps.
+- `releasekit_gateway_lease_expiries_total{env}` leased tables that reverted by themselves;
+  `releasekit_gateway_mirrored_total{env,release,outcome}` shadow copies `sent`/`dropped`.
 
 Modules
 -------
@@ -140,6 +150,10 @@ Modules
 - `metrics`    the gateway's own Prometheus metrics
 - `responses`  OpenAI-style error and JSON answers
 - `relay`      one pinned request and the response that streams the upstream's answer
+- `lease`      leased tables that revert to their fallback
+- `mirror`     shadow copies to a candidate
+- `admin`      the admin API
+- `feedback`   response ids and `POST /v1/feedback`
 - `app`        the `Gateway`: state, admission, the ASGI app
 - `server`     socket, uvicorn, ready file, `ThreadedGateway`, the process entry point
 
@@ -155,6 +169,8 @@ from releasekit.deploy.gateway.config import (
     GatewayConfig,
     GatewayEndpoint,
     GatewayState,
+    LeaseRenewal,
+    Mirror,
     PromptTemplate,
     RateLimit,
     Route,
@@ -199,6 +215,8 @@ __all__ = [
     "GatewayStartError",
     "GatewayState",
     "GatewayUnreachableError",
+    "LeaseRenewal",
+    "Mirror",
     "PromptTemplate",
     "PromptTemplateError",
     "RateLimit",

@@ -1,4 +1,5 @@
-"""The gateway's state and its ASGI app: admission, routing, the admin API, feedback."""
+"""The gateway's state and its ASGI app: admission, routing, leases and mirroring; the admin
+API is `admin`, feedback `feedback`."""
 
 from __future__ import annotations
 
@@ -10,32 +11,30 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client import generate_latest as _generate_latest
-from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route as _StarletteRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from releasekit.deploy.gateway.admin import AdminAPI, bearer_token
 from releasekit.deploy.gateway.config import (
-    DrainRequest,
     DrainResult,
-    Feedback,
     GatewayConfig,
     GatewayState,
     Route,
     RouteState,
     RouteTable,
-    validation_problems,
 )
 from releasekit.deploy.gateway.errors import GatewayRequestError, PromptTemplateError
+from releasekit.deploy.gateway.feedback import FeedbackBook
+from releasekit.deploy.gateway.lease import Lease
 from releasekit.deploy.gateway.limits import (
     JsonBodyError,
     TokenBuckets,
@@ -45,6 +44,7 @@ from releasekit.deploy.gateway.limits import (
     read_body,
 )
 from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
+from releasekit.deploy.gateway.mirror import Mirroring
 from releasekit.deploy.gateway.relay import (
     DROP_REQUEST,
     RELEASE_HEADER,
@@ -58,33 +58,6 @@ from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES, Table
 from releasekit.deploy.gateway.templates import templated_body
 
 log = logging.getLogger("releasekit.gateway")
-
-
-_Body = TypeVar("_Body", bound=BaseModel)
-
-
-async def admin_body(
-    request: Request, model: type[_Body], *, what: str, code: str
-) -> _Body | Response:
-    """An admin request's JSON body as `model`, or the 422 answer listing every problem."""
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        problems = validation_problems(exc)
-        return error_response(
-            422,
-            f"invalid {what}: " + "; ".join(problems),
-            type_="invalid_request_error",
-            code=code,
-            extra={"problems": problems},
-        )
-
-
-def bearer_token(request: Request) -> bytes | None:
-    h = request.headers.get("authorization")
-    if h is None or len(h) < 8 or h[:7].lower() != "bearer ":
-        return None
-    return h[7:].strip().encode()
 
 
 class Gateway:
@@ -113,9 +86,13 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._buckets = TokenBuckets(config.rate_limit) if config.rate_limit else None
         self._auth_failures = TokenBuckets(config.auth_failure_limit)
-        self._responses: OrderedDict[str, list[Any]] = OrderedDict()
+        self.feedback = FeedbackBook(self, config.feedback_capacity)
+        self.admin = AdminAPI(self, config.admin_token)
+        self._lease: Lease | None = None
+        self._lease_expiries = 0
+        self._lease_task: asyncio.Task[None] | None = None
+        self._mirror: Mirroring | None = None
         self._api_keys = [k.encode() for k in config.api_keys]
-        self._admin_token = config.admin_token.encode()
         c = config.upstream_connect_timeout_s
         first = min(config.upstream_first_byte_timeout_s, config.request_timeout_s)
         # sock_read bounds every wait for upstream bytes: the response headers first, then
@@ -130,13 +107,57 @@ class Gateway:
 
     # -- routing table
 
+    @property
+    def metrics(self) -> Metrics:
+        """The gateway's metric families."""
+        return self._metrics
+
     def set_routes(self, table: RouteTable) -> GatewayState:
-        """Swap the routing table (one reference assignment); answers the new state."""
+        """Swap the routing table (one reference assignment); answers the new state. A
+        leased table (`lease_s`) reverts to its fallback unless renewed; the table's
+        `mirror` replaces the one in force (copies in flight finish)."""
         new = Table(self._table.generation + 1, table.routes)
         self._table = new
+        self._lease = (
+            Lease(new.generation, table.lease_s, table.fallback)
+            if table.lease_s is not None
+            else None
+        )
+        if table.mirror is None:
+            self._mirror = None
+        elif self._mirror is None or self._mirror.mirror != table.mirror:
+            self._mirror = Mirroring(table.mirror, self._metrics, self.config.request_timeout_s)
         self._metrics.set_routes(new)
         self._metrics.switches.inc()
         return self.state()
+
+    def renew_lease(self, generation: int) -> bool:
+        """Extend the leased table of `generation`; False when it is not in force."""
+        self.check_lease()
+        lease = self._lease
+        return lease is not None and lease.renew(generation)
+
+    def check_lease(self) -> None:
+        """Revert an expired leased table to its fallback (keeping the mirror)."""
+        lease = self._lease
+        if lease is None or not lease.expired():
+            return
+        mirror = self._mirror.mirror if self._mirror is not None else None
+        log.warning(
+            "leased route table %d not renewed within %g s: back to %s",
+            lease.generation,
+            lease.lease_s,
+            ", ".join(r.release_id[:12] for r in lease.fallback),
+        )
+        self._lease_expiries += 1
+        self._metrics.lease_expiries.inc()
+        self.set_routes(RouteTable(routes=list(lease.fallback), mirror=mirror))
+
+    async def _watch_lease(self) -> None:
+        while True:
+            lease = self._lease
+            await asyncio.sleep(min(0.1, lease.left() if lease else 0.1) or 0.01)
+            self.check_lease()
 
     def state(self) -> GatewayState:
         """Routes, in-flight and served counts now."""
@@ -163,6 +184,13 @@ class Gateway:
             max_in_flight=self.config.max_in_flight,
             pid=os.getpid(),
             started_at=self.started_at,
+            lease_left_s=self._lease.left() if self._lease else None,
+            fallback=[r.release_id for r in self._lease.fallback] if self._lease else [],
+            lease_expiries=self._lease_expiries,
+            mirror=self._mirror.route.release_id if self._mirror else None,
+            mirror_share=self._mirror.mirror.share if self._mirror else 0.0,
+            mirrored=self._mirror.sent if self._mirror else 0,
+            mirror_dropped=self._mirror.dropped if self._mirror else 0,
         )
 
     async def drain(self, release_id: str, timeout_s: float) -> DrainResult:
@@ -205,12 +233,6 @@ class Gateway:
             if ev is not None:
                 ev.set()
 
-    def _remember(self, response_id: str, release_id: str, client: str) -> None:
-        r = self._responses
-        r[response_id] = [release_id, False, client]
-        if len(r) > self.config.feedback_capacity:
-            r.popitem(last=False)
-
     # -- lifecycle
 
     async def startup(self) -> None:
@@ -229,9 +251,15 @@ class Gateway:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             trust_env=False,
         )
+        self._lease_task = asyncio.ensure_future(self._watch_lease())
 
     async def shutdown(self) -> None:
-        """Close the upstream connection pool."""
+        """Stop the lease watch and shadow copies; close the upstream connection pool."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
+        if self._mirror is not None:
+            self._mirror.cancel_all()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -286,10 +314,11 @@ class Gateway:
         routes = [
             _StarletteRoute("/health", self._health, methods=["GET", "HEAD"]),
             _StarletteRoute("/metrics", self._metrics_text, methods=["GET"]),
-            _StarletteRoute("/admin/state", self._admin_state, methods=["GET"]),
-            _StarletteRoute("/admin/routes", self._admin_routes, methods=["PUT"]),
-            _StarletteRoute("/admin/drain", self._admin_drain, methods=["POST"]),
-            _StarletteRoute("/v1/feedback", self._feedback, methods=["POST"]),
+            _StarletteRoute("/admin/state", self.admin.state, methods=["GET"]),
+            _StarletteRoute("/admin/routes", self.admin.routes, methods=["PUT"]),
+            _StarletteRoute("/admin/lease", self.admin.lease, methods=["POST"]),
+            _StarletteRoute("/admin/drain", self.admin.drain, methods=["POST"]),
+            _StarletteRoute("/v1/feedback", self.feedback.endpoint, methods=["POST"]),
             _StarletteRoute(
                 "/v1/templates/{prompt}/chat/completions", self._templated, methods=["POST"]
             ),
@@ -307,49 +336,9 @@ class Gateway:
     async def _metrics_text(self, request: Request) -> Response:
         return Response(_generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    # -- admin
-
-    def _admin_denied(self, request: Request) -> Response | None:
-        token = bearer_token(request)
-        if token is not None and hmac.compare_digest(token, self._admin_token):
-            return None
-        return error_response(
-            401,
-            "admin token missing or wrong",
-            type_="invalid_request_error",
-            code="invalid_admin_token",
-            headers={"www-authenticate": "Bearer"},
-        )
-
-    async def _admin_state(self, request: Request) -> Response:
-        return self._admin_denied(request) or json_response(self.state())
-
-    async def _admin_routes(self, request: Request) -> Response:
-        denied = self._admin_denied(request)
-        if denied:
-            return denied
-        table = await admin_body(request, RouteTable, what="route table", code="invalid_routes")
-        if isinstance(table, Response):
-            return table
-        return json_response(self.set_routes(table))
-
-    async def _admin_drain(self, request: Request) -> Response:
-        denied = self._admin_denied(request)
-        if denied:
-            return denied
-        req = await admin_body(request, DrainRequest, what="drain request", code="invalid_drain")
-        if isinstance(req, Response):
-            return req
-        try:
-            return json_response(await self.drain(req.release_id, req.timeout_s))
-        except GatewayRequestError as exc:
-            return error_response(
-                exc.status, exc.message, type_="invalid_request_error", code="routed"
-            )
-
     # -- client endpoints
 
-    def _client_denied(self, request: Request) -> tuple[Response | None, str]:
+    def client_denied(self, request: Request) -> tuple[Response | None, str]:
         """Auth, then the per-key token bucket: (None, client) when the request may proceed,
         else (the answer, client). `client` names the caller without holding its key: a
         digest of the key, or the client's address when the gateway has no keys."""
@@ -396,7 +385,8 @@ class Gateway:
             headers={"retry-after": str(max(1, math.ceil(wait)))},
         )
 
-    async def _body(self, request: Request) -> bytes | Response:
+    async def read_body(self, request: Request) -> bytes | Response:
+        """The request body (counted as it streams), or the 413 answer past the limit."""
         limit = self.config.max_request_bytes
         body = await read_body(request, limit)
         if body is not None:
@@ -483,14 +473,14 @@ class Gateway:
         """The checks every inference request passes before it is forwarded: the client's
         key and rate, (for plain routes) the path allowlist, the body's size and its JSON.
         A Response when one refuses it, else (client, body, payload)."""
-        denied, client = self._client_denied(request)
+        denied, client = self.client_denied(request)
         if denied:
             return denied
         if check_path:
             refused = self._refuse_path(request)
             if refused:
                 return refused
-        body = await self._body(request)
+        body = await self.read_body(request)
         if isinstance(body, Response):
             return body
         payload = self._json(body)
@@ -563,6 +553,7 @@ class Gateway:
         busy = await self._admit()
         if busy is not None:
             return busy
+        self.check_lease()
         # Pin and count in the same step (no await in between): a drain that sees 0 in
         # flight for a release no longer routed can trust it stays 0.
         route = self._table.pick()
@@ -579,6 +570,19 @@ class Gateway:
         stream = isinstance(payload, dict) and payload.get("stream") is True
         flight = Flight(self, route, route_label, t0, client=client, stream=stream)
         self._pin(route.release_id, flight.m)
+        mirror = self._mirror
+        if mirror is not None and self._session is not None and mirror.take():
+            mirror.copy(
+                self._session,
+                method=request.method,
+                path=path,
+                query=request.scope["query_string"],
+                headers=self._upstream_headers(request, mirror.route),
+                body=body,
+                payload=payload,
+                prompt=prompt,
+                route_label=route_label,
+            )
         # From here on every path ends the flight (and so frees its slot) exactly once.
         try:
             return await self._upstream(request, flight, path=path, body=body,
@@ -701,56 +705,4 @@ class Gateway:
             watcher=watcher,
             flag=flag,
             idle_s=self._idle_s,
-        )
-
-    async def _feedback(self, request: Request) -> Response:
-        denied, client = self._client_denied(request)
-        if denied:
-            return denied
-        body = await self._body(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            fb = Feedback.model_validate_json(body)
-        except ValidationError as exc:
-            return error_response(
-                400,
-                "invalid feedback: " + "; ".join(validation_problems(exc)),
-                type_="invalid_request_error",
-                code="bad_feedback",
-            )
-        if isinstance(fb.score, str):
-            score = 1.0 if fb.score == "up" else -1.0
-        else:
-            score = float(fb.score)
-        if not -1.0 <= score <= 1.0:
-            return error_response(
-                400,
-                f"invalid feedback: score {score:g} is outside [-1, 1]",
-                type_="invalid_request_error",
-                code="bad_feedback",
-            )
-        seen = self._responses.get(fb.response_id)
-        # Another client's response answers exactly like an unknown one: ids are not a
-        # way to learn what others asked, nor to vote on their answers.
-        if seen is None or not hmac.compare_digest(seen[2], client):
-            return error_response(
-                404,
-                f"unknown response id {fb.response_id!r} (or too old)",
-                type_="invalid_request_error",
-                code="unknown_response",
-            )
-        release_id, already, _ = seen
-        label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
-        if not already:
-            seen[1] = True
-            self._metrics.feedback.labels(self.config.env, release_id, label).inc()
-        return json_response(
-            {
-                "response_id": fb.response_id,
-                "release_id": release_id,
-                "score": score,
-                "label": label,
-                "counted": not already,
-            }
         )

@@ -68,24 +68,61 @@ class Route(BaseModel):
         return v
 
 
+class Mirror(BaseModel):
+    """Shadow traffic: a copy of `share` of the admitted requests goes to `route` (a
+    candidate that takes no traffic); its answers are discarded, it takes no rate-limit
+    token and no in-flight slot, and at most `max_in_flight` copies run at once (more are
+    dropped, never queued)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    route: Route
+    share: float = Field(gt=0, le=1, allow_inf_nan=False)
+    max_in_flight: int = Field(4, ge=1, le=10_000)
+
+
 class RouteTable(BaseModel):
     """The whole routing table (`PUT /admin/routes`): release ids unique, and at least one
-    route with weight > 0 unless the table is empty."""
+    route with weight > 0 unless the table is empty.
+
+    With `lease_s`, the table is leased: unless `POST /admin/lease` renews it within
+    `lease_s`, the gateway swaps in `fallback` by itself (a canary whose controller died
+    never keeps its weight). `mirror` copies a share of requests to a shadow candidate."""
 
     model_config = ConfigDict(extra="forbid")
 
     routes: list[Route] = Field(default_factory=list)
+    lease_s: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
+    fallback: list[Route] = Field(default_factory=list)
+    mirror: Mirror | None = None
 
     @model_validator(mode="after")
     def _check(self) -> RouteTable:
-        seen: set[str] = set()
-        for r in self.routes:
-            if r.release_id in seen:
-                raise ValueError(f"release {r.release_id!r} appears twice")
-            seen.add(r.release_id)
-        if self.routes and not any(r.weight > 0 for r in self.routes):
-            raise ValueError("at least one route needs weight > 0")
+        for what, routes in (("routes", self.routes), ("fallback", self.fallback)):
+            seen: set[str] = set()
+            for r in routes:
+                if r.release_id in seen:
+                    raise ValueError(f"release {r.release_id!r} appears twice in {what}")
+                seen.add(r.release_id)
+            if routes and not any(r.weight > 0 for r in routes):
+                raise ValueError(f"at least one route of {what} needs weight > 0")
+        if self.lease_s is not None and not self.fallback:
+            raise ValueError("a leased table needs a fallback to revert to")
+        if self.fallback and self.lease_s is None:
+            raise ValueError("a fallback needs lease_s (when to revert to it)")
+        if self.mirror is not None and any(
+            r.release_id == self.mirror.route.release_id for r in self.routes
+        ):
+            raise ValueError("the mirrored release must not also be routed")
         return self
+
+
+class LeaseRenewal(BaseModel):
+    """`POST /admin/lease`: keep the leased table of `generation` for another `lease_s`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = Field(ge=0)
 
 
 class RateLimit(BaseModel):
@@ -168,6 +205,15 @@ class GatewayState(BaseModel):
     max_in_flight: int
     pid: int
     started_at: float = Field(description="unix time the gateway started")
+    lease_left_s: float | None = Field(
+        None, description="seconds before a leased table reverts to its fallback"
+    )
+    fallback: list[str] = Field(default_factory=list, description="releases of the fallback")
+    lease_expiries: int = Field(0, description="leased tables that reverted by themselves")
+    mirror: str | None = Field(None, description="release receiving shadow copies")
+    mirror_share: float = 0.0
+    mirrored: int = Field(0, description="shadow copies sent")
+    mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
 
 
 class DrainRequest(BaseModel):

@@ -86,6 +86,12 @@ class Metrics:
                                 registry=registry).labels(env)  # fmt: skip
         self.switches = Counter(p + "route_switches", "Route-table swaps", ["env"],
                                 registry=registry).labels(env)  # fmt: skip
+        self.mirrored = Counter(p + "mirrored", "Shadow copies sent or dropped",
+                                ["env", "release", "outcome"], registry=registry)  # fmt: skip
+        self.lease_expiries = Counter(
+            p + "lease_expiries", "Leased tables that reverted to their fallback", ["env"],
+            registry=registry,
+        ).labels(env)  # fmt: skip
         self._rel: dict[str, ReleaseMetrics] = {}
         self._req: dict[tuple[str, str, int | str], Any] = {}
         self._rej: dict[str, Any] = {}

@@ -188,7 +188,7 @@ class Relay(Response):
                             need_id = False
                             found = ID_RE.search(chunk)
                             if found:
-                                flight.gw._remember(
+                                flight.gw.feedback.remember(
                                     found.group(1).decode(), flight.route.release_id, flight.client
                                 )
                         chunks += 1

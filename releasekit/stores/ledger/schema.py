@@ -36,6 +36,10 @@ class EventType(StrEnum):
     MARK_BAD = "mark_bad"  # a release was rolled back from: refused by promote unless forced
     DOWN = "down"  # an environment's gateway and servers were stopped
     REPAIR = "repair"  # an MLflow alias put back in line with the ledger (not live)
+    CANARY_STEP = "canary_step"  # a canary step passed its judgement (not live)
+    CANARY_ABORTED = "canary_aborted"  # a canary went back to 0% (breach, no evidence, crash)
+    APPROVE = "approve"  # someone approved a release for an environment (not live)
+    SHADOW = "shadow"  # mirroring to a candidate started or stopped (not live)
 
 
 class Event(BaseModel):

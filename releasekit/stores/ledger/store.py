@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from releasekit.errors import (
     NotAProjectError,
     SigningRequiredError,
 )
+from releasekit.notify import notifier_for
 from releasekit.stores import anchor as anchors
 from releasekit.stores import locks
 from releasekit.stores.ledger.chain import LedgerVerification
@@ -64,6 +66,8 @@ from releasekit.stores.signing import (
     generate_keypair,
     trusted_keys,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -113,6 +117,8 @@ class Ledger(LedgerQueries, LedgerVerification):
         self.anchor_repo = anchor_repo
         self.anchor_ref = anchor_ref
         self.trusted = trusted
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        """Called with each committed record (as JSON-able data), e.g. webhooks."""
         self.require_signed = bool(trusted) if require_signed is None else require_signed
         self.trusted_from: str | None = None
         """Where `trusted` was read (a git revision), for verify's report."""
@@ -322,6 +328,7 @@ class Ledger(LedgerQueries, LedgerVerification):
                     recs = self._append_locked(conn, events)
                 # Committed: now (outside the transaction) move the git anchor forward.
                 self._anchor_after_append(recs[-1])
+                self._tell_listeners(recs)
                 return recs
             except (IntegrityError, _Contention) as exc:
                 last_exc = exc
@@ -341,6 +348,17 @@ class Ledger(LedgerQueries, LedgerVerification):
             f"cannot append to ledger {redact_url(self.url)}: another writer kept it busy "
             f"({last_exc})"
         ) from last_exc
+
+    def _tell_listeners(self, recs: Sequence[LedgerRecord]) -> None:
+        """Hand each committed record to the listeners (notifications); a listener's
+        failure is logged and never undoes or blocks the append."""
+        for rec in recs:
+            data = rec.model_dump(mode="json")
+            for listener in self.listeners:
+                try:
+                    listener(data)
+                except Exception:
+                    log.exception("ledger listener failed on record %s", rec.seq)
 
     def _refuse_unsigned(self, conn: Connection, head_seq: int | None) -> None:
         """Raise SigningRequiredError when this ledger must not take an unsigned record: the
@@ -532,6 +550,10 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
         if anchors.git_dir(settings.root) is not None
         else "keys/ in the working tree (not a git repository)"
     )
+    if not read_only:
+        notifier = notifier_for(settings)
+        if notifier is not None:
+            led.listeners.append(notifier.on_record)
     return led
 
 

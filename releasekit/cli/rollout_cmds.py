@@ -1,0 +1,163 @@
+"""CLI: approvals (`approve`), shadow traffic (`shadow start|compare|stop`), and the
+rendering of canary steps that `promote` prints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
+
+shadow_app = typer.Typer(
+    help="Mirror a share of an environment's requests to a candidate (answers discarded).",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("approve")(approve_cmd)
+    app.add_typer(shadow_app, name="shadow")
+
+
+def _short(rid: str | None) -> str:
+    return rid[:12] if rid else "-"
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def print_canary(canary: dict[str, Any]) -> None:
+    """The canary steps as they ran: one row a step, then the breach, if any."""
+    rows = []
+    for s in canary.get("steps", []):
+        j = s.get("judgement") or {}
+        checks = "; ".join(
+            f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
+            for c in j.get("checks", [])
+            if c.get("verdict") != "not_measured"
+        )
+        rows.append(
+            [
+                str(s["index"] + 1),
+                f"{s['weight']:g}%",
+                s["status"],
+                f"{s['ended_at'] - s['started_at']:.1f}",
+                f"{s.get('canary_requests', 0):g}/{s.get('stable_requests', 0):g}",
+                checks or "-",
+            ]
+        )
+    table(
+        f"canary: {_short(canary.get('release_id'))} -> {canary.get('outcome')}",
+        ["step", "weight", "status", "s", "requests canary/stable", "canary vs stable"],
+        rows,
+    )
+    share = canary.get("canary_served", 0), canary.get("total_served", 0)
+    if share[1]:
+        out.print(
+            f"  the canary took {share[0]} of {share[1]} requests ({share[0] / share[1]:.1%})"
+        )
+    if canary.get("decide_to_zero_s") is not None:
+        out.print(
+            f"  breach -> 0% canary in {canary['decide_to_zero_s'] * 1000:.0f} ms after the "
+            f"decision ({canary['window_to_zero_s']:.2f} s after the breaching window closed)"
+        )
+
+
+@handle_errors
+def approve_cmd(
+    release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
+    env: Annotated[str, typer.Option("--env", help="environment the approval is for")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why it may go (recorded)")],
+    json_: JsonOpt = False,
+) -> None:
+    """Approve RELEASE for an environment (an `approve` ledger event naming you); an
+    environment with `requires_approval` takes no release without one."""
+    from releasekit.promote.approvals import approve
+
+    res = approve(State.settings(), release, env=env, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    note = "" if res.required else f" ({env} does not require approvals)"
+    out.print(
+        f"approved {_short(res.release_id)} for {esc(env)} by {esc(res.approver)} "
+        f"(ledger event {res.record.seq}){esc(note)}",
+        highlight=False,
+    )
+
+
+@shadow_app.command("start")
+@handle_errors
+def shadow_start_cmd(
+    release: Annotated[str, typer.Argument(help="the candidate: release id, name@version, ...")],
+    env: Annotated[str, typer.Option("--env", help="environment whose traffic is mirrored")],
+    share: Annotated[float, typer.Option("--share", help="fraction of requests copied")] = 0.1,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    json_: JsonOpt = False,
+) -> None:
+    """Start RELEASE's server beside ENV's and mirror a share of ENV's requests to it: its
+    answers are discarded and the copies never count against clients' rate limits."""
+    from releasekit.rollout.shadow import start_shadow
+
+    res = start_shadow(State.settings(), release, env=env, share=share, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    how = "reused a running server" if res.reused_server else f"server at {res.base_url}"
+    out.print(
+        f"mirroring {res.share:.0%} of {esc(env)}'s requests to {_short(res.release_id)} "
+        f"({esc(how)}); compare with `releasekit shadow compare --env {esc(env)}`",
+        highlight=False,
+    )
+
+
+@shadow_app.command("compare")
+@handle_errors
+def shadow_compare_cmd(
+    env: Annotated[str, typer.Option("--env", help="environment being mirrored")],
+    window: Annotated[float, typer.Option("--window", help="seconds to measure")] = 30.0,
+    json_: JsonOpt = False,
+) -> None:
+    """Judge the shadow candidate's live figures against stable's over the next --window
+    seconds (the candidate's canary checks); promote reads the result as a gate."""
+    from releasekit.rollout.shadow import compare_shadow
+
+    res = compare_shadow(State.settings(), env=env, window_s=window)
+    if json_:
+        emit_json(res)
+    else:
+        rows = [
+            [c.metric, _fmt(c.canary), _fmt(c.stable), _fmt(c.limit), c.source or "-", c.verdict]
+            for c in res.judgement.checks
+        ]
+        table(
+            f"shadow {_short(res.release_id)} vs stable {_short(res.stable_release_id)} "
+            f"over {res.window_s:g} s ({res.judgement.canary_requests:g} mirrored / "
+            f"{res.judgement.stable_requests:g} live requests): {res.verdict}",
+            ["metric", "candidate", "stable", "limit", "source", "verdict"],
+            rows,
+        )
+        if res.dropped:
+            out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
+    if res.verdict == "breach":
+        raise typer.Exit(1)
+
+
+@shadow_app.command("stop")
+@handle_errors
+def shadow_stop_cmd(
+    env: Annotated[str, typer.Option("--env", help="environment being mirrored")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    json_: JsonOpt = False,
+) -> None:
+    """Stop mirroring and the candidate's shadow server (its last comparison is kept)."""
+    from releasekit.rollout.shadow import stop_shadow
+
+    res = stop_shadow(State.settings(), env=env, reason=reason)
+    if json_:
+        emit_json(res)
+        return
+    out.print(f"{esc(env)}: no longer mirrored to {_short(res.release_id)}")

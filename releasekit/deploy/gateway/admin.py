@@ -1,0 +1,117 @@
+"""The gateway's admin API (`/admin/*`): state, the route table (with its lease), drain."""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from releasekit.deploy.gateway.config import (
+    DrainRequest,
+    LeaseRenewal,
+    RouteTable,
+    validation_problems,
+)
+from releasekit.deploy.gateway.errors import GatewayRequestError
+from releasekit.deploy.gateway.responses import error_response, json_response
+
+if TYPE_CHECKING:
+    from releasekit.deploy.gateway.app import Gateway
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def admin_body(
+    request: Request, model: type[_Body], *, what: str, code: str
+) -> _Body | Response:
+    """An admin request's JSON body as `model`, or the 422 answer listing every problem."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problems = validation_problems(exc)
+        return error_response(
+            422,
+            f"invalid {what}: " + "; ".join(problems),
+            type_="invalid_request_error",
+            code=code,
+            extra={"problems": problems},
+        )
+
+
+def bearer_token(request: Request) -> bytes | None:
+    """The token of an `Authorization: Bearer ...` header, or None."""
+    h = request.headers.get("authorization")
+    if h is None or len(h) < 8 or h[:7].lower() != "bearer ":
+        return None
+    return h[7:].strip().encode()
+
+
+class AdminAPI:
+    """The admin endpoints of one gateway, guarded by its admin token (never a client key)."""
+
+    def __init__(self, gateway: Gateway, admin_token: str) -> None:
+        self.gw = gateway
+        self._token = admin_token.encode()
+
+    def denied(self, request: Request) -> Response | None:
+        """None when the request carries the admin token, else the 401 answer."""
+        token = bearer_token(request)
+        if token is not None and hmac.compare_digest(token, self._token):
+            return None
+        return error_response(
+            401,
+            "admin token missing or wrong",
+            type_="invalid_request_error",
+            code="invalid_admin_token",
+            headers={"www-authenticate": "Bearer"},
+        )
+
+    async def state(self, request: Request) -> Response:
+        """GET /admin/state."""
+        return self.denied(request) or json_response(self.gw.state())
+
+    async def routes(self, request: Request) -> Response:
+        """PUT /admin/routes: swap the table (a leased one reverts unless renewed)."""
+        denied = self.denied(request)
+        if denied:
+            return denied
+        table = await admin_body(request, RouteTable, what="route table", code="invalid_routes")
+        if isinstance(table, Response):
+            return table
+        return json_response(self.gw.set_routes(table))
+
+    async def lease(self, request: Request) -> Response:
+        """POST /admin/lease: renew the leased table of `generation`; 409 when that table
+        is no longer the gateway's (it expired and reverted, or another table replaced it)."""
+        denied = self.denied(request)
+        if denied:
+            return denied
+        req = await admin_body(request, LeaseRenewal, what="lease renewal", code="invalid_lease")
+        if isinstance(req, Response):
+            return req
+        if not self.gw.renew_lease(req.generation):
+            return error_response(
+                409,
+                f"no lease on table generation {req.generation} (it expired or was replaced)",
+                type_="invalid_request_error",
+                code="lease_gone",
+            )
+        return json_response(self.gw.state())
+
+    async def drain(self, request: Request) -> Response:
+        """POST /admin/drain."""
+        denied = self.denied(request)
+        if denied:
+            return denied
+        req = await admin_body(request, DrainRequest, what="drain request", code="invalid_drain")
+        if isinstance(req, Response):
+            return req
+        try:
+            return json_response(await self.gw.drain(req.release_id, req.timeout_s))
+        except GatewayRequestError as exc:
+            return error_response(
+                exc.status, exc.message, type_="invalid_request_error", code="routed"
+            )

@@ -1,0 +1,87 @@
+"""Feedback on responses: the bounded memory of recent response ids and `POST /v1/feedback`."""
+
+from __future__ import annotations
+
+import hmac
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from releasekit.deploy.gateway.config import Feedback, validation_problems
+from releasekit.deploy.gateway.responses import error_response, json_response
+
+if TYPE_CHECKING:
+    from releasekit.deploy.gateway.app import Gateway
+
+
+class FeedbackBook:
+    """Recent successful response ids -> (release, counted yet, client), in an LRU of
+    `capacity`; counts one score per response, from the client it served."""
+
+    def __init__(self, gateway: Gateway, capacity: int) -> None:
+        self.gw = gateway
+        self.capacity = capacity
+        self._seen: OrderedDict[str, list[Any]] = OrderedDict()
+
+    def remember(self, response_id: str, release_id: str, client: str) -> None:
+        """Note that `release_id` served `response_id` to `client`."""
+        r = self._seen
+        r[response_id] = [release_id, False, client]
+        if len(r) > self.capacity:
+            r.popitem(last=False)
+
+    async def endpoint(self, request: Request) -> Response:
+        """POST /v1/feedback."""
+        denied, client = self.gw.client_denied(request)
+        if denied:
+            return denied
+        body = await self.gw.read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            fb = Feedback.model_validate_json(body)
+        except ValidationError as exc:
+            return error_response(
+                400,
+                "invalid feedback: " + "; ".join(validation_problems(exc)),
+                type_="invalid_request_error",
+                code="bad_feedback",
+            )
+        if isinstance(fb.score, str):
+            score = 1.0 if fb.score == "up" else -1.0
+        else:
+            score = float(fb.score)
+        if not -1.0 <= score <= 1.0:
+            return error_response(
+                400,
+                f"invalid feedback: score {score:g} is outside [-1, 1]",
+                type_="invalid_request_error",
+                code="bad_feedback",
+            )
+        seen = self._seen.get(fb.response_id)
+        # Another client's response answers exactly like an unknown one: ids are not a
+        # way to learn what others asked, nor to vote on their answers.
+        if seen is None or not hmac.compare_digest(seen[2], client):
+            return error_response(
+                404,
+                f"unknown response id {fb.response_id!r} (or too old)",
+                type_="invalid_request_error",
+                code="unknown_response",
+            )
+        release_id, already, _ = seen
+        label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+        if not already:
+            seen[1] = True
+            self.gw.metrics.feedback.labels(self.gw.config.env, release_id, label).inc()
+        return json_response(
+            {
+                "response_id": fb.response_id,
+                "release_id": release_id,
+                "score": score,
+                "label": label,
+                "counted": not already,
+            }
+        )

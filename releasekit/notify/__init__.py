@@ -1,0 +1,12 @@
+"""Outbound notifications: ledger events POSTed to webhooks (`[[webhooks]]` in
+releasekit.toml), with retries and a dead-letter log. See `webhooks`."""
+
+from releasekit.notify.webhooks import (
+    Notifier,
+    build_payload,
+    close_all,
+    notifier_for,
+    slack_body,
+)
+
+__all__ = ["Notifier", "build_payload", "close_all", "notifier_for", "slack_body"]

@@ -1,0 +1,288 @@
+"""Webhooks: every ledger event a webhook subscribes to (promote, gate_failed, canary_step,
+canary_aborted, rollback, mark_bad, deploy_failed, approve, ...) is POSTed as JSON, or as a
+Slack-compatible `{"text": ...}` body, from a background thread.
+
+Delivery never holds up the command that wrote the event (a rollback switches traffic
+first; the event is queued after it is recorded). Each delivery is tried `retries + 1`
+times with exponential backoff on connection errors, timeouts, 5xx, 408 and 429; another
+4xx is not retried. What is not delivered, after its tries or because the process ended
+first (`flush`), is appended to the dead-letter log, `STATE_DIR/notify/dead-letter.jsonl`:
+one JSON object a line with the webhook URL, the body, the attempts and the last error.
+
+The JSON body (`build_payload`):
+
+    {"event": "canary_aborted", "seq": 12, "time": "...", "environment": "staging",
+     "release_id": "<to>", "previous_release_id": "<from>", "actor": "...",
+     "reason": "...", "links": {"gate_report": "..."}, "evidence": {...}}
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from releasekit.config import Settings, WebhookConfig
+
+log = logging.getLogger("releasekit.notify")
+
+LINK_KEYS = ("gate_report", "report", "report_html", "compare", "log")
+
+
+def _link(value: str, *, root: Path, base_url: str | None) -> str:
+    if not base_url:
+        return value
+    p = Path(value)
+    try:
+        rel = p.resolve().relative_to(root)
+    except (ValueError, OSError):
+        return value
+    return base_url.rstrip("/") + "/" + rel.as_posix()
+
+
+def build_payload(
+    record: Mapping[str, Any], *, root: Path, links_base_url: str | None = None
+) -> dict[str, Any]:
+    """The JSON body for one ledger record (a LedgerRecord dumped to JSON-able data)."""
+    evidence = dict(record.get("evidence") or {})
+    links = {
+        k: _link(str(evidence[k]), root=root, base_url=links_base_url)
+        for k in LINK_KEYS
+        if isinstance(evidence.get(k), str) and evidence.get(k)
+    }
+    return {
+        "event": record.get("type"),
+        "seq": record.get("seq"),
+        "time": record.get("time"),
+        "environment": record.get("environment"),
+        "release_id": record.get("to_release"),
+        "previous_release_id": record.get("from_release"),
+        "actor": record.get("actor"),
+        "reason": record.get("reason"),
+        "links": links,
+        "evidence": evidence,
+    }
+
+
+def slack_body(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A Slack-compatible body (incoming webhooks take `text`; mrkdwn)."""
+    env = payload.get("environment") or "-"
+    rel = str(payload.get("release_id") or "-")[:12]
+    prev = str(payload.get("previous_release_id") or "-")[:12]
+    lines = [
+        f"*releasekit* `{payload.get('event')}` in *{env}*: `{rel}` (was `{prev}`)",
+        f"> {payload.get('reason') or ''}",
+        f"by {payload.get('actor') or '-'} at {payload.get('time') or '-'}",
+    ]
+    for k, v in (payload.get("links") or {}).items():
+        lines.append(f"{k}: {v}")
+    return {"text": "\n".join(lines)}
+
+
+def _wants(hook: WebhookConfig, payload: Mapping[str, Any]) -> bool:
+    if hook.events and payload.get("event") not in hook.events:
+        return False
+    return not hook.environments or payload.get("environment") in hook.environments
+
+
+def _retryable(status: int) -> bool:
+    return status >= 500 or status in (408, 429)
+
+
+class Notifier:
+    """Queues notifications and delivers them from one background thread (see the module
+    docstring). `transport` is for tests (an httpx transport)."""
+
+    def __init__(
+        self,
+        hooks: list[WebhookConfig],
+        *,
+        dead_letter: Path,
+        root: Path,
+        links_base_url: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.hooks = list(hooks)
+        self.dead_letter = dead_letter
+        self.root = root
+        self.links_base_url = links_base_url
+        self.delivered = 0
+        self.dead = 0
+        self._q: queue.Queue[tuple[WebhookConfig, dict[str, Any]] | None] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._http = httpx.Client(trust_env=False, transport=transport)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._work, daemon=True, name="releasekit-notify")
+        self._thread.start()
+
+    # -- producer side
+
+    def on_record(self, record: Mapping[str, Any]) -> None:
+        """Ledger listener: queue the record for every webhook that wants it. Never raises."""
+        try:
+            payload = build_payload(record, root=self.root, links_base_url=self.links_base_url)
+            for hook in self.hooks:
+                if _wants(hook, payload):
+                    self.send(hook, payload)
+        except Exception:  # a notification must never break the command that recorded
+            log.exception("could not queue a notification")
+
+    def send(self, hook: WebhookConfig, payload: dict[str, Any]) -> None:
+        """Queue one delivery."""
+        with self._lock:
+            self._pending += 1
+        self._q.put((hook, payload))
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait up to `timeout_s` for queued deliveries; True when none is left. Deliveries
+        still queued then are dead-lettered (the process is ending)."""
+        end = time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending > 0:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            done = self._pending == 0
+        if not done:
+            self._closing.set()
+            while True:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    self._dead(item[0], item[1], attempts=0, error="not delivered before exit")
+                    self._done()
+        return done
+
+    # -- delivery
+
+    def _done(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            hook, payload = item
+            try:
+                self._deliver(hook, payload)
+            except Exception as exc:  # never let the worker die
+                self._dead(hook, payload, attempts=0, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                self._done()
+
+    def _deliver(self, hook: WebhookConfig, payload: dict[str, Any]) -> bool:
+        body = slack_body(payload) if hook.format == "slack" else payload
+        error = ""
+        attempts = 0
+        for attempt in range(hook.retries + 1):
+            if attempt and self._closing.is_set():
+                break
+            attempts += 1
+            try:
+                r = self._http.post(
+                    hook.url,
+                    json=body,
+                    headers={"user-agent": "releasekit-webhook", **hook.headers},
+                    timeout=hook.timeout_s,
+                )
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if 200 <= r.status_code < 300:
+                    self.delivered += 1
+                    return True
+                error = f"HTTP {r.status_code}: {r.text[:200]}"
+                if not _retryable(r.status_code):
+                    break
+            if attempt < hook.retries:
+                time.sleep(hook.backoff_s * (2**attempt))
+        self._dead(hook, body, attempts=attempts, error=error)
+        return False
+
+    def _dead(
+        self, hook: WebhookConfig, body: Mapping[str, Any], *, attempts: int, error: str
+    ) -> None:
+        self.dead += 1
+        line = {
+            "time": dt.datetime.now(dt.UTC).isoformat(),
+            "url": hook.url,
+            "event": body.get("event"),
+            "attempts": attempts,
+            "error": error,
+            "body": body,
+        }
+        try:
+            self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
+            with self.dead_letter.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(line, default=str) + "\n")
+        except OSError:
+            log.exception("could not write the dead-letter log %s", self.dead_letter)
+        log.warning("webhook %s: %s not delivered (%s)", hook.url, body.get("event"), error)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush, then stop the worker (a delivery still in its request is abandoned)."""
+        self.flush(timeout_s)
+        self._closing.set()
+        self._q.put(None)
+        self._thread.join(timeout=1)
+        if not self._thread.is_alive():
+            self._http.close()
+
+
+_NOTIFIERS: dict[tuple[str, str], Notifier] = {}
+_LOCK = threading.Lock()
+
+
+def dead_letter_path(settings: Settings) -> Path:
+    """The dead-letter log of a project."""
+    return settings.state_dir / "notify" / "dead-letter.jsonl"
+
+
+def notifier_for(settings: Settings) -> Notifier | None:
+    """The process's notifier for these settings' webhooks (one worker per configuration;
+    flushed for up to 10 s when the process exits), or None without webhooks."""
+    if not settings.webhooks:
+        return None
+    key = (
+        str(dead_letter_path(settings)),
+        json.dumps([h.model_dump(mode="json") for h in settings.webhooks], sort_keys=True),
+    )
+    with _LOCK:
+        n = _NOTIFIERS.get(key)
+        if n is None:
+            n = _NOTIFIERS[key] = Notifier(
+                list(settings.webhooks),
+                dead_letter=dead_letter_path(settings),
+                root=settings.root,
+                links_base_url=settings.links_base_url,
+            )
+        return n
+
+
+def close_all(timeout_s: float = 10.0) -> None:
+    """Flush and stop every notifier of this process (what is left is dead-lettered)."""
+    with _LOCK:
+        notifiers = list(_NOTIFIERS.values())
+        _NOTIFIERS.clear()
+    for n in notifiers:
+        n.close(timeout_s)
+
+
+atexit.register(close_all)

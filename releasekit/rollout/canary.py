@@ -1,0 +1,429 @@
+"""Canary steps: set a weight at the gateway, judge the canary against stable over the same
+window, go on, or send all traffic back to stable at once.
+
+Every weight below 100 is a leased table (`RouteTable.lease_s`, the environment's
+`canary_lease_s`): a thread renews it while this process runs, and if the process dies the
+gateway itself reverts to stable. A weight of 100 is the switch, which the deploy makes
+after the last judged step. A step passes once it has run `min_duration_s`, the canary
+answered `min_requests` and every required check passes; a check breaches only after
+`sustain` consecutive breaching judgements (each over the whole step so far); without
+enough samples by `max_duration_s` the step ends as insufficient evidence (abort, not a
+verdict on the release).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from releasekit._support.progress import Progress, no_progress
+from releasekit.deploy.gateway import GatewayError, Route, RouteTable
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.promote.deploy import ShiftContext
+from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement, judge_step
+from releasekit.spec.manifest import Canary, CanaryStep
+from releasekit.watch.rules import Judgement, Rule, RuleState
+from releasekit.watch.windows import (
+    Exposition,
+    ScrapeError,
+    Snapshot,
+    build_window,
+    parse_exposition,
+    scrape,
+)
+
+StepStatus = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
+RunOutcome = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
+
+
+class StepReport(BaseModel):
+    """One step as it ran: its weight, how long, the traffic it saw and the last judgement."""
+
+    index: int
+    weight: float
+    status: StepStatus
+    started_at: float
+    ended_at: float
+    canary_requests: float = 0.0
+    stable_requests: float = 0.0
+    judgement: StepJudgement | None = None
+    reason: str = ""
+
+
+class BreachRecord(BaseModel):
+    """A check that breached: its consecutive breaching judgements (the windows) and the
+    stable figures they were compared with."""
+
+    metric: str
+    judgements: list[Judgement]
+    checks: list[CheckResult]
+
+
+class CanaryRun(BaseModel):
+    """What the canary steps did, and on a breach how fast traffic went back."""
+
+    env: str
+    release_id: str
+    stable_release_ids: list[str]
+    outcome: RunOutcome
+    steps: list[StepReport] = Field(default_factory=list)
+    breaches: list[BreachRecord] = Field(default_factory=list)
+    reason: str = ""
+    canary_served: int = Field(0, description="requests the canary took during the run")
+    total_served: int = Field(0, description="requests every release took during the run")
+    decide_to_zero_s: float | None = Field(
+        None, description="from the decision to abort to the gateway answering with 0%"
+    )
+    window_to_zero_s: float | None = Field(
+        None, description="from the end of the breaching window (its scrape) to 0%"
+    )
+    at_zero_at: float | None = None
+
+    @property
+    def canary_share(self) -> float | None:
+        """Share of the requests served during the run that the canary served."""
+        return self.canary_served / self.total_served if self.total_served else None
+
+
+Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
+"""(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
+
+
+def scrape_pair(
+    http: httpx.Client,
+    gateway_url: str,
+    candidate_url: str | None,
+    stable_url: str | None,
+    *,
+    timeout_s: float,
+) -> Scrape:
+    """Scrape the gateway and (when given) both releases' vLLM /metrics now."""
+
+    def one(url: str | None) -> Exposition | None:
+        if url is None:
+            return None
+        try:
+            return parse_exposition(
+                scrape(url + "/metrics", timeout_s=timeout_s, client=http), url=url
+            )
+        except ScrapeError:
+            return None
+
+    return time.time(), one(gateway_url), one(candidate_url), one(stable_url)
+
+
+def pair_windows(
+    env: str, candidate_id: str, stable_id: str, before: Scrape, after: Scrape
+) -> tuple[ReleaseWindows, ReleaseWindows]:
+    """(candidate, stable) windows between two scrapes: each release's edge window from
+    the gateway's per-release series, and its engine window from its own vLLM."""
+    t0, g0, c0, s0 = before
+    t1, g1, c1, s1 = after
+
+    def rw(release_id: str, e0: Exposition | None, e1: Exposition | None) -> ReleaseWindows:
+        edge = build_window(
+            Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
+        )
+        engine = None
+        if e0 is not None and e1 is not None:
+            engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
+        return ReleaseWindows(release_id=release_id, edge=edge, engine=engine)
+
+    return rw(candidate_id, c0, c1), rw(stable_id, s0, s1)
+
+
+def split_routes(stable: list[Route], canary: Route, weight: float) -> list[Route]:
+    """Stable's routes scaled to `100 - weight` percent (their ratios kept) plus the canary
+    at `weight` percent."""
+    live = [r for r in stable if r.weight > 0]
+    total = sum(r.weight for r in live) or 1.0
+    out = [r.model_copy(update={"weight": (100.0 - weight) * r.weight / total}) for r in live]
+    out += [r for r in stable if r.weight <= 0]
+    return [*out, canary.model_copy(update={"weight": weight})]
+
+
+class _Renewer(threading.Thread):
+    """Renews the leased table of `generation` every `every_s` until stopped; `lost` once
+    the gateway says the table is gone."""
+
+    def __init__(self, client: GatewayClient, generation: int, every_s: float) -> None:
+        super().__init__(daemon=True, name="canary-lease")
+        self.client = client
+        self.generation = generation
+        self.every_s = every_s
+        self.lost = False
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.every_s):
+            try:
+                self.client.renew_lease(self.generation)
+            except GatewayError as exc:
+                if getattr(exc, "status", None) == 409:
+                    self.lost = True
+                    return
+                # Unreachable for a moment: try again; the lease runs out if it stays so.
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+
+class CanaryController:
+    """Runs a manifest's canary steps for one deploy (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: Canary,
+        ctx: ShiftContext,
+        *,
+        lease_s: float,
+        scrape_timeout_s: float = 5.0,
+        start_step: int = 0,
+        progress: Progress | None = None,
+        on_step_start: Callable[[int, CanaryStep], None] | None = None,
+        on_step_passed: Callable[[StepReport], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.policy = policy
+        self.ctx = ctx
+        self.lease_s = lease_s
+        self.scrape_timeout_s = scrape_timeout_s
+        self.start_step = start_step
+        self.say = progress or no_progress
+        self.on_step_start = on_step_start
+        self.on_step_passed = on_step_passed
+        self.sleep = sleep
+        self.canary = ctx.canary
+        live = [r for r in ctx.stable if r.weight > 0]
+        self.stable_primary = max(live, key=lambda r: r.weight) if live else ctx.stable[0]
+        self.shared_server = any(r.base_url == self.canary.base_url for r in ctx.stable)
+        self._http = httpx.Client(trust_env=False)
+
+    # -- traffic
+
+    def _client(self) -> GatewayClient:
+        return GatewayClient(self.ctx.gateway.url, admin_token=self.ctx.gateway.admin_token)
+
+    def _served(self, client: GatewayClient) -> dict[str, int]:
+        """Requests each release took so far: finished plus in flight."""
+        try:
+            st = client.state()
+        except GatewayError:
+            return {}
+        keys = set(st.served) | set(st.in_flight)
+        return {k: st.served.get(k, 0) + st.in_flight.get(k, 0) for k in keys}
+
+    def _set_weight(self, client: GatewayClient, weight: float) -> int:
+        table = RouteTable(
+            routes=split_routes(self.ctx.stable, self.canary, weight),
+            lease_s=self.lease_s,
+            fallback=list(self.ctx.stable),
+        )
+        return client.set_routes(table).generation
+
+    def _to_stable(self, client: GatewayClient) -> float:
+        """All traffic to stable; returns time.time() once the gateway answered."""
+        client.set_routes(RouteTable(routes=list(self.ctx.stable)))
+        return time.time()
+
+    # -- figures
+
+    def snapshot(self) -> Scrape:
+        """(time, gateway, canary vLLM, stable vLLM) scraped now; engine ones are None when
+        both releases share a server (their engine figures cannot be told apart)."""
+        shared = self.shared_server
+        return scrape_pair(
+            self._http,
+            self.ctx.gateway.url,
+            None if shared else self.canary.base_url,
+            None if shared else self.stable_primary.base_url,
+            timeout_s=self.scrape_timeout_s,
+        )
+
+    def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
+        """(canary, stable) windows between two snapshots."""
+        return pair_windows(
+            self.ctx.env, self.canary.release_id, self.stable_primary.release_id, before, after
+        )
+
+    # -- the steps
+
+    def run(self) -> CanaryRun:
+        """Run the steps from `start_step`; on anything but success traffic is on stable."""
+        steps = self.policy.steps
+        judged = [s for s in steps if s.weight < 100]
+        run = CanaryRun(
+            env=self.ctx.env,
+            release_id=self.canary.release_id,
+            stable_release_ids=[r.release_id for r in self.ctx.stable],
+            outcome="passed",
+        )
+        client = self._client()
+        served0 = self._served(client)
+        try:
+            for i, step in enumerate(judged):
+                if i < self.start_step:
+                    continue
+                report = self._run_step(client, i, len(judged), step, run)
+                run.steps.append(report)
+                if report.status != "passed":
+                    run.outcome = report.status
+                    run.reason = report.reason
+                    break
+                if self.on_step_passed is not None:
+                    self.on_step_passed(report)
+        except GatewayError as exc:
+            run.outcome, run.reason = "gateway_error", f"gateway failed: {exc}"
+            try:
+                self._to_stable(client)
+            except GatewayError:
+                run.reason += "; the lease puts traffic back on stable"
+        finally:
+            served1 = self._served(client)
+            keys = set(served0) | set(served1)
+            diff = {k: served1.get(k, 0) - served0.get(k, 0) for k in keys}
+            run.canary_served = max(0, diff.get(self.canary.release_id, 0))
+            run.total_served = max(0, sum(diff.values()))
+            client.close()
+            self._http.close()
+        return run
+
+    def _run_step(
+        self, client: GatewayClient, i: int, n: int, step: CanaryStep, run: CanaryRun
+    ) -> StepReport:
+        policy = self.policy
+        if self.on_step_start is not None:
+            self.on_step_start(i, step)
+        generation = self._set_weight(client, step.weight)
+        renewer = _Renewer(self._client(), generation, every_s=max(0.05, self.lease_s / 4))
+        renewer.start()
+        started = time.time()
+        states: dict[str, RuleState] = {
+            c.metric: RuleState(
+                rule=Rule(
+                    name=f"canary {c.metric}",
+                    metric=c.metric,
+                    above=0.0,
+                    sustain=policy.sustain,
+                    min_requests=c.min_samples,
+                )
+            )
+            for c in policy.checks
+        }
+        recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
+        label = f"canary step {i + 1}/{n} at {step.weight:g}%"
+        self.say(f"{label}: waiting for traffic", i, n)
+        before = self.snapshot()
+        report = StepReport(
+            index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
+        )
+        try:
+            while True:
+                self.sleep(policy.interval_s)
+                if renewer.lost:
+                    report.status, report.reason = "lease_lost", "the gateway dropped the lease"
+                    break
+                after = self.snapshot()
+                if after[1] is None or before[1] is None:
+                    self.say(f"{label}: gateway /metrics did not answer; waiting", i, n)
+                    if time.time() - started >= step.max_duration_s:
+                        report.status = "insufficient"
+                        report.reason = "no gateway figures within max_duration_s"
+                        break
+                    continue
+                cw, sw = self.windows(before, after)
+                j = judge_step(policy.checks, cw, sw)
+                report.judgement = j
+                report.canary_requests, report.stable_requests = (
+                    j.canary_requests,
+                    j.stable_requests,
+                )
+                self.say(f"{label}: {summarise(j)}", i, n)
+                for c in j.checks:
+                    st = states[c.metric]
+                    st.update(_as_judgement(c), cw.edge)
+                    if c.verdict == "breach":
+                        recent[c.metric] = [*recent[c.metric], c][-policy.sustain :]
+                    elif c.verdict == "pass":
+                        recent[c.metric] = []
+                sustained = [m for m, st in states.items() if st.sustained]
+                elapsed = time.time() - started
+                if sustained:
+                    decided = time.time()
+                    at_zero = self._to_stable(client)
+                    run.decide_to_zero_s = at_zero - decided
+                    run.window_to_zero_s = at_zero - j.window_end
+                    run.at_zero_at = at_zero
+                    run.breaches = [
+                        BreachRecord(
+                            metric=m,
+                            judgements=[b.judgement for b in states[m].breaches],
+                            checks=recent[m],
+                        )
+                        for m in sustained
+                    ]
+                    report.status = "breached"
+                    report.reason = "; ".join(
+                        f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained
+                    )
+                    break
+                required_pass = all(c.verdict == "pass" for c in j.checks if c.required)
+                if (
+                    elapsed >= step.min_duration_s
+                    and j.canary_requests >= step.min_requests
+                    and required_pass
+                    and not any(c.verdict == "breach" for c in j.checks)
+                ):
+                    break
+                if elapsed >= step.max_duration_s:
+                    waiting = [c.metric for c in j.checks if c.required and c.verdict != "pass"]
+                    report.status = "insufficient"
+                    report.reason = (
+                        f"after {elapsed:.0f} s: {j.canary_requests:g} canary requests "
+                        f"(need {step.min_requests}); not decided: {', '.join(waiting) or '-'}"
+                    )
+                    break
+        finally:
+            renewer.stop()
+            renewer.client.close()
+            report.ended_at = time.time()
+        if report.status not in ("passed", "breached"):
+            at_zero = self._to_stable(client)
+            run.at_zero_at = at_zero
+        return report
+
+
+def _as_judgement(c: CheckResult) -> Judgement:
+    verdict: Literal["pass", "breach", "no_data"] = (
+        c.verdict if c.verdict in ("pass", "breach") else "no_data"  # type: ignore[assignment]
+    )
+    return Judgement(
+        rule=f"canary {c.metric}",
+        metric=c.metric,
+        verdict=verdict,
+        value=c.canary,
+        limit=c.limit,
+        source=c.source if c.source in ("vllm", "gateway") else None,  # type: ignore[arg-type]
+        count=c.canary_count,
+        reason=c.reason,
+        window_start=c.window_start,
+        window_end=c.window_end,
+    )
+
+
+def summarise(j: StepJudgement) -> str:
+    """One line: traffic, then each check's canary vs stable figure and verdict."""
+    parts = [f"{j.canary_requests:g} canary / {j.stable_requests:g} stable requests"]
+    for c in j.checks:
+        if c.verdict == "not_measured":
+            continue
+        cv = "-" if c.canary is None else f"{c.canary:.3g}"
+        sv = "-" if c.stable is None else f"{c.stable:.3g}"
+        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}")
+    return "; ".join(parts)

@@ -1,0 +1,190 @@
+"""Live judgement of a canary against the stable release over the same window.
+
+Each release's figures come from two windows over the same two instants: the gateway's
+per-release edge metrics (what clients see: requests by status, TTFT, feedback) and the
+release's own vLLM /metrics (engine side: TTFT, TPOT). `watch.windows.build_window` makes
+both; `watch.rules.judge` compares one figure with its limit, so "too little traffic" means
+the same here as in the watcher: wait, never decide.
+
+Which figure is trusted (the gates' rule, applied live):
+
+- TTFT p95: the edge figure, unless the stream is bursty on either side (fewer than
+  `BURSTY_DELIVERIES_PER_TOKEN` chunks per output token: tokens arrive merged, so the
+  edge's first chunk comes late for reasons of the front end, not of the release); then
+  the engine's, for both releases. Both sides always use the same source.
+- TPOT p95: the engine's (`vllm:request_time_per_output_token_seconds`); the edge cannot
+  see tokens. Not measured when both releases share one server (a prompt-only canary).
+- error rate: the edge's, 5xx and timeouts only: a client's own cancellation (499), a
+  non-stream request that outlasted its own timeout, 4xx and rate limits never count.
+- negative-feedback rate: the edge's (`POST /v1/feedback`).
+
+A check breaches when the canary's figure is above `stable x (1 + tolerance) + slack`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit.spec.manifest import CanaryCheck
+from releasekit.watch.rules import Judgement, Rule, judge
+from releasekit.watch.windows import Figure, Window
+
+CheckVerdict = Literal["pass", "breach", "wait", "not_measured"]
+BURSTY_DELIVERIES_PER_TOKEN = 0.5
+
+
+class ReleaseWindows(BaseModel):
+    """One release's two windows over the same instants: edge (gateway) and engine (vLLM;
+    None when its server is not its own or was not scraped)."""
+
+    release_id: str
+    edge: Window
+    engine: Window | None = None
+
+    @property
+    def requests(self) -> float:
+        """Requests the gateway finished for this release in the window."""
+        return self.edge.requests or 0.0
+
+    def deliveries_per_token(self) -> float | None:
+        """Streamed chunks per output token (None without both sides' figures)."""
+        chunks = self.edge.figure("chunks_per_request")
+        if self.engine is None or chunks.value is None:
+            return None
+        tok = self.engine.figure("generation_tokens_per_s").value
+        reqs = self.engine.requests
+        if not tok or not reqs:
+            return None
+        per_request = tok * self.engine.duration_s / reqs
+        return chunks.value / per_request if per_request > 0 else None
+
+
+class CheckResult(BaseModel):
+    """One check's verdict on one window: both releases' figures, the limit, the source."""
+
+    metric: str
+    verdict: CheckVerdict
+    required: bool
+    canary: float | None = None
+    stable: float | None = None
+    limit: float | None = None
+    source: str | None = None
+    canary_count: float = 0.0
+    stable_count: float = 0.0
+    reason: str
+    window_start: float
+    window_end: float
+
+
+class StepJudgement(BaseModel):
+    """Every check on one window of one step."""
+
+    window_start: float
+    window_end: float
+    canary_requests: float
+    stable_requests: float
+    checks: list[CheckResult] = Field(default_factory=list)
+
+    def by_metric(self, metric: str) -> CheckResult | None:
+        """The result of the check on `metric`, if any."""
+        return next((c for c in self.checks if c.metric == metric), None)
+
+
+def _bursty(rw: ReleaseWindows) -> bool:
+    d = rw.deliveries_per_token()
+    return d is not None and d < BURSTY_DELIVERIES_PER_TOKEN
+
+
+def _pick(
+    check: CanaryCheck, canary: ReleaseWindows, stable: ReleaseWindows
+) -> tuple[Figure, Figure, Window | None, str, str]:
+    """(canary figure, stable figure, canary window, source, why) for one check."""
+    metric = check.metric
+    ce, se = canary.engine, stable.engine
+    if metric == "tpot_p95_s":
+        if ce is None or se is None:
+            return Figure(), Figure(), None, "vllm", "no per-release engine metrics"
+        return ce.figure(metric), se.figure(metric), ce, "vllm", "engine-side"
+    if metric == "ttft_p95_s":
+        bursty = _bursty(canary) or _bursty(stable)
+        edge_c, edge_s = canary.edge.figure(metric), stable.edge.figure(metric)
+        edge_ok = edge_c.has_data and edge_s.has_data
+        if ce is not None and se is not None and (bursty or not edge_ok):
+            why = "engine-side: the stream is bursty" if bursty else "engine-side: no edge TTFT"
+            return ce.figure(metric), se.figure(metric), ce, "vllm", why
+        return edge_c, edge_s, canary.edge, "gateway", "edge"
+    return canary.edge.figure(metric), stable.edge.figure(metric), canary.edge, "gateway", "edge"
+
+
+def _measurable(fig: Figure, window: Window | None) -> bool:
+    """False when the source does not produce the figure at all (as opposed to too few
+    observations so far)."""
+    if window is None:
+        return False
+    if fig.has_data:
+        return True
+    reason = fig.reason or ""
+    return "observations" in reason or reason.startswith(("no requests", "no feedback"))
+
+
+def judge_check(
+    check: CanaryCheck, canary: ReleaseWindows, stable: ReleaseWindows
+) -> tuple[CheckResult, Judgement | None]:
+    """One check of the canary against stable over the same window."""
+    fc, fs, cw, source, why = _pick(check, canary, stable)
+    start, end = canary.edge.start, canary.edge.end
+
+    def result(verdict: CheckVerdict, reason: str, limit: float | None = None) -> CheckResult:
+        return CheckResult(
+            metric=check.metric,
+            verdict=verdict,
+            required=check.required,
+            canary=fc.value,
+            stable=fs.value,
+            limit=limit,
+            source=source,
+            canary_count=fc.count,
+            stable_count=fs.count,
+            reason=reason,
+            window_start=start,
+            window_end=end,
+        )
+
+    if cw is None or not _measurable(fc, cw):
+        return result("not_measured", f"{why}: {fc.reason or 'no source'}"), None
+    if fs.value is None or fs.count < check.min_samples:
+        n = fs.count if fs.value is not None else 0
+        return result("wait", f"stable has {n:g} < {check.min_samples} samples"), None
+    limit = fs.value * (1 + check.tolerance) + check.slack
+    rule = Rule(
+        name=f"canary {check.metric}",
+        metric=check.metric,
+        above=limit,
+        min_requests=check.min_samples,
+        sustain=1,
+    )
+    j = judge(rule, cw)
+    words = f"{fs.value:.4g} x {1 + check.tolerance:g} + {check.slack:g}"
+    if j.verdict == "no_data":
+        return result("wait", f"canary: {j.reason}", limit), j
+    verdict: CheckVerdict = "breach" if j.verdict == "breach" else "pass"
+    op = ">" if verdict == "breach" else "<="
+    value = fc.value if fc.value is not None else float("nan")
+    return result(verdict, f"{value:.4g} {op} {words} [{source}, {why}]", limit), j
+
+
+def judge_step(
+    checks: list[CanaryCheck], canary: ReleaseWindows, stable: ReleaseWindows
+) -> StepJudgement:
+    """Every check on the same window."""
+    out = StepJudgement(
+        window_start=canary.edge.start,
+        window_end=canary.edge.end,
+        canary_requests=canary.requests,
+        stable_requests=stable.requests,
+    )
+    for c in checks:
+        out.checks.append(judge_check(c, canary, stable)[0])
+    return out

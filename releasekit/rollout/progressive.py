@@ -1,0 +1,320 @@
+"""Promote with canary steps: the manifest's `promotion.canary` run inside promote's deploy,
+with the ledger events that record it.
+
+    result = promote_progressive(settings, "manifests/demo-canary-good.yaml", env="staging")
+
+- nothing live yet, no `promotion.canary`, `no_canary=True` or a dry run: promote as
+  before (one switch);
+- otherwise, between the smoke suite and the switch, each step below 100% runs
+  (`rollout.canary`); every passed step is a `canary_step` event; a breach is a
+  `canary_aborted` event holding the breaching windows plus a `mark_bad` event, and the
+  result's status is `canary_aborted`; too little evidence by a step's `max_duration_s` is a
+  `canary_aborted` event without `mark_bad`.
+- a shadow comparison of the release in the environment (`rollout.shadow`) is the
+  "shadow comparison" gate;
+- a canary a dead `promote` left behind (`rollout.state`) is resumed at its step with
+  `resume=True` (same release), else recorded as aborted before this promotion starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from releasekit._support.progress import Progress, no_progress
+from releasekit.config import Settings
+from releasekit.errors import ReleasekitError
+from releasekit.promote.context import load_release
+from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
+from releasekit.promote.gates import GateKind, GateResult
+from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promotion
+from releasekit.releases.resolve import resolve_release
+from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
+from releasekit.rollout.shadow import shadow_gate
+from releasekit.rollout.state import RolloutState, clear_rollout, read_rollout, write_rollout
+from releasekit.spec.manifest import Canary, CanaryStep
+from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+
+
+class RolloutResumeError(ReleasekitError):
+    """Raised when `--resume` finds no interrupted canary of that release to resume."""
+
+    remedy = "run promote without --resume (the canary starts from its first step)"
+
+
+def interrupted_canary(settings: Settings, env: str) -> RolloutState | None:
+    """The canary a dead `promote` left in `env`, or None."""
+    st = read_rollout(settings, env)
+    return st if st is not None and st.orphaned else None
+
+
+def record_interrupted(
+    settings: Settings, st: RolloutState, *, ledger: Ledger, actor: str | None = None
+) -> LedgerRecord:
+    """Record an interrupted canary as aborted (traffic is on stable: the gateway's lease
+    reverted it) and forget it."""
+    rec = ledger.append(
+        Event(
+            type=EventType.CANARY_ABORTED,
+            environment=st.env,
+            from_release=st.stable_release_id,
+            to_release=st.release_id,
+            reason=(
+                f"the promote process (pid {st.pid}) ended during canary step "
+                f"{st.step + 1}/{st.steps} at {st.weight:g}%; the gateway's lease put all "
+                "traffic back on the stable release"
+            ),
+            evidence={"interrupted": st.model_dump(mode="json"), "outcome": "interrupted"},
+            live=False,
+            actor=actor,
+        )
+    )
+    clear_rollout(settings, st.env)
+    return rec
+
+
+def _check_record(c: Any) -> dict[str, Any]:
+    return {
+        "metric": c.metric,
+        "verdict": c.verdict,
+        "canary": c.canary,
+        "stable": c.stable,
+        "limit": c.limit,
+        "source": c.source,
+        "canary_samples": c.canary_count,
+        "stable_samples": c.stable_count,
+        "reason": c.reason,
+    }
+
+
+def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
+    ev: dict[str, Any] = {
+        "outcome": run.outcome,
+        "steps": [
+            {
+                "step": s.index + 1,
+                "weight": s.weight,
+                "status": s.status,
+                "seconds": round(s.ended_at - s.started_at, 3),
+                "canary_requests": s.canary_requests,
+                "stable_requests": s.stable_requests,
+                "checks": [_check_record(c) for c in (s.judgement.checks if s.judgement else [])],
+            }
+            for s in run.steps
+        ],
+        "canary_served": run.canary_served,
+        "total_served": run.total_served,
+        **{k: v for k, v in links.items() if v},
+    }
+    if run.breaches:
+        ev["breaches"] = [
+            {
+                "metric": b.metric,
+                "windows": [
+                    {
+                        "start": j.window_start,
+                        "end": j.window_end,
+                        "canary": j.value,
+                        "limit": j.limit,
+                        "samples": j.count,
+                        "source": j.source,
+                        "reason": j.reason,
+                    }
+                    for j in b.judgements
+                ],
+                "stable": [c.stable for c in b.checks],
+            }
+            for b in run.breaches
+        ]
+        ev["decide_to_zero_s"] = run.decide_to_zero_s
+        ev["window_to_zero_s"] = run.window_to_zero_s
+    return ev
+
+
+def canary_shift(
+    settings: Settings,
+    policy: Canary,
+    *,
+    ledger: Ledger,
+    actor: str | None,
+    start_step: int = 0,
+    progress: Progress | None = None,
+    runs: list[CanaryRun] | None = None,
+) -> Any:
+    """The `ShiftFn` that runs `policy`'s steps and records them (see the module docstring)."""
+    say = progress or no_progress
+
+    def shift(ctx: ShiftContext) -> ShiftResult:
+        cfg = env_config(settings, ctx.env)
+        rid = ctx.canary.release_id
+        judged = [s for s in policy.steps if s.weight < 100]
+
+        def started(i: int, step: CanaryStep) -> None:
+            write_rollout(
+                settings,
+                env=ctx.env,
+                release_id=rid,
+                stable_release_id=ctx.previous_release_id,
+                step=i,
+                steps=len(judged),
+                weight=step.weight,
+            )
+
+        def passed(rep: StepReport) -> None:
+            ledger.append(
+                Event(
+                    type=EventType.CANARY_STEP,
+                    environment=ctx.env,
+                    from_release=ctx.previous_release_id,
+                    to_release=rid,
+                    reason=(
+                        f"canary step {rep.index + 1}/{len(judged)} at {rep.weight:g}% passed: "
+                        + (summarise(rep.judgement) if rep.judgement else "")
+                    )[:2000],
+                    evidence={
+                        "step": rep.index + 1,
+                        "weight": rep.weight,
+                        "seconds": round(rep.ended_at - rep.started_at, 3),
+                        "checks": [
+                            _check_record(c)
+                            for c in (rep.judgement.checks if rep.judgement else [])
+                        ],
+                        **{k: v for k, v in ctx.links.items() if v},
+                    },
+                    live=False,
+                    actor=actor,
+                )
+            )
+
+        ctrl = CanaryController(
+            policy,
+            ctx,
+            lease_s=cfg.canary_lease_s,
+            scrape_timeout_s=settings.scrape_timeout_s,
+            start_step=start_step,
+            progress=say,
+            on_step_start=started,
+            on_step_passed=passed,
+        )
+        try:
+            run = ctrl.run()
+        finally:
+            clear_rollout(settings, ctx.env)
+        if runs is not None:
+            runs.append(run)
+        evidence = _run_evidence(run, ctx.links)
+        n = len(run.steps)
+        if run.outcome == "passed":
+            return ShiftResult(
+                ok=True,
+                detail=f"{n} canary step(s) passed; switching to 100%",
+                evidence=evidence,
+            )
+        last = run.steps[-1] if run.steps else None
+        where = f"step {last.index + 1} at {last.weight:g}%" if last else "before the first step"
+        problem = f"canary {run.outcome} at {where}: {run.reason}"
+        rec = ledger.append(
+            Event(
+                type=EventType.CANARY_ABORTED,
+                environment=ctx.env,
+                from_release=ctx.previous_release_id,
+                to_release=rid,
+                reason=problem[:2000],
+                evidence=evidence,
+                live=False,
+                actor=actor,
+            )
+        )
+        if run.outcome == "breached":
+            ledger.append(
+                Event(
+                    type=EventType.MARK_BAD,
+                    environment=ctx.env,
+                    from_release=ctx.previous_release_id,
+                    to_release=rid,
+                    reason=problem[:2000],
+                    evidence={"canary_aborted": rec.seq, "rolled_back_to": ctx.previous_release_id},
+                    live=False,
+                    actor=actor,
+                )
+            )
+        return ShiftResult(ok=False, problem=problem, detail=problem, evidence=evidence, event=rec)
+
+    return shift
+
+
+def promote_progressive(
+    settings: Settings,
+    release_ref: str,
+    *,
+    env: str,
+    reason: str = "",
+    dry_run: bool = False,
+    force: Sequence[GateKind] = (),
+    actor: str | None = None,
+    progress: Progress | None = None,
+    ledger: Ledger | None = None,
+    no_canary: bool = False,
+    resume: bool = False,
+    approval_wait_s: float | None = None,
+) -> PromoteResult:
+    """Promote `release_ref` to `env` with its manifest's canary steps (see the module
+    docstring); `PromoteResult.canary` holds the steps as they ran."""
+    env_config(settings, env)
+    led = ledger or open_ledger(settings, read_only=dry_run)
+    request = PromoteRequest(
+        release_ref=release_ref,
+        env=env,
+        reason=reason,
+        dry_run=dry_run,
+        force=list(dict.fromkeys(force)),
+        actor=actor,
+        approval_wait_s=approval_wait_s,
+    )
+    rid = resolve_release(settings, release_ref, ledger=led).release_id
+    policy = load_release(settings, rid, ledger=led).lm.manifest.promotion.canary
+    start_step = 0
+    notes: list[str] = []
+    left = None if dry_run else interrupted_canary(settings, env)
+    if resume and (left is None or left.release_id != rid):
+        raise RolloutResumeError(
+            f"no interrupted canary of {rid[:12]} in {env} to resume"
+            + (f" (the interrupted one is {left.release_id[:12]})" if left else "")
+        )
+    if left is not None:
+        if resume:
+            start_step = left.step
+            notes.append(f"resuming the interrupted canary at step {left.step + 1}")
+            clear_rollout(settings, env)
+        else:
+            rec = record_interrupted(settings, left, ledger=led, actor=actor)
+            notes.append(f"an interrupted canary was recorded as aborted (event {rec.seq})")
+
+    def gates(release_id: str) -> list[GateResult]:
+        g = shadow_gate(settings, env=env, release_id=release_id)
+        return [g] if g is not None else []
+
+    if policy is None or no_canary or dry_run:
+        if policy is not None and no_canary:
+            notes.append("--no-canary: one switch, no canary steps")
+        res = run_promotion(settings, request, progress=progress, ledger=led, extra_gates=gates)
+        return res.model_copy(update={"warnings": [*res.warnings, *notes]})
+    runs: list[CanaryRun] = []
+    shift = canary_shift(
+        settings,
+        policy,
+        ledger=led,
+        actor=actor,
+        start_step=start_step,
+        progress=progress,
+        runs=runs,
+    )
+    res = run_promotion(
+        settings, request, progress=progress, ledger=led, shift=shift, extra_gates=gates
+    )
+    update: dict[str, Any] = {"warnings": [*res.warnings, *notes]}
+    if runs:
+        update["canary"] = runs[-1].model_dump(mode="json")
+    elif res.deploy is not None and res.deploy.ok and res.live_release_id is None:
+        update["warnings"] = [*update["warnings"], "nothing was live: no canary, one switch"]
+    return res.model_copy(update=update)

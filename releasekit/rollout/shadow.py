@@ -1,0 +1,313 @@
+"""Shadow traffic: a candidate gets a copy of a share of an environment's live requests,
+its answers discarded, and its live figures are compared with the stable release's.
+
+    start_shadow(settings, "manifests/demo-w8a8.yaml", env="staging", share=0.2)
+    comparison = compare_shadow(settings, env="staging", window_s=30)
+    stop_shadow(settings, env="staging")
+
+The candidate's server runs beside the environment's (role `shadow` in the deploy state)
+and the gateway's table gets a `mirror` (`deploy.gateway.mirror`): copies take no client
+rate-limit token and no in-flight slot, and past the environment's `shadow_max_in_flight`
+they are dropped, never queued, so the live release's users do not wait for them. The
+comparison judges the candidate against stable over the same window with the candidate
+manifest's canary checks (`rollout.judge`) and is kept on disk; `promote` of that release
+to that environment reads it as the "shadow comparison" gate (a breach or too little
+evidence fails it). A promote or rollback replaces the table, which ends the mirroring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field, ValidationError
+
+from releasekit._support.files import write_atomic
+from releasekit.config import Settings
+from releasekit.deploy.gateway import GatewayError, Mirror, RouteTable
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.state import locked_state, read_state
+from releasekit.deploy.target import ReleaseStartError
+from releasekit.errors import ReleasekitError
+from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.deploy import env_config, target_for
+from releasekit.promote.gates import GateResult
+from releasekit.releases.resolve import resolve_release
+from releasekit.rollout.canary import Scrape, pair_windows, scrape_pair
+from releasekit.rollout.judge import StepJudgement, judge_step
+from releasekit.spec.manifest import CanaryCheck, default_checks
+from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
+
+ShadowVerdict = Literal["pass", "breach", "insufficient"]
+
+
+class ShadowError(ReleasekitError):
+    """Raised when shadowing cannot start or be read: nothing serves the environment, the
+    candidate already takes traffic there, its server did not start, or no shadow runs."""
+
+    remedy = "promote a release to the environment first; `releasekit shadow start` a candidate"
+
+
+class ShadowStatus(BaseModel):
+    """The shadow in force in one environment."""
+
+    env: str
+    release_id: str
+    stable_release_id: str | None
+    share: float
+    base_url: str
+    started_at: float
+    reused_server: bool = False
+
+
+class ShadowComparison(BaseModel):
+    """The candidate's live figures against stable's over one window."""
+
+    env: str
+    release_id: str
+    stable_release_id: str
+    verdict: ShadowVerdict
+    window_s: float
+    at: float
+    judgement: StepJudgement
+    mirrored: int = Field(0, description="copies sent in the window")
+    dropped: int = Field(0, description="copies dropped in the window (mirror at its cap)")
+    reason: str = ""
+
+
+def _dir(settings: Settings) -> Path:
+    return settings.state_dir / "shadow"
+
+
+def read_shadow(settings: Settings, env: str) -> ShadowStatus | None:
+    """The shadow running in `env`, or None."""
+    try:
+        return ShadowStatus.model_validate_json((_dir(settings) / f"{env}.json").read_bytes())
+    except (OSError, ValidationError, ValueError):
+        return None
+
+
+def read_comparison(settings: Settings, env: str, release_id: str) -> ShadowComparison | None:
+    """The latest shadow comparison of `release_id` in `env`, or None."""
+    path = _dir(settings) / f"{env}-{release_id[:16]}.comparison.json"
+    try:
+        cmp = ShadowComparison.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError, ValueError):
+        return None
+    return cmp if cmp.release_id == release_id else None
+
+
+def _client(settings: Settings, env: str) -> GatewayClient:
+    gw = read_state(settings.state_dir, env).gateway
+    if gw is None:
+        raise ShadowError(f"{env} has no gateway running: nothing serves it")
+    return GatewayClient(gw.url, admin_token=gw.admin_token)
+
+
+def start_shadow(
+    settings: Settings,
+    release_ref: str,
+    *,
+    env: str,
+    share: float,
+    reason: str = "",
+    actor: str | None = None,
+    ledger: Ledger | None = None,
+) -> ShadowStatus:
+    """Start the candidate's server (or reuse one with its serving key) and mirror `share`
+    of `env`'s requests to it; a `shadow` ledger event records it."""
+    if not 0 < share <= 1:
+        raise ShadowError(f"--share must be in (0, 1], got {share:g}")
+    cfg = env_config(settings, env)
+    led = ledger or open_ledger(settings)
+    rid = resolve_release(settings, release_ref, ledger=led).release_id
+    info = load_release(settings, rid, ledger=led)
+    spec = release_spec(settings, info, ledger=led)
+    live = led.live_at(env)
+    with locked_state(settings.state_dir, env) as handle:
+        target = target_for(settings, env, cfg, handle)
+        target.reconcile()
+        st = handle.state
+        if st.gateway is None or not st.routed_release_ids():
+            raise ShadowError(f"nothing serves {env}: there is no traffic to mirror")
+        if rid in st.routed_release_ids():
+            raise ShadowError(f"{info.short_id} already takes traffic in {env}")
+        rec = st.server_serving(spec.serving_key)
+        reused = rec is not None and target.health(target.upstream_of(rec))
+        if rec is not None and reused:
+            up = target.upstream_of(rec)
+        else:
+            try:
+                up = target.start(spec)
+            except ReleaseStartError as exc:
+                raise ShadowError(f"the candidate's server did not start: {exc.message}") from exc
+            rec = target.record(up)
+            if rec is not None:
+                rec.role = "shadow"
+            handle.save()
+        mirror = Mirror(route=up.route(spec), share=share, max_in_flight=cfg.shadow_max_in_flight)
+        try:
+            target_client = GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token)
+            with target_client as c:
+                c.set_routes(RouteTable(routes=list(st.routes), mirror=mirror))
+        except GatewayError as exc:
+            raise ShadowError(f"the gateway refused the mirror: {exc}") from exc
+    status = ShadowStatus(
+        env=env,
+        release_id=rid,
+        stable_release_id=live.to_release if live else None,
+        share=share,
+        base_url=up.base_url,
+        started_at=time.time(),
+        reused_server=reused,
+    )
+    _dir(settings).mkdir(parents=True, exist_ok=True)
+    write_atomic(_dir(settings) / f"{env}.json", status.model_dump_json(indent=2).encode())
+    led.append(
+        Event(
+            type=EventType.SHADOW,
+            environment=env,
+            from_release=status.stable_release_id,
+            to_release=rid,
+            reason=reason or f"mirror {share:.0%} of {env}'s requests to {info.short_id}",
+            evidence={"action": "start", "share": share, "server": up.base_url},
+            live=False,
+            actor=actor,
+        )
+    )
+    return status
+
+
+def compare_shadow(
+    settings: Settings,
+    *,
+    env: str,
+    window_s: float = 30.0,
+    checks: list[CanaryCheck] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    ledger: Ledger | None = None,
+) -> ShadowComparison:
+    """Judge the shadow candidate against stable over the next `window_s` seconds (the
+    candidate manifest's canary checks, else the defaults) and keep the comparison."""
+    status = read_shadow(settings, env)
+    if status is None:
+        raise ShadowError(f"no shadow runs in {env}")
+    state = read_state(settings.state_dir, env)
+    if state.gateway is None:
+        raise ShadowError(f"{env} has no gateway running")
+    live = [r for r in state.routes if r.weight > 0]
+    if not live:
+        raise ShadowError(f"nothing serves {env}")
+    stable = max(live, key=lambda r: r.weight)
+    if checks is None:
+        led = ledger or open_ledger(settings, read_only=True)
+        canary = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
+        checks = list(canary.checks) if canary else default_checks()
+    shared = stable.base_url == status.base_url
+    gw_url = state.gateway.url
+    with httpx.Client(trust_env=False) as http, _client(settings, env) as c:
+        s0 = c.state()
+
+        def snap() -> Scrape:
+            return scrape_pair(
+                http,
+                gw_url,
+                None if shared else status.base_url,
+                None if shared else stable.base_url,
+                timeout_s=settings.scrape_timeout_s,
+            )
+
+        before = snap()
+        sleep(window_s)
+        after = snap()
+        s1 = c.state()
+    cw, sw = pair_windows(env, status.release_id, stable.release_id, before, after)
+    j = judge_step(checks, cw, sw)
+    breached = [x for x in j.checks if x.verdict == "breach"]
+    undecided = [x for x in j.checks if x.required and x.verdict != "pass"]
+    verdict: ShadowVerdict = "breach" if breached else "insufficient" if undecided else "pass"
+    reason = "; ".join(f"{x.metric}: {x.reason}" for x in (breached or undecided or j.checks))
+    cmp = ShadowComparison(
+        env=env,
+        release_id=status.release_id,
+        stable_release_id=stable.release_id,
+        verdict=verdict,
+        window_s=window_s,
+        at=time.time(),
+        judgement=j,
+        mirrored=s1.mirrored - s0.mirrored if s1.mirror == s0.mirror else s1.mirrored,
+        dropped=s1.mirror_dropped - s0.mirror_dropped
+        if s1.mirror == s0.mirror
+        else s1.mirror_dropped,
+        reason=reason[:2000],
+    )
+    path = _dir(settings) / f"{env}-{status.release_id[:16]}.comparison.json"
+    write_atomic(path, cmp.model_dump_json(indent=2).encode())
+    return cmp
+
+
+def stop_shadow(
+    settings: Settings,
+    *,
+    env: str,
+    reason: str = "",
+    actor: str | None = None,
+    ledger: Ledger | None = None,
+) -> ShadowStatus:
+    """Remove the mirror and stop the candidate's shadow server (the comparison stays)."""
+    status = read_shadow(settings, env)
+    if status is None:
+        raise ShadowError(f"no shadow runs in {env}")
+    cfg = env_config(settings, env)
+    led = ledger or open_ledger(settings)
+    with locked_state(settings.state_dir, env) as handle:
+        target = target_for(settings, env, cfg, handle)
+        st = handle.state
+        if st.gateway is not None:
+            gw = st.gateway
+            with (
+                contextlib.suppress(GatewayError),
+                GatewayClient(gw.url, admin_token=gw.admin_token) as c,
+            ):
+                c.set_routes(RouteTable(routes=list(st.routes)))
+        for s in list(st.servers):
+            if s.role == "shadow" and s.release_id == status.release_id:
+                target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
+                if s in st.servers:  # the target forgets what it stopped
+                    st.servers.remove(s)
+        handle.save()
+    with contextlib.suppress(FileNotFoundError):
+        (_dir(settings) / f"{env}.json").unlink()
+    led.append(
+        Event(
+            type=EventType.SHADOW,
+            environment=env,
+            from_release=status.stable_release_id,
+            to_release=status.release_id,
+            reason=reason or "shadow stopped",
+            evidence={"action": "stop"},
+            live=False,
+            actor=actor,
+        )
+    )
+    return status
+
+
+def shadow_gate(settings: Settings, *, env: str, release_id: str) -> GateResult | None:
+    """The "shadow comparison" gate from the latest comparison of `release_id` in `env`
+    (None when it was never shadowed there)."""
+    cmp = read_comparison(settings, env, release_id)
+    if cmp is None:
+        return None
+    age = time.time() - cmp.at
+    return GateResult(
+        name="shadow comparison",
+        kind="shadow",
+        passed=cmp.verdict == "pass",
+        rule="on mirrored live traffic the candidate is no worse than stable (canary checks)",
+        detail=f"{cmp.verdict} over {cmp.window_s:g} s, {age:.0f} s ago: {cmp.reason}"[:2000],
+    )

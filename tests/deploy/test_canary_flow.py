@@ -1,0 +1,286 @@
+"""Promote with canary steps on the local target, with stand-in vLLM servers behind a real
+gateway process: a healthy canary goes to 100%, a slow one is aborted at its first step
+with traffic back on stable, and a promote that dies mid-canary never leaves a weight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
+from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
+
+from releasekit.deploy.gateway import GatewayRequestError, Route, RouteTable, ThreadedGateway
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.state import read_state
+from releasekit.rollout.progressive import RolloutResumeError, promote_progressive
+from releasekit.rollout.state import read_rollout, write_rollout
+from releasekit.stores.ledger import Ledger
+
+__all__ = ["admin_token", "gateway_factory", "mlflow_template_db", "upstream_factory"]
+
+LEASE_S = 1.5
+
+
+@pytest.fixture
+def ckit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_template_db: Path,
+    stand_in_model: Any,
+) -> Iterator[Kit]:
+    """The deploy kit with a short canary lease."""
+    stand_in_model(project)
+    k = make_kit(
+        project, monkeypatch, mlflow_template_db, toml_lines=[f"canary_lease_s = {LEASE_S}"]
+    )
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+def canary_block(steps: str, checks: str, *, interval: float = 0.3, sustain: int = 2) -> str:
+    return (
+        "promotion:\n  canary:\n"
+        f"    interval_s: {interval}\n    sustain: {sustain}\n"
+        f"    steps:\n{steps}    checks:\n{checks}"
+    )
+
+
+def candidate(k: Kit, name: str, *, seqs: int, env_line: str = "", promotion: str) -> str:
+    path = k.variant("demo-bf16", name, {"max-num-seqs: 32": f"max-num-seqs: {seqs}"})
+    text = path.read_text()
+    if env_line:
+        text = text.replace(
+            'VLLM_CPU_KVCACHE_SPACE: "1"', f'VLLM_CPU_KVCACHE_SPACE: "1"\n{env_line}'
+        )
+    path.write_text(text + promotion)
+    return k.build(name)
+
+
+def _ledger(k: Kit) -> Ledger:
+    return Ledger(k.settings.ledger_url or "")
+
+
+def _gateway_state(k: Kit, env: str = "staging") -> Any:
+    gw = read_state(k.settings.state_dir, env).gateway
+    assert gw is not None
+    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        return c.state()
+
+
+def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
+    """Under streaming load a canary no worse than stable passes every step (each a
+    `canary_step` event) and then takes all traffic; no stream fails on the way."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = (
+        "      - {weight: 20, min_duration_s: 1, min_requests: 4, max_duration_s: 60}\n"
+        "      - {weight: 50, min_duration_s: 1, min_requests: 4, max_duration_s: 60}\n"
+        "      - {weight: 100}\n"
+    )
+    checks = (
+        "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 4}\n"
+        "      - {metric: error_rate, tolerance: 0, slack: 0.05, min_samples: 4}\n"
+    )
+    new = candidate(ckit, "demo-canary-ok", seqs=16, promotion=canary_block(steps, checks))
+    with (
+        Streamer(ckit.gateway("staging"), chunks=4) as s1,
+        Streamer(ckit.gateway("staging"), chunks=4) as s2,
+    ):
+        s1.wait_for(3)
+        res = promote_progressive(ckit.settings, new, env="staging", reason="canary")
+        s1.wait_for(3)
+    assert res.status == "promoted", (res.deploy, res.canary)
+    assert res.canary is not None and res.canary["outcome"] == "passed"
+    assert [s["weight"] for s in res.canary["steps"]] == [20, 50]
+    assert s1.failures == [] and s2.failures == []
+    assert new in s1.releases + s2.releases and old in s1.releases + s2.releases
+    led = _ledger(ckit)
+    steps_rec = led.records(environment="staging", types=["canary_step"])
+    assert [r.evidence["weight"] for r in steps_rec] == [20, 50]
+    live = led.live_at("staging")
+    assert live is not None and live.to_release == new
+    assert live.evidence["canary"]["outcome"] == "passed"
+    st = _gateway_state(ckit)
+    assert [r.release_id for r in st.routes] == [new] and st.lease_left_s is None
+    assert read_rollout(ckit.settings, "staging") is None
+
+
+def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
+    """A canary whose TTFT is far above stable's breaches at its first step: all traffic
+    goes back to stable, no client stream fails, the canary server stops, and the ledger
+    holds a `canary_aborted` event with the breaching windows and a `mark_bad`."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = (
+        "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
+        "      - {weight: 100}\n"
+    )
+    checks = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+    slow = candidate(
+        ckit,
+        "demo-canary-slow",
+        seqs=1,
+        env_line='    FAKE_CHUNK_DELAY_S: "0.4"',
+        promotion=canary_block(steps, checks),
+    )
+    streamers = [Streamer(ckit.gateway("staging"), chunks=3) for _ in range(3)]
+    for s in streamers:
+        s.__enter__()
+    try:
+        streamers[0].wait_for(2)
+        res = promote_progressive(ckit.settings, slow, env="staging", reason="canary")
+        streamers[0].wait_for(3)
+    finally:
+        for s in streamers:
+            s.__exit__(None, None, None)
+    assert res.status == "canary_aborted", res.deploy
+    assert not res.ok and res.canary is not None
+    assert res.canary["outcome"] == "breached" and len(res.canary["steps"]) == 1
+    assert res.canary["canary_served"] > 0
+    assert res.canary["decide_to_zero_s"] < 1.0
+    assert all(s.failures == [] for s in streamers), [s.failures for s in streamers]
+    st = _gateway_state(ckit)
+    assert [r.release_id for r in st.routes] == [old]
+    assert st.in_flight.get(slow, 0) == 0
+    assert all(s.release_id != slow for s in read_state(ckit.settings.state_dir, "staging").servers)
+    led = _ledger(ckit)
+    live = led.live_at("staging")
+    assert live is not None and live.to_release == old
+    [ab] = led.records(environment="staging", types=["canary_aborted"])
+    assert ab.to_release == slow and ab.from_release == old
+    [breach] = ab.evidence["breaches"]
+    assert breach["metric"] == "ttft_p95_s" and len(breach["windows"]) == 2
+    w = breach["windows"][-1]
+    assert w["canary"] > w["limit"] and w["end"] > w["start"]
+    [bad] = led.records(environment="staging", types=["mark_bad"])
+    assert bad.to_release == slow
+    again = promote_progressive(ckit.settings, slow, env="staging", reason="again")
+    assert again.status == "blocked"
+
+
+def test_no_canary_switches_at_once(ckit: Kit) -> None:
+    """`--no-canary` keeps the one switch: no canary step runs, no canary event."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = "      - {weight: 10, min_duration_s: 600, min_requests: 1000}\n"
+    checks = "      - {metric: error_rate}\n"
+    new = candidate(ckit, "demo-canary-skip", seqs=16, promotion=canary_block(steps, checks))
+    # A canary a dead promote left behind (its process is gone) is recorded as aborted.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_rollout(
+        ckit.settings, env="staging", release_id=new, stable_release_id=old, step=0, steps=1,
+        weight=10,
+    )  # fmt: skip
+    path = ckit.settings.state_dir / "rollouts" / "staging.json"
+    path.write_text(path.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {dead.pid}'))
+    res = promote_progressive(ckit.settings, new, env="staging", reason="x", no_canary=True)
+    assert res.status == "promoted" and res.canary is None
+    assert any("--no-canary" in w for w in res.warnings)
+    led = _ledger(ckit)
+    assert led.records(types=["canary_step"]) == []
+    [ab] = led.records(environment="staging", types=["canary_aborted"])
+    assert ab.evidence["outcome"] == "interrupted" and ab.to_release == new
+    assert read_rollout(ckit.settings, "staging") is None
+
+
+def test_a_promote_killed_mid_canary_leaves_no_weight_and_resumes(ckit: Kit) -> None:
+    """SIGKILL of `promote` during a step: the gateway's lease puts all traffic back on
+    stable by itself; the next `promote --resume` continues at that step and finishes."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = (
+        "      - {weight: 10, min_duration_s: 1, min_requests: 2, max_duration_s: 60}\n"
+        "      - {weight: 40, min_duration_s: 2, min_requests: 2, max_duration_s: 60}\n"
+    )
+    checks = "      - {metric: error_rate, tolerance: 0, slack: 0.05, min_samples: 2}\n"
+    new = candidate(ckit, "demo-canary-kill", seqs=16, promotion=canary_block(steps, checks))
+    cli = [sys.executable, "-c", "from releasekit.cli import app; app()"]
+    with Streamer(ckit.gateway("staging"), chunks=3) as s:
+        s.wait_for(2)
+        proc = subprocess.Popen(
+            [*cli, "promote", new, "--to", "staging", "-r", "canary", "--json"],
+            cwd=ckit.root,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            end = time.monotonic() + 120
+            while time.monotonic() < end:
+                st = read_rollout(ckit.settings, "staging")
+                if st is not None and st.step == 1:
+                    break
+                time.sleep(0.1)
+            assert st is not None and st.step == 1, "the canary never reached step 2"
+            split = _gateway_state(ckit)
+            assert {r.release_id for r in split.routes} == {old, new}
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        # The lease runs out and the gateway reverts by itself: no stuck weight.
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            st_now = _gateway_state(ckit)
+            if [r.release_id for r in st_now.routes] == [old]:
+                break
+            time.sleep(0.1)
+        assert [r.release_id for r in st_now.routes] == [old] and st_now.lease_expiries >= 1
+        n = s.done
+        s.wait_for(3)
+        assert s.done > n and s.releases[-1] == old
+    left = read_rollout(ckit.settings, "staging")
+    assert left is not None and left.orphaned and left.step == 1
+    with pytest.raises(RolloutResumeError, match="no interrupted canary"):
+        promote_progressive(ckit.settings, old, env="staging", resume=True)
+    with Streamer(ckit.gateway("staging"), chunks=3) as s:
+        s.wait_for(2)
+        res = promote_progressive(ckit.settings, new, env="staging", reason="go on", resume=True)
+    assert res.status == "promoted", (res.deploy, res.canary)
+    assert res.canary is not None and [x["weight"] for x in res.canary["steps"]] == [40]
+    assert any("resuming" in w for w in res.warnings) and s.failures == []
+    assert read_rollout(ckit.settings, "staging") is None
+
+
+def test_gateway_lease_reverts_and_renewal_keeps_the_split(
+    upstream_factory: Callable[[str], FakeUpstream],
+    gateway_factory: Callable[..., ThreadedGateway],
+    admin_token: str,
+) -> None:
+    """A leased table stays while renewed and reverts to its fallback once not renewed;
+    a renewal of a table that is gone answers 409."""
+    stable_up, canary_up = upstream_factory("stable"), upstream_factory("canary")
+    stable = Route(release_id="s", base_url=stable_up.url)
+    canary = Route(release_id="c", base_url=canary_up.url)
+    gw = gateway_factory(routes=[stable])
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        table = RouteTable(routes=[stable, canary], lease_s=0.6, fallback=[stable])
+        gen = c.set_routes(table).generation
+        for _ in range(4):
+            time.sleep(0.2)
+            c.renew_lease(gen)
+        assert len(c.state().routes) == 2
+        end = time.monotonic() + 10
+        while len(c.state().routes) == 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        st = c.state()
+        assert [r.release_id for r in st.routes] == ["s"] and st.lease_left_s is None
+        assert st.lease_expiries == 1
+        with pytest.raises(GatewayRequestError) as e:
+            c.renew_lease(gen)
+        assert e.value.status == 409
+    r = httpx.get(f"{gw.url}/metrics", timeout=10)
+    assert 'releasekit_gateway_lease_expiries_total{env="test"} 1.0' in r.text

@@ -1,0 +1,167 @@
+"""The canary judgement on windows built from Prometheus text: which figure is trusted, what
+counts as an error, and when a check waits instead of deciding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from releasekit.errors import ManifestError
+from releasekit.rollout.judge import ReleaseWindows, judge_check
+from releasekit.spec.manifest import CanaryCheck, parse_manifest
+from releasekit.watch.windows import Snapshot, build_window, parse_exposition
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+def _hist(name: str, labels: str, values: list[float]) -> list[str]:
+    lines = []
+    for le in BUCKETS:
+        n = sum(1 for v in values if v <= le)
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {n}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {len(values)}')
+    lines.append(f"{name}_count{{{labels}}} {len(values)}")
+    lines.append(f"{name}_sum{{{labels}}} {sum(values)}")
+    return lines
+
+
+def gateway_text(per_release: dict[str, dict[str, object]]) -> str:
+    """Gateway /metrics for releases: {rid: {"ttft": [...], "status": {"200": n}, "chunks": n}}."""
+    out = [
+        "# TYPE releasekit_gateway_requests_total counter",
+    ]
+    for rid, r in per_release.items():
+        for status, n in dict(r.get("status", {})).items():  # type: ignore[call-overload]
+            out.append(
+                f'releasekit_gateway_requests_total{{env="staging",release="{rid}",'
+                f'route="completions",status="{status}"}} {n}'
+            )
+    out.append("# TYPE releasekit_gateway_ttft_seconds histogram")
+    for rid, r in per_release.items():
+        out += _hist(
+            "releasekit_gateway_ttft_seconds",
+            f'env="staging",release="{rid}"',
+            list(r.get("ttft", [])),  # type: ignore[call-overload]
+        )
+    out.append("# TYPE releasekit_gateway_stream_chunks_total counter")
+    for rid, r in per_release.items():
+        out.append(
+            f'releasekit_gateway_stream_chunks_total{{env="staging",release="{rid}"}} '
+            f"{r.get('chunks', 0)}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def vllm_text(ttft: list[float], tpot: list[float], requests: int, tokens: int) -> str:
+    out = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    out += _hist("vllm:time_to_first_token_seconds", 'model_name="demo"', ttft)
+    out.append("# TYPE vllm:request_time_per_output_token_seconds histogram")
+    out += _hist("vllm:request_time_per_output_token_seconds", 'model_name="demo"', tpot)
+    out.append("# TYPE vllm:request_success_total counter")
+    out.append(f'vllm:request_success_total{{finished_reason="length"}} {requests}')
+    out.append("# TYPE vllm:generation_tokens_total counter")
+    out.append(f"vllm:generation_tokens_total {tokens}")
+    return "\n".join(out) + "\n"
+
+
+EMPTY_GW = gateway_text({"can": {}, "stb": {}})
+
+
+def windows(
+    gw: str, can_vllm: str | None = None, stb_vllm: str | None = None
+) -> tuple[ReleaseWindows, ReleaseWindows]:
+    g0, g1 = parse_exposition(EMPTY_GW), parse_exposition(gw)
+    out = []
+    for rid, v in (("can", can_vllm), ("stb", stb_vllm)):
+        edge = build_window(Snapshot(0, gateway=g0), Snapshot(10, gateway=g1), env="staging",
+                            release=rid)  # fmt: skip
+        engine = None
+        if v is not None:
+            e0 = parse_exposition(vllm_text([], [], 0, 0))
+            engine = build_window(Snapshot(0, vllm=e0), Snapshot(10, vllm=parse_exposition(v)))
+        out.append(ReleaseWindows(release_id=rid, edge=edge, engine=engine))
+    return out[0], out[1]
+
+
+def test_slow_canary_ttft_breaches_against_stable() -> None:
+    """A canary whose edge TTFT p95 is far above stable's over the same window breaches."""
+    gw = gateway_text({
+        "can": {"ttft": [0.4] * 30, "status": {"200": 30}, "chunks": 300},
+        "stb": {"ttft": [0.02] * 100, "status": {"200": 100}, "chunks": 1000},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    res, _ = judge_check(CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05), can, stb)
+    assert res.verdict == "breach", res.reason
+    assert res.source == "gateway" and res.canary is not None and res.canary > res.stable  # type: ignore[operator]
+
+
+def test_too_few_canary_samples_waits_instead_of_deciding() -> None:
+    """Below the check's minimum sample the verdict is `wait`, even when the canary is slow."""
+    gw = gateway_text({
+        "can": {"ttft": [2.0] * 5, "status": {"200": 5}},
+        "stb": {"ttft": [0.02] * 100, "status": {"200": 100}},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    res, _ = judge_check(CanaryCheck(metric="ttft_p95_s", min_samples=20), can, stb)
+    assert res.verdict == "wait"
+
+
+def test_client_cancellations_do_not_count_as_errors() -> None:
+    """499 (the client went away) and 4xx are not errors; 5xx and 504 are."""
+    gw = gateway_text({
+        "can": {"status": {"200": 20, "499": 15, "429": 5, "client_timeout": 3}},
+        "stb": {"status": {"200": 100}},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    check = CanaryCheck(metric="error_rate", tolerance=0.0, slack=0.02)
+    assert judge_check(check, can, stb)[0].verdict == "pass"
+    gw = gateway_text({"can": {"status": {"200": 20, "502": 3}}, "stb": {"status": {"200": 100}}})
+    can, stb = windows(gw)
+    assert judge_check(check, can, stb)[0].verdict == "breach"
+
+
+def test_bursty_stream_judges_ttft_engine_side_for_both() -> None:
+    """When tokens arrive merged (few chunks per token), the edge TTFT measures the front
+    end: the judgement uses both releases' engine TTFT instead, and a canary that is only
+    slow at the edge passes."""
+    gw = gateway_text({
+        # 30 requests of 32 tokens each delivered in 2 chunks: bursty.
+        "can": {"ttft": [0.9] * 30, "status": {"200": 30}, "chunks": 60},
+        "stb": {"ttft": [0.02] * 100, "status": {"200": 100}, "chunks": 3200},
+    })  # fmt: skip
+    can_v = vllm_text([0.01] * 30, [0.01] * 30, 30, 30 * 32)
+    stb_v = vllm_text([0.01] * 100, [0.01] * 100, 100, 100 * 32)
+    can, stb = windows(gw, can_v, stb_v)
+    res, _ = judge_check(CanaryCheck(metric="ttft_p95_s"), can, stb)
+    assert res.source == "vllm" and "bursty" in res.reason
+    assert res.verdict == "pass"
+
+
+def test_tpot_is_engine_side_and_not_measured_without_engine_figures() -> None:
+    """TPOT comes from each release's own vLLM; without them the check is not measured."""
+    gw = gateway_text({"can": {"status": {"200": 30}}, "stb": {"status": {"200": 100}}})
+    can, stb = windows(gw)
+    assert judge_check(CanaryCheck(metric="tpot_p95_s"), can, stb)[0].verdict == "not_measured"
+    can_v = vllm_text([0.01] * 30, [0.4] * 30, 30, 900)
+    stb_v = vllm_text([0.01] * 100, [0.01] * 100, 100, 3000)
+    can, stb = windows(gw, can_v, stb_v)
+    res, _ = judge_check(CanaryCheck(metric="tpot_p95_s"), can, stb)
+    assert res.verdict == "breach" and res.source == "vllm"
+
+
+def test_a_manifest_canary_must_rise_and_name_each_metric_once(tmp_path: Path) -> None:
+    """Falling weights, a metric twice, or an unknown metric are refused by field."""
+    data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
+    assert parse_manifest(data, path=tmp_path / "m.yaml").promotion.canary is not None
+    bad = [
+        {"steps": [{"weight": 50}, {"weight": 25}]},
+        {"steps": [{"weight": 5}], "checks": [{"metric": "error_rate"}] * 2},
+        {"steps": [{"weight": 5}], "checks": [{"metric": "ttft_p50_s"}]},
+    ]
+    for canary in bad:
+        with pytest.raises(ManifestError) as e:
+            parse_manifest({**data, "promotion": {"canary": canary}}, path=tmp_path / "m.yaml")
+        assert "promotion.canary" in str(e.value)

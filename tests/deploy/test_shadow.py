@@ -1,0 +1,121 @@
+"""Shadow traffic: the gateway mirrors an exact share of requests to a candidate whose
+answers never reach a client and whose copies take no client rate-limit token; on the
+local target the candidate's live comparison with stable is a promote gate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
+from promote_kit import Kit, Streamer, kit, mlflow_template_db
+
+from releasekit.deploy.gateway import Mirror, Route, RouteTable, ThreadedGateway
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.state import read_state
+from releasekit.rollout.progressive import promote_progressive
+from releasekit.rollout.shadow import compare_shadow, start_shadow, stop_shadow
+
+__all__ = [
+    "admin_token",
+    "gateway_factory",
+    "kit",
+    "mlflow_template_db",
+    "upstream_factory",
+]
+
+Up = Callable[[str], FakeUpstream]
+Gw = Callable[..., ThreadedGateway]
+
+
+def _wait(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def test_mirror_copies_an_exact_share_and_clients_never_see_it(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """With share 0.25, 1 request in 4 is copied to the candidate; every client answer
+    comes from stable, and the copies take no client rate-limit token."""
+    stable, cand = upstream_factory("stable"), upstream_factory("cand")
+    gw = gateway_factory(
+        routes=[Route(release_id="s", base_url=stable.url)],
+        rate_limit={"rps": 0.001, "burst": 8},
+    )
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        c.set_routes(
+            RouteTable(
+                routes=[Route(release_id="s", base_url=stable.url)],
+                mirror=Mirror(route=Route(release_id="c", base_url=cand.url), share=0.25),
+            )
+        )
+        answers = [
+            httpx.post(
+                f"{gw.url}/v1/completions", json={"prompt": f"p{i}", "stream": True}, timeout=10
+            )
+            for i in range(8)
+        ]
+        assert all(r.status_code == 200 for r in answers)
+        assert {r.headers["x-releasekit-release"] for r in answers} == {"s"}
+        assert all(b"cand" not in r.content for r in answers)
+        # 8 admitted = the whole burst: the 2 copies took none of it, the 9th is refused.
+        assert httpx.post(f"{gw.url}/v1/completions", json={}, timeout=10).status_code == 429
+        assert _wait(lambda: len(cand.finished) == 2), cand.finished
+        st = c.state()
+    assert st.mirror == "c" and st.mirrored == 2 and st.served == {"s": 8}
+    assert len(stable.received) == 8
+    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    assert 'releasekit_gateway_mirrored_total{env="test",outcome="sent",release="c"} 2.0' in metrics
+    assert 'release="c",route="completions",status="200"} 2.0' in metrics
+
+
+def _slow_candidate(k: Kit) -> str:
+    path = k.variant("demo-bf16", "demo-shadow-slow", {"max-num-seqs: 32": "max-num-seqs: 1"})
+    kv = 'VLLM_CPU_KVCACHE_SPACE: "1"'
+    text = path.read_text().replace(kv, f'{kv}\n    FAKE_CHUNK_DELAY_S: "0.3"')
+    text += (
+        "promotion:\n  canary:\n    steps:\n      - {weight: 10}\n    checks:\n"
+        "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+    )
+    path.write_text(text)
+    return k.build("demo-shadow-slow")
+
+
+def test_shadow_comparison_of_a_slow_candidate_blocks_its_promotion(kit: Kit) -> None:
+    """A slow candidate mirrored at 50% answers no client; its live comparison breaches,
+    and promote then refuses it on the "shadow comparison" gate; stop removes it."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    slow = _slow_candidate(kit)
+    status = start_shadow(kit.settings, slow, env="staging", share=0.5, reason="try it")
+    assert status.release_id == slow and status.stable_release_id == old
+    roles = {s.release_id: s.role for s in read_state(kit.settings.state_dir, "staging").servers}
+    assert roles == {old: "live", slow: "shadow"}
+    with (
+        Streamer(kit.gateway("staging"), chunks=3) as s1,
+        Streamer(kit.gateway("staging"), chunks=3) as s2,
+    ):
+        s1.wait_for(2)
+        cmp = compare_shadow(kit.settings, env="staging", window_s=4)
+    assert s1.failures == [] and s2.failures == []
+    assert set(s1.releases + s2.releases) == {old}
+    assert cmp.verdict == "breach", cmp.reason
+    assert cmp.mirrored > 0 and cmp.judgement.canary_requests > 0
+    [ttft] = cmp.judgement.checks
+    assert ttft.metric == "ttft_p95_s" and ttft.verdict == "breach"
+    res = promote_progressive(kit.settings, slow, env="staging", reason="after shadow")
+    assert res.status == "blocked" and res.report is not None
+    assert [g.name for g in res.report.failed] == ["shadow comparison"]
+    stop_shadow(kit.settings, env="staging")
+    servers = read_state(kit.settings.state_dir, "staging").servers
+    assert [s.release_id for s in servers] == [old]
+    gw: Any = read_state(kit.settings.state_dir, "staging").gateway
+    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        assert c.state().mirror is None
