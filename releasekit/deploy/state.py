@@ -73,6 +73,13 @@ class ServerRecord(BaseModel):
         None, description="autogroup nice it started with (None: not raised)"
     )
     ready_s: float | None = Field(None, description="seconds from spawn to healthy")
+    app: str | None = Field(None, description="the Ray Serve application (`ray` target)")
+
+    @property
+    def ident(self) -> str:
+        """What tells this server from the environment's others: its Serve application on
+        the `ray` target, its process group on `local`."""
+        return f"app:{self.app}" if self.app else f"pid:{self.pid}"
 
 
 class GatewayRecord(BaseModel):

@@ -113,11 +113,21 @@ def env_config(settings: Settings, env: str) -> EnvironmentConfig:
 
 
 def target_for(
-    settings: Settings, env: str, cfg: EnvironmentConfig, handle: StateHandle
+    settings: Settings,
+    env: str,
+    cfg: EnvironmentConfig,
+    handle: StateHandle,
+    *,
+    replicas: int | None = None,
 ) -> LocalTarget:
-    """The deploy target an environment names (`target` in releasekit.toml): `local`."""
+    """The deploy target an environment names (`target` in releasekit.toml): `local`, or
+    `ray` (with `replicas` per release instead of the environment's count, when given)."""
     if cfg.target == "local":
         return LocalTarget(settings, env, cfg, handle)
+    if cfg.target == "ray":
+        from releasekit.deploy.ray.target import RayTarget
+
+        return RayTarget(settings, env, cfg, handle, replicas=replicas)
     raise EnvironmentNotConfiguredError(f"environment {env!r}: unknown target {cfg.target!r}")
 
 
@@ -270,7 +280,7 @@ def deploy_release(
 
         # 5. switch
         previous_routes = list(handle.state.routes)
-        roles_before = {s.pid: (s.role, s.warm_until) for s in handle.state.servers}
+        roles_before = {s.ident: (s.role, s.warm_until) for s in handle.state.servers}
         rec = target.record(up)
         ts = time.monotonic()
         try:
@@ -293,7 +303,7 @@ def deploy_release(
         out.switch_s = round(time.monotonic() - t0, 3)
         step("switch", True, ts)
         for s in handle.state.servers:
-            if rec is not None and s.pid == rec.pid:
+            if rec is not None and s.ident == rec.ident:
                 s.role, s.warm_until = "live", None
         handle.save()
 
@@ -305,8 +315,8 @@ def deploy_release(
             except (GatewayError, DeployError) as exc:
                 problem += f"; switching back ALSO failed: {exc}"
             for s in handle.state.servers:
-                if s.pid in roles_before:
-                    s.role, s.warm_until = roles_before[s.pid]
+                if s.ident in roles_before:
+                    s.role, s.warm_until = roles_before[s.ident]
             handle.save()
             step("revert", out.reverted, tr)
             if not (rec is not None and any(r.base_url == rec.base_url for r in previous_routes)):
@@ -357,8 +367,8 @@ def deploy_release(
 
         # 8. the old upstream: drain, then warm or stop
         ts = time.monotonic()
-        new_pid = rec.pid if rec is not None else None
-        olds = [s for s in handle.state.servers if s.pid != new_pid]
+        new_ident = rec.ident if rec is not None else None
+        olds = [s for s in handle.state.servers if s.ident != new_ident]
         leaving = [s for s in olds if s.role == "live"]
         keep = leaving[0] if cfg.warm_s > 0 and leaving else None
         to_stop = [s for s in olds if s is not keep]
@@ -439,8 +449,20 @@ def down(
     )
 
 
+class ReplicaStatus(BaseModel):
+    """One replica of a release on the `ray` target: where Ray placed it."""
+
+    replica: str
+    node_id: str
+    node_ip: str
+    pid: int
+    server_pid: int
+    server_url: str
+    log: str
+
+
 class ServerStatus(BaseModel):
-    """One recorded server, as it is now."""
+    """One recorded server (a Serve application on the `ray` target), as it is now."""
 
     release_id: str
     role: str
@@ -449,6 +471,11 @@ class ServerStatus(BaseModel):
     healthy: bool
     warm_until: dt.datetime | None = None
     log_path: str
+    target: str = "local"
+    app: str | None = Field(None, description="its Ray Serve application")
+    replicas: list[ReplicaStatus] = Field(
+        default_factory=list, description="the `ray` target's replicas, with their nodes"
+    )
 
 
 class EnvDeployStatus(BaseModel):
@@ -467,6 +494,20 @@ class EnvDeployStatus(BaseModel):
         description="no contradiction: the gateway routes only to the release of record, "
         "or nothing runs (after `down`)"
     )
+
+
+def _replicas(settings: Settings, env: str, app: str | None) -> list[ReplicaStatus]:
+    """The replicas of a `ray` application, read from its cluster ([] when unreachable)."""
+    cfg = settings.environments.get(env)
+    if app is None or cfg is None or cfg.ray is None:
+        return []
+    from releasekit.deploy.ray.cluster import connect, replicas_of
+
+    try:
+        connect(cfg.ray)
+        return [ReplicaStatus.model_validate(r.model_dump()) for r in replicas_of(app)]
+    except ReleasekitError:
+        return []
 
 
 def deploy_status(
@@ -492,12 +533,15 @@ def deploy_status(
                 role=s.role,
                 base_url=s.base_url,
                 pid=s.pid,
-                healthy=process_alive(s.pid, s.proc_start)
+                healthy=(s.app is not None or process_alive(s.pid, s.proc_start))
                 and check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=2.0),
                 warm_until=dt.datetime.fromtimestamp(s.warm_until, dt.UTC)
                 if s.warm_until
                 else None,
                 log_path=s.log_path,
+                target=s.target,
+                app=s.app,
+                replicas=_replicas(settings, name, s.app),
             )
             for s in st.servers
         ]

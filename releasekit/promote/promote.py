@@ -155,14 +155,20 @@ def _live_info(settings: Settings, live_id: str, ledger: Ledger) -> tuple[Releas
 
 
 def _running(settings: Settings, env: str, release_id: str) -> bool:
-    from releasekit.deploy.local import process_alive
+    from releasekit.deploy.local import check_health, process_alive
 
     st = read_state(settings.state_dir, env)
     if release_id not in st.routed_release_ids() or st.gateway is None:
         return False
     urls = {r.base_url for r in st.routes if r.release_id == release_id}
     return process_alive(st.gateway.pid, st.gateway.proc_start) and any(
-        s.base_url in urls and process_alive(s.pid, s.proc_start) for s in st.servers
+        s.base_url in urls
+        and (
+            check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=3.0)
+            if s.app
+            else process_alive(s.pid, s.proc_start)
+        )
+        for s in st.servers
     )
 
 
