@@ -319,7 +319,13 @@ def deploy_release(
                     s.role, s.warm_until = roles_before[s.ident]
             handle.save()
             step("revert", out.reverted, tr)
-            if not (rec is not None and any(r.base_url == rec.base_url for r in previous_routes)):
+            if not (
+                rec is not None
+                and any(
+                    r.base_url == rec.base_url and r.api_key == rec.api_key
+                    for r in previous_routes
+                )
+            ):
                 if out.reverted:
                     target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
                 drop_new()

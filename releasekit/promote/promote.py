@@ -163,6 +163,7 @@ def _running(settings: Settings, env: str, release_id: str) -> bool:
     urls = {r.base_url for r in st.routes if r.release_id == release_id}
     return process_alive(st.gateway.pid, st.gateway.proc_start) and any(
         s.base_url in urls
+        and (s.app is None or s.release_id == release_id)
         and (
             check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=3.0)
             if s.app

@@ -41,10 +41,11 @@ __all__ = ["mlflow_template_db"]
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    """One Ray head (2 CPUs) for the module, stopped by session at the end."""
+    """One Ray head (4 logical CPUs: two releases of two replicas side by side) for the
+    module, stopped by session at the end."""
     c = RayCluster(slot=free_slot(), root=tmp_path_factory.mktemp("ray"))
     try:
-        c.add_node(num_cpus=2)
+        c.add_node(num_cpus=4)
         yield c
     finally:
         with contextlib.suppress(Exception):
@@ -155,12 +156,12 @@ def test_a_replica_whose_server_dies_is_replaced_and_the_gateway_keeps_serving(
 def test_a_release_that_does_not_fit_says_what_is_missing_and_leaves_nothing(
     rkit: Kit,
 ) -> None:
-    """Three 1-CPU replicas on a 2-CPU cluster: refused before anything is deployed, with
+    """Five 1-CPU replicas on a 4-CPU cluster: refused before anything is deployed, with
     the missing CPU named."""
     spec = _spec(rkit)
     cfg = rkit.settings.environments["staging"]
     with locked_state(rkit.settings.state_dir, "staging") as h:
-        target = RayTarget(rkit.settings, "staging", cfg, h, replicas=3)
+        target = RayTarget(rkit.settings, "staging", cfg, h, replicas=5)
         with pytest.raises(ReleaseDoesNotFitError, match="1 CPU missing"):
             target.start(spec)
         assert h.state.servers == []

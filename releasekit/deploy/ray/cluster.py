@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from releasekit.config import RayTargetConfig
-from releasekit.deploy.target import DeployError
+from releasekit.deploy.target import DeployError, ReleaseStartError
 
 
 class RayNotInstalledError(DeployError):
@@ -35,9 +35,9 @@ class RayClusterUnreachableError(DeployError):
     )
 
 
-class ReleaseDoesNotFitError(DeployError):
+class ReleaseDoesNotFitError(ReleaseStartError):
     """Raised before anything is deployed when the cluster lacks what a release's replicas
-    reserve; the message says what is missing."""
+    reserve; the message says what is missing (a failed start: the old release serves)."""
 
     remedy = "add nodes or CPUs to the cluster, or lower replicas / cpus_per_replica"
 

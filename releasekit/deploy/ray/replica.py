@@ -24,6 +24,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -193,6 +194,29 @@ class ReleaseReplica:
             background=BackgroundTask(resp.aclose),
         )
 
+    async def relay(
+        self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes
+    ) -> AsyncIterator[Any]:
+        """The router's call: yields {"status", "headers"} once, then the body's chunks as
+        the server sends them (a closed stream closes the server's request too)."""
+        req = self.client.build_request(
+            method, path + (f"?{query}" if query else ""), headers=headers, content=body
+        )
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            yield {"status": 502, "headers": {"content-type": "application/json"}}
+            yield _error(f"replica's server unreachable: {exc!r}")
+            return
+        try:
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+            out["x-releasekit-replica"] = self.replica
+            yield {"status": resp.status_code, "headers": out}
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        finally:
+            await resp.aclose()
+
     def _stop_child(self, grace_s: float = 10.0) -> None:
         proc = getattr(self, "proc", None)
         if proc is None or proc.poll() is not None:
@@ -210,6 +234,86 @@ class ReleaseReplica:
         with contextlib.suppress(Exception):
             internal_kv._internal_kv_del(kv_key(self.app, self.replica), namespace=KV_NAMESPACE)
         self._stop_child()
+
+
+def _error(message: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "releasekit_ray"}}).encode()
+
+
+ROUTER_APP = "rk-router"
+TOKEN_SEP = "~"
+
+
+def routing_token(app: str, api_key: str | None) -> str:
+    """The bearer token the gateway sends for a release: its application, then the key its
+    server demands, if any."""
+    return app + (TOKEN_SEP + api_key if api_key else "")
+
+
+@serve.deployment(
+    name="router",
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=4096,
+    health_check_period_s=2,
+)
+class Router:
+    """The cluster's one HTTP entry for releasekit (application `rk-router`, route "/"):
+    sends each request to the release application its bearer token names (the gateway's
+    route key for that release), through a Serve handle, so Serve picks a healthy replica.
+    Why: the gateway's routes are bare `http://host:port` URLs, so releases that share
+    Serve's single HTTP port cannot be told apart by path."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, Any] = {}
+
+    def _handle(self, app: str) -> Any:
+        h = self.handles.get(app)
+        if h is None:
+            h = serve.get_app_handle(app).options(stream=True)
+            self.handles[app] = h
+        return h
+
+    async def __call__(self, request: Request) -> Response:
+        """Relay to the application the bearer token names."""
+        auth = request.headers.get("authorization", "")
+        token = auth[7:] if auth.lower().startswith("bearer ") else ""
+        app, _, key = token.partition(TOKEN_SEP)
+        path = request.url.path
+        if not app.startswith("rk-") or app == ROUTER_APP:
+            if path == "/health":
+                return Response(status_code=200)
+            return Response(
+                _error("no release named: send Authorization: Bearer <application>"),
+                status_code=404,
+                media_type="application/json",
+            )
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP and k.lower() != "authorization"
+        ]
+        if key:
+            headers.append(("authorization", f"Bearer {key}"))
+        body = await request.body()
+        try:
+            gen = self._handle(app).relay.remote(
+                request.method, path, request.url.query, headers, body
+            )
+            head = await gen.__anext__()
+        except Exception as exc:  # the application is gone or has no replica now
+            self.handles.pop(app, None)
+            return Response(
+                _error(f"release application {app} did not answer: {type(exc).__name__}"),
+                status_code=503,
+                media_type="application/json",
+            )
+
+        async def rest() -> AsyncIterator[bytes]:
+            async for chunk in gen:
+                yield chunk
+
+        return StreamingResponse(rest(), status_code=head["status"], headers=head["headers"])
 
 
 def replica_options(

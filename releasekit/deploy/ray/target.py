@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -98,6 +99,20 @@ def ensure_serve(cfg: RayTargetConfig) -> str:
     )
 
 
+def ensure_router_app() -> None:
+    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing."""
+    from ray import serve
+
+    from releasekit.deploy.ray.replica import ROUTER_APP, Router
+
+    if app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING":
+        return
+    try:
+        serve._run(Router.bind(), _blocking=True, name=ROUTER_APP, route_prefix="/")  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise DeployError(f"could not deploy Serve application {ROUTER_APP}: {exc}") from exc
+
+
 class RayTarget(LocalTarget):
     """An environment's releases as Serve applications on a Ray cluster, behind the
     environment's gateway on this host (gateway methods are the local target's)."""
@@ -127,6 +142,7 @@ class RayTarget(LocalTarget):
         if self._proxy is None:
             connect(self.ray)
             self._proxy = ensure_serve(self.ray)
+            ensure_router_app()
         return self._proxy
 
     def _apps(self) -> dict[str, tuple[str, str]]:
@@ -190,7 +206,7 @@ class RayTarget(LocalTarget):
             keep.append(s)
         known = {s.app for s in keep}
         for app in apps:
-            if app.startswith(f"rk-{self.env}-") and app not in known:
+            if re.fullmatch(rf"rk-{re.escape(self.env)}-[0-9a-f]{{12}}", app) and app not in known:
                 notes.append(f"deleted application {app}, which no record names")
                 self._delete(app)
         st.servers = keep
@@ -210,7 +226,7 @@ class RayTarget(LocalTarget):
         wait until every replica is healthy. ReleaseDoesNotFitError before anything is
         deployed when the cluster lacks the resources; ReleaseStartError (application
         deleted, record forgotten) when a replica never becomes healthy, quoting its log."""
-        from releasekit.deploy.ray.replica import ReleaseReplica, replica_options
+        from releasekit.deploy.ray.replica import ReleaseReplica, replica_options, routing_token
 
         proxy = self.connect()
         auto = self.ray.autoscaling
@@ -222,11 +238,11 @@ class RayTarget(LocalTarget):
         rec = ServerRecord(
             release_id=spec.release_id,
             serving_key=spec.serving_key,
-            base_url=f"{proxy}/{app}",
+            base_url=proxy,  # the router sends a request to the app its bearer token names
             port=self.ray.serve_port,
             pid=0,
             model=spec.served_name,
-            api_key=spec.api_key,
+            api_key=routing_token(app, spec.api_key),
             log_path=str(log_dir / f"{app}-*.log"),
             role="starting",
             started_at=time.time(),
@@ -377,7 +393,7 @@ def expire_warm(settings: Settings, env: str, *, now: float | None = None) -> in
     with env_lock(settings.state_dir, env, timeout_s=3600):
         st = read_state(settings.state_dir, env)
         t = time.time() if now is None else now
-        routed = {r.base_url for r in st.routes if r.weight > 0}
+        routed = {r.release_id for r in st.routes if r.weight > 0}
         due = [
             s
             for s in st.servers
@@ -385,7 +401,7 @@ def expire_warm(settings: Settings, env: str, *, now: float | None = None) -> in
             and s.role == "warm"
             and s.warm_until is not None
             and s.warm_until <= t
-            and s.base_url not in routed
+            and s.release_id not in routed
         ]
         if not due:
             return 0
