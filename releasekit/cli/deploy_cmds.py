@@ -88,6 +88,15 @@ def promote_cmd(
             "repeat for more than one (needs --reason; recorded as an override)",
         ),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="ray target: run this many replicas of the release (e.g. the units "
+            "`releasekit capacity --env ENV` prints) instead of the environment's count",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Promote RELEASE to an environment: gates against the live release, then a blue/green
@@ -99,7 +108,7 @@ def promote_cmd(
     with progress_reporter(enabled=not json_) as rep:
         res = promote(
             State.settings(), release, env=to, reason=reason, dry_run=dry_run,
-            force=[k.value for k in force or []], progress=rep,
+            force=[k.value for k in force or []], progress=rep, replicas=replicas,
         )  # fmt: skip
     if json_:
         emit_json(res)
@@ -224,7 +233,9 @@ def deploy_status_cmd(
     for e in envs:
         routes = ", ".join(f"{_short(r['release_id'])}@{r['base_url']}" for r in e.routes) or "-"
         servers = ", ".join(
-            f"{_short(s.release_id)} {s.role} pid {s.pid}{'' if s.healthy else ' (down)'}"
+            f"{_short(s.release_id)} {s.role} "
+            + (f"{len(s.replicas)} replica(s)" if s.app else f"pid {s.pid}")
+            + ("" if s.healthy else " (down)")
             for s in e.servers
         )
         rows.append(
@@ -243,3 +254,16 @@ def deploy_status_cmd(
         ["environment", "gateway", "state", "routes", "servers", "ledger live", "agrees"],
         rows,
     )
+    replica_rows = [
+        [e.environment, _short(s.release_id), s.role, r.node_ip, r.replica, str(r.pid),
+         str(r.server_pid), r.server_url]
+        for e in envs
+        for s in e.servers
+        for r in s.replicas
+    ]  # fmt: skip
+    if replica_rows:
+        table(
+            "replicas (ray target)",
+            ["environment", "release", "role", "node", "replica", "pid", "server pid", "server"],
+            replica_rows,
+        )

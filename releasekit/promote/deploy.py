@@ -186,11 +186,13 @@ def deploy_release(
     actor: str | None = None,
     lock_timeout_s: float = 600.0,
     started_at: float | None = None,
+    replicas: int | None = None,
 ) -> DeployOutcome:
     """Blue/green deploy of `spec` to `env` (see the module docstring). `probe` None skips
     both smoke runs (rollback to a known-good release). `expected_live` is the release the
     caller saw live; ConcurrentChangeError if another command changed it meanwhile.
-    `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from."""
+    `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from.
+    `replicas` (the `ray` target) overrides the environment's replica count."""
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -209,7 +211,7 @@ def deploy_release(
                 f"not {str(expected_live)[:12]}"
             )
         out.previous_release_id = live_now
-        target = target_for(settings, env, cfg, handle)
+        target = target_for(settings, env, cfg, handle, replicas=replicas)
         out.notes += target.reconcile()
         handle.state.routes = _routes_alive(handle.state)
         ts = time.monotonic()
@@ -322,8 +324,7 @@ def deploy_release(
             if not (
                 rec is not None
                 and any(
-                    r.base_url == rec.base_url and r.api_key == rec.api_key
-                    for r in previous_routes
+                    r.base_url == rec.base_url and r.api_key == rec.api_key for r in previous_routes
                 )
             ):
                 if out.reverted:

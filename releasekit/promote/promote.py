@@ -245,6 +245,12 @@ class PromoteRequest(BaseModel):
         "failure",
     )
     actor: str | None = None
+    replicas: int | None = Field(
+        None,
+        ge=1,
+        description="`ray` target: replicas of the release instead of the environment's "
+        "count (e.g. the capacity plan's units)",
+    )
 
 
 @dataclass(frozen=True)
@@ -269,6 +275,7 @@ def promote(
     actor: str | None = None,
     progress: Progress | None = None,
     ledger: Ledger | None = None,
+    replicas: int | None = None,
 ) -> PromoteResult:
     """Promote `release_ref` (anything resolve_release accepts) to `env`; see the module
     docstring for the outcomes. `force` names the kinds of gate an override may carry past
@@ -282,6 +289,7 @@ def promote(
         dry_run=dry_run,
         force=list(dict.fromkeys(force)),
         actor=actor,
+        replicas=replicas,
     )
     return run_promotion(settings, request, progress=progress, ledger=ledger)
 
@@ -297,6 +305,11 @@ def run_promotion(
     record."""
     say = progress or (lambda label, done, total: None)
     cfg = env_config(settings, request.env)
+    if request.replicas is not None and cfg.target != "ray":
+        raise PromoteError(
+            f"--replicas applies to the ray target; {request.env} runs on {cfg.target}",
+            remedy="leave out --replicas, or point the environment at a Ray cluster",
+        )
     if request.force and not request.reason.strip():
         raise PromoteError("--force needs --reason: an override must say why")
     led = ledger or _open_ledger(settings, read_only=request.dry_run)
@@ -383,6 +396,7 @@ def redeploy_record(
         ledger=ledger,
         expected_live=target.live_id,
         actor=request.actor,
+        replicas=request.replicas,
     )
     return target.base.model_copy(
         update={
@@ -516,6 +530,7 @@ def deploy_and_record(
         ledger=ledger,
         expected_live=target.live_id,
         actor=request.actor,
+        replicas=request.replicas,
     )
     move: RecordMove | None = recorded.get("move")
     return result.model_copy(

@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,8 +203,18 @@ def free_slot() -> int:
     for slot in range(0, 9):
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", PORT_BASE + slot * 100))
+                s.bind((RayCluster.node_ip(0), PORT_BASE + slot * 100))
             except OSError:
                 continue
             return slot
     pytest.skip("no free Ray port slot in 31000-31899")
+
+
+def env_lines(c: RayCluster, **extra: Any) -> list[str]:
+    """releasekit.toml lines that put an environment on cluster `c` (2 replicas, quick
+    health checks), for make_kit's `toml_lines`."""
+    fields = {"address": f'"{c.address}"', "serve_port": str(c.serve_port), "replicas": "2"}
+    fields.update({"health_check_period_s": "1", "health_check_timeout_s": "5"})
+    fields.update({k: str(v) for k, v in extra.items()})
+    inner = ", ".join(f"{k} = {v}" for k, v in fields.items())
+    return ['target = "ray"', f"ray = {{ {inner} }}"]

@@ -16,25 +16,25 @@ from typing import Any
 
 import pytest
 from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
-from ray_kit import RayCluster, free_slot
+from ray_kit import RayCluster, env_lines, free_slot
 
 pytest.importorskip("ray")
 
-from releasekit.config import RayTargetConfig  # noqa: E402
-from releasekit.deploy.ray.cluster import (  # noqa: E402
+from releasekit.config import RayTargetConfig
+from releasekit.deploy.ray.cluster import (
     RayClusterUnreachableError,
     ReleaseDoesNotFitError,
     app_statuses,
     connect,
 )
-from releasekit.deploy.ray.target import RayTarget  # noqa: E402
-from releasekit.deploy.state import locked_state, read_state  # noqa: E402
-from releasekit.deploy.target import ReleaseSpec, ReleaseStartError  # noqa: E402
-from releasekit.promote.context import load_release, release_spec  # noqa: E402
-from releasekit.promote.deploy import deploy_status  # noqa: E402
-from releasekit.promote.promote import promote  # noqa: E402
-from releasekit.promote.rollback import rollback  # noqa: E402
-from releasekit.stores.ledger import Ledger  # noqa: E402
+from releasekit.deploy.ray.target import RayTarget
+from releasekit.deploy.state import locked_state, read_state
+from releasekit.deploy.target import ReleaseSpec, ReleaseStartError
+from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.deploy import deploy_status
+from releasekit.promote.promote import promote
+from releasekit.promote.rollback import rollback
+from releasekit.stores.ledger import Ledger
 
 __all__ = ["mlflow_template_db"]
 
@@ -55,14 +55,6 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
         c.stop()
 
 
-def _ray_lines(c: RayCluster, **extra: Any) -> list[str]:
-    fields = {"address": f'"{c.address}"', "serve_port": str(c.serve_port), "replicas": "2"}
-    fields.update({"health_check_period_s": "1", "health_check_timeout_s": "5"})
-    fields.update({k: str(v) for k, v in extra.items()})
-    inner = ", ".join(f"{k} = {v}" for k, v in fields.items())
-    return ['target = "ray"', f"ray = {{ {inner} }}"]
-
-
 @pytest.fixture
 def rkit(
     project: Path,
@@ -74,9 +66,7 @@ def rkit(
     """A deploy-test project whose environments are on the head's cluster (1 CPU per
     replica, 2 replicas); its applications and gateways are removed afterwards."""
     stand_in_model(project)
-    k = make_kit(
-        project, monkeypatch, mlflow_template_db, toml_lines=_ray_lines(head)
-    )
+    k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=env_lines(head))
     try:
         yield k
     finally:
@@ -189,6 +179,6 @@ def test_a_replica_that_never_becomes_healthy_quotes_its_log_and_is_deleted(
 def test_an_unreachable_cluster_is_one_clear_error() -> None:
     """Nothing listens at the address: RayClusterUnreachableError names it at once."""
     cfg = RayTargetConfig(address="127.0.0.2:31999", connect_timeout_s=2)
-    with pytest.raises(RayClusterUnreachableError, match="127.0.0.2:31999") as info:
+    with pytest.raises(RayClusterUnreachableError, match=r"127\.0\.0\.2:31999") as info:
         connect(cfg)
     assert "start the cluster" in info.value.remedy

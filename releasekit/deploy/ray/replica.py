@@ -23,8 +23,8 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx

@@ -18,6 +18,7 @@ one the state does not know, and a warm one past its period are deleted.
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import re
 import sys
@@ -78,9 +79,7 @@ def ensure_serve(cfg: RayTargetConfig) -> str:
     host = cfg.serve_host or cfg.host
     url = f"http://{host}:{cfg.serve_port}"
     try:
-        serve.start(
-            proxy_location="HeadOnly", http_options={"host": host, "port": cfg.serve_port}
-        )
+        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": cfg.serve_port})
     except Exception as exc:
         raise DeployError(f"could not start Ray Serve on {cfg.address}: {exc}") from exc
     end = time.monotonic() + 60
@@ -313,8 +312,7 @@ class RayTarget(LocalTarget):
             if status in ("DEPLOY_FAILED", "UNHEALTHY", "MISSING"):
                 cause = last_error_line(message) or status
                 raise ReleaseStartError(
-                    f"release {rec.release_id[:12]} on Ray: no healthy replica ({status}): "
-                    f"{cause}",
+                    f"release {rec.release_id[:12]} on Ray: no healthy replica ({status}): {cause}",
                     log_tail=_log_tail(message),
                     log_path=rec.log_path,
                 )
@@ -350,7 +348,7 @@ class RayTarget(LocalTarget):
         apps = self._apps()
         return [self.upstream_of(s) for s in self._state.servers if s.app in apps]
 
-    def replicas_of(self, upstream: Upstream) -> list[ReplicaInfo]:
+    def replicas_of(self, upstream: Upstream) -> builtins.list[ReplicaInfo]:
         """Where the application's replicas run now."""
         self.connect()
         app = upstream.handle.get("app")
@@ -416,7 +414,8 @@ def expire_warm(settings: Settings, env: str, *, now: float | None = None) -> in
                         c.wait_drained(s.release_id, cfg.drain_deadline_s)
                 except GatewayError:
                     pass
-            serve.delete(s.app, _blocking=True)
+            if s.app is not None:
+                serve.delete(s.app, _blocking=True)
             done += 1
         gone = {s.app for s in due}
         st.servers = [s for s in st.servers if s.app not in gone]
