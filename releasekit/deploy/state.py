@@ -76,6 +76,13 @@ class ServerRecord(BaseModel):
     app: str | None = Field(None, description="the Ray Serve application (`ray` target)")
 
     @property
+    def metrics_url(self) -> str:
+        """Where the release's vLLM metrics are read: the server's /metrics, or on the
+        `ray` target every replica's, merged by the cluster's router."""
+        base = self.base_url.rstrip("/") + "/metrics"
+        return f"{base}?app={self.app}" if self.app else base
+
+    @property
     def ident(self) -> str:
         """What tells this server from the environment's others: its Serve application on
         the `ray` target, its process group on `local`."""

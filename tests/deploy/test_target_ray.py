@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
 from ray_kit import RayCluster, env_lines, free_slot
@@ -35,6 +36,7 @@ from releasekit.promote.deploy import deploy_status
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
 from releasekit.stores.ledger import Ledger
+from releasekit.watch.service import metrics_urls
 
 __all__ = ["mlflow_template_db"]
 
@@ -115,6 +117,32 @@ def test_promotion_and_rollback_on_ray_keep_every_stream_whole(rkit: Kit) -> Non
     assert [x.release_id for x in live] == [v1]
     assert len(live[0].replicas) == 2
     assert {r.node_ip for r in live[0].replicas} == {"127.0.0.2"}
+
+
+def test_the_watcher_reads_every_replicas_metrics(rkit: Kit) -> None:
+    """The release's metrics URL (what watch and diagnose scrape) gives the replicas'
+    series summed: the same total as reading each replica's server directly."""
+    rid = rkit.build("demo-bf16")
+    res = promote(rkit.settings, "manifests/demo-bf16.yaml", env="staging", reason="first")
+    assert res.status == "promoted", res.deploy
+    with Streamer(rkit.gateway("staging")) as s:
+        s.wait_for(12)
+    vllm_url, _ = metrics_urls(rkit.settings, "staging", rid)
+    [st] = deploy_status(rkit.settings, env="staging")
+    reps = st.servers[0].replicas
+
+    def served(text: str) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total")
+        )
+
+    direct = [served(httpx.get(f"{r.server_url}/metrics", timeout=10).text) for r in reps]
+    merged = httpx.get(vllm_url, timeout=10)
+    assert merged.status_code == 200 and merged.headers["x-releasekit-replicas"] == "2"
+    assert len(direct) == 2 and all(n > 0 for n in direct)  # Serve spread the requests
+    assert served(merged.text) == sum(direct)
 
 
 def test_a_replica_whose_server_dies_is_replaced_and_the_gateway_keeps_serving(

@@ -16,6 +16,7 @@ key-value store under `releasekit/<app>/<replica>`, which `deploy-status` reads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import json
@@ -36,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from releasekit._support.procs import tail
+from releasekit.deploy.ray.metrics import merge_expositions
 from releasekit.serving.vllm import VLLMServer, pick_port
 
 KV_NAMESPACE = "releasekit"
@@ -274,12 +276,39 @@ class Router:
             self.handles[app] = h
         return h
 
+    async def _fleet_metrics(self, app: str) -> Response:
+        """`GET /metrics?app=APP`: every replica's server's /metrics, merged (one series
+        summed over the replicas; deploy/ray/metrics.py)."""
+        urls = []
+        for key in internal_kv._internal_kv_list(f"{app}/".encode(), namespace=KV_NAMESPACE):
+            raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+            if raw is not None:
+                urls.append(json.loads(raw)["server_url"] + "/metrics")
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as c:
+            got = await asyncio.gather(*(c.get(u) for u in urls), return_exceptions=True)
+        pages = [r.text for r in got if isinstance(r, httpx.Response) and r.status_code == 200]
+        if not pages:
+            return Response(
+                _error(f"no replica of {app} answered /metrics"),
+                status_code=503,
+                media_type="application/json",
+            )
+        return Response(
+            merge_expositions(pages),
+            media_type="text/plain; version=0.0.4",
+            headers={"x-releasekit-replicas": str(len(pages))},
+        )
+
     async def __call__(self, request: Request) -> Response:
-        """Relay to the application the bearer token names."""
+        """Relay to the application the bearer token names (`/metrics?app=APP`: the
+        application's replicas' metrics, merged)."""
         auth = request.headers.get("authorization", "")
         token = auth[7:] if auth.lower().startswith("bearer ") else ""
         app, _, key = token.partition(TOKEN_SEP)
         path = request.url.path
+        fleet = request.query_params.get("app", "")
+        if path == "/metrics" and fleet.startswith("rk-"):
+            return await self._fleet_metrics(fleet)
         if not app.startswith("rk-") or app == ROUTER_APP:
             if path == "/health":
                 return Response(status_code=200)
