@@ -19,7 +19,9 @@ node() {  # node INDEX IP EXTRA...
   local i=$1 ip=$2; shift 2
   local base=$((PORT + 10 + i * 20))
   mkdir -p "$DIR/node$i"
-  RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR="$DIR/node$i" setsid "$RAY" start "$@" \
+  # RAY_worker_niceness=0: Ray otherwise runs workers, so replicas and their vLLM, at nice 15.
+  RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0 RAY_TMPDIR="$DIR/node$i" \
+    setsid "$RAY" start "$@" \
     --num-cpus="$CPUS" --memory=$((4 * 1024 ** 3)) --object-store-memory=$((256 * 1024 ** 2)) \
     --node-ip-address="$ip" --disable-usage-stats \
     --node-manager-port=$base --object-manager-port=$((base + 1)) \

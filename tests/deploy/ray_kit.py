@@ -144,6 +144,8 @@ class RayCluster:
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TMPDIR": str(temp),
+            # Ray starts workers (so replicas and their vLLM) at niceness 15 by default.
+            "RAY_worker_niceness": "0",
         }
         with log.open("ab") as fh:
             proc = subprocess.Popen(
@@ -183,7 +185,7 @@ class RayCluster:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGTERM)
-            end = time.monotonic() + 10
+            end = time.monotonic() + 3
             while node.pids() and time.monotonic() < end:
                 time.sleep(0.2)
             for pid in node.pids():
