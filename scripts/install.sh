@@ -21,7 +21,12 @@ if [[ ${1:-} == --which ]]; then echo "$STACK $PINS"; exit 0; fi  # what a run w
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
-stamp_of() { cat "$PINS" "$TOOLS" pyproject.toml scripts/install.sh | sha256sum | cut -c1-64; }
+RAY_PINS=requirements/ray.txt
+WITH_RAY=${RELEASEKIT_WITH_RAY:-1}  # 0: no Ray (the ray deploy target and its tests then skip)
+stamp_of() {
+  { cat "$PINS" "$TOOLS" "$RAY_PINS" pyproject.toml scripts/install.sh; echo "ray=$WITH_RAY"; } \
+    | sha256sum | cut -c1-64
+}
 STAMP_FILE=$VENV/.releasekit-installed
 want=$(stamp_of)
 if [[ -x $VENV/bin/python && -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$want" ]]; then
@@ -52,6 +57,12 @@ for s in serving quantise tools; do
     tail -20 "$LOG" >&2; echo "install: stage $s failed (log above)" >&2; exit 1
   fi
 done
+if [[ $WITH_RAY == 1 ]]; then
+  echo "install: Ray ($RAY_PINS)"
+  if ! "${PIP[@]}" install -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
+    tail -20 "$LOG" >&2; echo "install: Ray failed (log above)" >&2; exit 1
+  fi
+fi
 mapfile -t gone < <(stage remove)
 [[ ${#gone[@]} -eq 0 ]] || "${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
 if ! "${PIP[@]}" install -q --no-deps -e . >"$LOG" 2>&1; then

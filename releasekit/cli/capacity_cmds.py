@@ -230,6 +230,14 @@ def capacity(
         ),
     ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="write no plot")] = False,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--env",
+            help="a ray-target environment: print the units as its replicas and the promote "
+            "command that applies them",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Serving units for a traffic, from a release's knee (Little's law) or figures by hand.
@@ -330,6 +338,24 @@ def capacity(
         plan = plan_by_hand(traffic, hand)
     if plot_path is not None and not no_plot:
         plan.plot = str(plot_plan(plan, plot_path))
+    if env is not None:
+        from releasekit.capacity.replicas import PlannedReplicas, replica_plan
+
+        reps = replica_plan(State.settings(), env, plan, release=release)
+        if json_out:
+            emit_json(PlannedReplicas(plan=plan, replicas=reps))
+            return
+        _print_plan(plan)
+        out.print(
+            f"ray target, {esc(env)}: {reps.replicas} replica(s) x "
+            f"{reps.cpus_per_replica:g} CPU = {reps.cpus_total:g} Ray CPUs "
+            f"(releasekit.toml says {reps.configured_replicas}); apply with: "
+            f"{esc(reps.promote_command)}",
+            highlight=False,
+        )
+        for w in reps.warnings:
+            out.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
+        return
     if json_out:
         emit_json(plan)
     else:
