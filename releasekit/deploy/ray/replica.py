@@ -50,6 +50,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _clean_env() -> dict[str, str]:
+    """The Ray worker's environment less Ray's own variables: with them the vLLM server
+    took itself for part of the Ray job (seen here: its processes aborted in gRPC with
+    "epoll_wait error: Bad file descriptor" at start)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GRPC_"))}
+
+
 def kv_key(app: str, replica: str) -> bytes:
     """The key one replica's record lives under."""
     return f"{app}/{replica}".encode()
@@ -98,7 +105,7 @@ class ReleaseReplica:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
+                env={**_clean_env(), **env},
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
