@@ -51,10 +51,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _clean_env() -> dict[str, str]:
-    """The Ray worker's environment less Ray's own variables: with them the vLLM server
-    took itself for part of the Ray job (seen here: its processes aborted in gRPC with
-    "epoll_wait error: Bad file descriptor" at start)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GRPC_"))}
+    """The server's base environment: the Ray worker's, less Ray's and gRPC's variables,
+    with vLLM's worker processes spawned rather than forked. Why: a replica's vLLM was seen
+    here aborting at start in gRPC ("epoll_wait error: Bad file descriptor", SIGABRT);
+    vLLM imports Ray when it is installed, and gRPC does not survive a fork. The release's
+    own `serving.env` still wins."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GRPC_"))}
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return env
 
 
 def kv_key(app: str, replica: str) -> bytes:
