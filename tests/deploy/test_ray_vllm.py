@@ -86,8 +86,10 @@ def test_two_node_cluster_placement_promotion_and_rollback_with_real_vllm(
                     "streams_ok_during_switches": s.done,
                     "streams_failed_during_switches": len(s.failures),
                     "nodes": sorted({r.node_ip for r in reps}),  # type: ignore[attr-defined]
-                    "second_release_ready_s": up.deploy.steps[2].seconds
-                    if up.deploy and len(up.deploy.steps) > 2
+                    "second_release_start_s": next(
+                        (x.seconds for x in up.deploy.steps if x.step == "server"), None
+                    )
+                    if up.deploy
                     else None,
                 }
             ),
