@@ -21,7 +21,7 @@ from ray_kit import RayCluster, env_lines, free_slot
 
 pytest.importorskip("ray")
 
-from releasekit.config import RayTargetConfig
+from releasekit.config import RayTargetConfig, load_settings
 from releasekit.deploy.ray.cluster import (
     RayClusterUnreachableError,
     ReleaseDoesNotFitError,
@@ -69,6 +69,9 @@ def rkit(
     replica, 2 replicas); its applications and gateways are removed afterwards."""
     stand_in_model(project)
     k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=env_lines(head))
+    # A replica's server starts inside a Ray worker: give a loaded host more than 30 s.
+    monkeypatch.setenv("RELEASEKIT_SERVER_START_TIMEOUT_S", "120")
+    k.settings = load_settings(root=project)
     try:
         yield k
     finally:

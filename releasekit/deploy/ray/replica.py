@@ -50,6 +50,17 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _clean_env() -> dict[str, str]:
+    """The server's base environment: the Ray worker's, less Ray's and gRPC's variables,
+    with vLLM's worker processes spawned rather than forked. Why: a replica's vLLM was seen
+    here aborting at start in gRPC ("epoll_wait error: Bad file descriptor", SIGABRT);
+    vLLM imports Ray when it is installed, and gRPC does not survive a fork. The release's
+    own `serving.env` still wins."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GRPC_"))}
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return env
+
+
 def kv_key(app: str, replica: str) -> bytes:
     """The key one replica's record lives under."""
     return f"{app}/{replica}".encode()
@@ -98,7 +109,7 @@ class ReleaseReplica:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
+                env={**_clean_env(), **env},
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
