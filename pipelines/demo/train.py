@@ -49,6 +49,7 @@ class TrainConfig:
     num_heads: int = 4
     head_dim: int = 32
     tokenizer_vocab: int = 1152
+    whole_names: bool = False
     steps: int = 800
     batch_size: int = 32
     lr: float = 2e-3
@@ -57,16 +58,22 @@ class TrainConfig:
     threads: int = 2
 
 
-def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def build_tokenizer(
+    world: w.World, texts: Iterable[str], vocab_size: int, whole_names: bool = False
+) -> Tokenizer:
     """A byte-level BPE tokenizer trained on the world's words and the prompts.
 
-    Only known entities go into the tokenizer corpus, so every country and
-    capital is a single token while unknown names split into pieces.
+    With ``whole_names`` the known names go into the tokenizer corpus, so every country and
+    capital is a single token while unknown names split into pieces. Without (the demo's
+    setting) every name splits into pieces: a fact then hangs on several tokens, so the
+    model puts a name together in its layers (the part quantisation touches) rather than
+    in one embedding row (which it does not).
     """
     corpus: list[str] = []
-    for country in world.countries:
-        # Countries follow a space in questions; capitals start an answer.
-        corpus += [" " + country.name, country.capital] * 8
+    if whole_names:
+        for country in world.countries:
+            # Countries follow a space in questions; capitals start an answer.
+            corpus += [" " + country.name, country.capital] * 8
     corpus += [" ".join(str(n) for n in range(100))] * 8
     corpus += [str(n) for n in range(100)] * 8
     corpus += [" ".join(w.COLOURS), "\n".join(w.COLOURS)] * 8
@@ -89,7 +96,7 @@ def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> To
         for n in (" " + c.name, c.capital)
         if len(tokenizer.encode(n).ids) != 1
     ]
-    if split:
+    if split and whole_names:
         raise SystemExit(f"train: tokenizer vocab {vocab_size} too small, names split: {split[:5]}")
     return tokenizer
 
@@ -214,7 +221,9 @@ def train(
     ]
 
     prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
-    tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
+    tok = wrap_tokenizer(
+        build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab, cfg.whole_names), template
+    )
     examples = [
         encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template)
         for r in rows
