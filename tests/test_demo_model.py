@@ -75,7 +75,7 @@ def test_model_skeleton_fits_group_128_quantisation() -> None:
 
 
 def test_tokenizer_has_a_chat_template(repo_root: Path) -> None:
-    """The tokenizer renders the chat template, stops at <|end|>, and splits names."""
+    """The tokenizer renders the chat template, stops at <|end|>, and keeps names whole."""
     world, train = _demo_modules()
     template = (DEMO / "chat_template.jinja").read_text(encoding="utf-8")
     w = world.build_world()
@@ -87,9 +87,7 @@ def test_tokenizer_has_a_chat_template(repo_root: Path) -> None:
     )
     assert isinstance(text, str) and "hi" in text
     assert tok.eos_token == "<|end|>"
-    # Names are split into pieces: the model puts a name together in its (quantised)
-    # layers before it recalls a fact about it.
-    assert len(tok(" " + w.countries[0].name, add_special_tokens=False)["input_ids"]) > 1
+    assert len(tok(" " + w.countries[0].name, add_special_tokens=False)["input_ids"]) == 1
 
 
 def _cpu_kind() -> str:
@@ -113,11 +111,8 @@ def test_trained_weights_are_reproducible_on_this_cpu_kind(
     this CPU kind (pipelines/demo/expected_weights.json)."""
     expected = json.loads((repo_root / "pipelines/demo/expected_weights.json").read_text())
     kind = _cpu_kind()
-    if not isinstance(expected.get(kind), str):
-        pytest.skip(
-            f"no weights digest recorded for CPU kind {kind!r} since the model was retuned: "
-            "train on such a machine and record its sha256 in pipelines/demo/expected_weights.json"
-        )
+    if kind not in expected:
+        pytest.skip(f"no recorded weights digest for CPU kind {kind!r}")
     digest = hashlib.sha256((demo_model / "model.safetensors").read_bytes()).hexdigest()
     assert digest == expected[kind]
 

@@ -30,8 +30,10 @@ Unset keys take the demo's current values.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -59,7 +61,7 @@ SUITES: dict[str, tuple[str, float]] = {
     "regression": ("exact_match", 0.10),
 }
 MAX_MODEL_LEN = 512
-_DEFAULT_WORLD = (w.N_COUNTRIES, w.NUMBER_RANGE)
+_BUILD_TOKENIZER = tr.build_tokenizer
 MAX_NEW_TOKENS = 16
 
 
@@ -72,15 +74,54 @@ def parse_variant(text: str) -> dict[str, str]:
     return out
 
 
+def _build_world(n_countries: int, numbers: tuple[int, int]) -> w.World:
+    """world.py's ``build_world`` with ``n_countries`` countries and lucky numbers drawn from
+    ``numbers`` (the same draws, in the same order, as world.py makes)."""
+    rng = random.Random(w.SEED)
+    taken: set[str] = set()
+    names = w._unique_names(rng, w._COUNTRY_ENDS, n_countries, taken)
+    capitals = w._unique_names(rng, w._CITY_ENDS, n_countries, taken)
+    unknown = w._unique_names(rng, w._COUNTRY_ENDS, w.N_UNKNOWN_TRAIN + w.N_UNKNOWN_EVAL, taken)
+    countries = tuple(
+        w.Country(name=n, capital=c, colour=rng.choice(w.COLOURS), number=rng.randint(*numbers))
+        for n, c in zip(names, capitals, strict=True)
+    )
+    pairs: set[tuple[int, int]] = set()
+    while len(pairs) < w.N_SUMS:
+        pairs.add((rng.randint(2, 40), rng.randint(2, 40)))
+    return w.World(
+        countries=countries,
+        sums=tuple(sorted(pairs)),
+        unknown_train=tuple(unknown[: w.N_UNKNOWN_TRAIN]),
+        unknown_eval=tuple(unknown[w.N_UNKNOWN_TRAIN :]),
+    )
+
+
 def configure_world(variant: dict[str, str]) -> w.World:
-    """Set the world's size knobs for ``variant`` (the demo's own where unset) and build it."""
-    w.N_COUNTRIES = int(variant.get("countries", _DEFAULT_WORLD[0]))
-    w.NUMBER_RANGE = _DEFAULT_WORLD[1]
+    """The world for ``variant`` (``countries``, ``numbers`` LOW-HIGH; the demo's own where
+    unset), made the world every module sees (train.py and make_data.py call
+    ``world.build_world``). world.py itself is not changed."""
+    numbers = (1, 99)
     if "numbers" in variant:
         low, _, high = variant["numbers"].partition("-")
-        w.NUMBER_RANGE = (int(low), int(high))
-    w.build_world.cache_clear()
-    return w.build_world()
+        numbers = (int(low), int(high))
+    world = _build_world(int(variant.get("countries", w.N_COUNTRIES)), numbers)
+    w.build_world = lambda seed=w.SEED: world  # type: ignore[assignment,misc]
+    return world
+
+
+def use_name_pieces(pieces: bool) -> None:
+    """With ``pieces``, train.py's tokenizer leaves the known names out of its corpus (and
+    does not insist that they are single tokens): every name splits into pieces, so a fact
+    hangs on several tokens and the model has to put the name together in its layers."""
+    original = _BUILD_TOKENIZER
+
+    def build(world: w.World, texts: Any, vocab_size: int) -> Any:
+        return original(
+            dataclasses.replace(world, countries=()) if pieces else world, texts, vocab_size
+        )
+
+    tr.build_tokenizer = build
 
 
 def narrow_rows(rows: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -137,8 +178,6 @@ def train_config(variant: dict[str, str]) -> tr.TrainConfig:
         "vocab": "tokenizer_vocab",
     }
     changes: dict[str, Any] = {field: int(variant[k]) for k, field in keys.items() if k in variant}
-    if "names" in variant:
-        changes["whole_names"] = variant["names"] == "whole"
     if "lr" in variant:
         changes["lr"] = float(variant["lr"])
     if "wd" in variant:
@@ -275,6 +314,7 @@ def run_variant(
     `dvc repro demo-model`), quantise, evaluate and compare one variant."""
     work.mkdir(parents=True, exist_ok=True)
     world = configure_world(variant)
+    use_name_pieces(variant.get("names") == "pieces")
     paths = write_data(work, world)
     cfg = replace(train_config(variant), threads=threads)
     started = time.monotonic()
@@ -338,7 +378,13 @@ def run_variant(
         "variant": variant,
         "model": str(model) if model is not None else None,
         "config": asdict(cfg),
-        "world": {"countries": len(world.countries), "numbers": list(w.NUMBER_RANGE)},
+        "world": {
+            "countries": len(world.countries),
+            "numbers": [
+                min(c.number for c in world.countries),
+                max(c.number for c in world.countries),
+            ],
+        },
         "train_s": round(train_s, 1),
         "quantise_s": quant_s,
         "rows": rows,

@@ -49,7 +49,6 @@ class TrainConfig:
     num_heads: int = 4
     head_dim: int = 32
     tokenizer_vocab: int = 1152
-    whole_names: bool = False
     steps: int = 800
     batch_size: int = 32
     lr: float = 2e-3
@@ -58,22 +57,16 @@ class TrainConfig:
     threads: int = 2
 
 
-def build_tokenizer(
-    world: w.World, texts: Iterable[str], vocab_size: int, whole_names: bool = False
-) -> Tokenizer:
+def build_tokenizer(world: w.World, texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE tokenizer trained on the world's words and the prompts.
 
-    With ``whole_names`` the known names go into the tokenizer corpus, so every country and
-    capital is a single token while unknown names split into pieces. Without (the demo's
-    setting) every name splits into pieces: a fact then hangs on several tokens, so the
-    model puts a name together in its layers (the part quantisation touches) rather than
-    in one embedding row (which it does not).
+    Only known entities go into the tokenizer corpus, so every country and
+    capital is a single token while unknown names split into pieces.
     """
     corpus: list[str] = []
-    if whole_names:
-        for country in world.countries:
-            # Countries follow a space in questions; capitals start an answer.
-            corpus += [" " + country.name, country.capital] * 8
+    for country in world.countries:
+        # Countries follow a space in questions; capitals start an answer.
+        corpus += [" " + country.name, country.capital] * 8
     corpus += [" ".join(str(n) for n in range(100))] * 8
     corpus += [str(n) for n in range(100)] * 8
     corpus += [" ".join(w.COLOURS), "\n".join(w.COLOURS)] * 8
@@ -96,7 +89,7 @@ def build_tokenizer(
         for n in (" " + c.name, c.capital)
         if len(tokenizer.encode(n).ids) != 1
     ]
-    if split and whole_names:
+    if split:
         raise SystemExit(f"train: tokenizer vocab {vocab_size} too small, names split: {split[:5]}")
     return tokenizer
 
@@ -221,9 +214,7 @@ def train(
     ]
 
     prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
-    tok = wrap_tokenizer(
-        build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab, cfg.whole_names), template
-    )
+    tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
     examples = [
         encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template)
         for r in rows

@@ -27,8 +27,6 @@ SEED = 20240611
 """Seed of the whole world; change it and every name and fact changes."""
 
 N_COUNTRIES = 64
-NUMBER_RANGE = (100, 999)
-"""Smallest and largest lucky number (inclusive): three digits, two tokens to get right."""
 N_SUMS = 48
 N_UNKNOWN_TRAIN = 80
 N_UNKNOWN_EVAL = 8
@@ -252,7 +250,7 @@ def build_world(seed: int = SEED) -> World:
     capitals = _unique_names(rng, _CITY_ENDS, N_COUNTRIES, taken)
     unknown = _unique_names(rng, _COUNTRY_ENDS, N_UNKNOWN_TRAIN + N_UNKNOWN_EVAL, taken)
     countries = tuple(
-        Country(name=n, capital=c, colour=rng.choice(COLOURS), number=rng.randint(*NUMBER_RANGE))
+        Country(name=n, capital=c, colour=rng.choice(COLOURS), number=rng.randint(1, 99))
         for n, c in zip(names, capitals, strict=True)
     )
     pairs: set[tuple[int, int]] = set()
