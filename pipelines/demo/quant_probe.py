@@ -23,7 +23,11 @@ Usage (from the repository root)::
 
 Keys of a variant: countries, numbers (LOW-HIGH), steps, hidden, intermediate, layers,
 batch, lr, wd (weight decay), vocab, names (whole: one token per name; pieces: names split
-into pieces), narrow (1: also quantise W4A16 with the narrow calibration set).
+into pieces), narrow (1: also quantise W4A16 with the narrow calibration set, under GPTQ),
+method (gptq, the default; rtn: round to nearest, no calibration, no error compensation;
+gptq+rtn: both), facts (1: add a "facts" suite, every fact asked in each of world.py's
+phrasings: a larger fact- and number-heavy suite for the same model), suites (names joined
+with "+", e.g. core+facts: evaluate only these).
 Unset keys take the demo's current values.
 """
 
@@ -59,6 +63,7 @@ SUITES: dict[str, tuple[str, float]] = {
     "core": ("exact_match", 0.05),
     "edge": ("refusal", 0.10),
     "regression": ("exact_match", 0.10),
+    "facts": ("exact_match", 0.05),
 }
 MAX_MODEL_LEN = 512
 _BUILD_TOKENIZER = tr.build_tokenizer
@@ -135,6 +140,16 @@ def narrow_rows(rows: Sequence[dict[str, Any]], limit: int) -> list[dict[str, An
     return list(picked[:limit])
 
 
+def fact_items(world: w.World) -> list[dict[str, Any]]:
+    """Every fact in each of world.py's phrasings (the core suite asks the first only)."""
+    items: list[dict[str, Any]] = []
+    for variant in range(len(w.PHRASINGS["capital"])):
+        for country in world.countries:
+            for attribute in w.ATTRIBUTES:
+                items.append(md._fact_item("facts", len(items) + 1, country, attribute, variant))
+    return items
+
+
 def write_data(work: Path, world: w.World) -> dict[str, Path]:
     """The variant's training, calibration and eval files under ``work``."""
     template = (ROOT / "pipelines/demo/chat_template.jinja").read_text(encoding="utf-8")
@@ -148,6 +163,7 @@ def write_data(work: Path, world: w.World) -> dict[str, Path]:
         "core": work / "core.jsonl",
         "edge": work / "edge.jsonl",
         "regression": work / "regression.jsonl",
+        "facts": work / "facts.jsonl",
     }
     md.write_jsonl(paths["train"], train_rows)
     md.write_jsonl(
@@ -163,6 +179,7 @@ def write_data(work: Path, world: w.World) -> dict[str, Path]:
     md.write_jsonl(paths["core"], md.core_items(world))
     md.write_jsonl(paths["edge"], md.edge_items(world))
     md.write_jsonl(paths["regression"], md.regression_items(world))
+    md.write_jsonl(paths["facts"], fact_items(world))
     return paths
 
 
@@ -185,13 +202,15 @@ def train_config(variant: dict[str, str]) -> tr.TrainConfig:
     return replace(cfg, **changes)
 
 
-def quantise(src: Path, out: Path, scheme: str, calibration: Path, log: Path) -> float:
+def quantise(
+    src: Path, out: Path, scheme: str, calibration: Path, log: Path, method: str = "gptq"
+) -> float:
     """Quantise with releasekit's quantiser; returns the seconds it took."""
     from releasekit.build.quantise import quantise_model
 
     q = Quantisation(
         scheme=scheme,  # type: ignore[arg-type]
-        method="gptq",
+        method=method,  # type: ignore[arg-type]
         ignore=["lm_head"],
         calibration=Calibration(dataset=calibration, samples=256, max_seq_length=128),
         seed=0,
@@ -334,16 +353,23 @@ def run_variant(
     os.environ.setdefault("RELEASEKIT_QUANTISE_THREADS", str(threads))
     models = {"bf16": base}
     quant_s: dict[str, float] = {}
-    plan = [("W8A8", "calibration"), ("W4A16", "calibration")]
-    if variant.get("narrow") == "1":
-        plan.append(("W4A16", "calibration_narrow"))
-    for scheme, cal in plan:
+    plan: list[tuple[str, str, str]] = []
+    for method in variant.get("method", "gptq").split("+"):
+        plan += [("W8A8", "calibration", method), ("W4A16", "calibration", method)]
+        if method == "gptq" and variant.get("narrow") == "1":
+            plan.append(("W4A16", "calibration_narrow", method))
+    for scheme, cal, method in plan:
         label = scheme if cal == "calibration" else f"{scheme}-narrow"
+        if method != "gptq":
+            label += f"-{method}"
         quant_s[label] = quantise(
-            base, work / label, scheme, paths[cal], work / f"quantise-{label}.log"
+            base, work / label, scheme, paths[cal], work / f"quantise-{label}.log", method
         )
         models[label] = work / label
-    suites = {name: paths[name] for name in SUITES}
+    names = [n for n in SUITES if n != "facts" or variant.get("facts") == "1"]
+    if "suites" in variant:
+        names = [n for n in variant["suites"].split("+") if n]
+    suites = {name: paths[name] for name in names}
     evals = {label: evaluate(d, suites, threads) for label, d in models.items()}
     rows: list[dict[str, Any]] = []
     for label, ev in evals.items():
