@@ -26,6 +26,11 @@ qp.use_name_pieces(True)
 pieces = qp.tr.build_tokenizer(big, [w.REFUSAL], 1536)
 name = " " + big.countries[0].name
 assert len(whole.encode(name).ids) == 1 and len(pieces.encode(name).ids) > 1
+facts = qp.fact_items(big)
+assert len(facts) == 160 * len(w.ATTRIBUTES) * len(w.PHRASINGS["capital"])
+assert len({{f["vars"]["question"] for f in facts}}) == len(facts)
+number = next(f for f in facts if f["tags"] == ["fact", "number"])
+assert number["scorer"] == "numeric" and 100 <= int(number["expected"]) <= 999
 cfg = qp.train_config({{"steps": "600", "wd": "0.3"}})
 assert (cfg.steps, cfg.weight_decay, cfg.hidden_size) == (600, 0.3, 128)
 print("ok")
@@ -33,7 +38,8 @@ print("ok")
 
 
 def test_probe_variants_change_the_world_and_tokenizer_they_name() -> None:
-    """No knob: the demo's world; countries/numbers/names/steps do what they say."""
+    """No knob: the demo's world; countries/numbers/names/steps do what they say; the facts
+    suite asks every fact in every phrasing."""
     res = subprocess.run(
         [sys.executable, "-c", CHECK.format(demo=str(DEMO))],
         capture_output=True,
