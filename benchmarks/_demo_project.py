@@ -119,6 +119,30 @@ def use_project(root: Path, *, ports_vllm: str, actor: str, start_timeout: float
     )
 
 
+def open_project(
+    name: str,
+    *,
+    gateway_ports: tuple[int, int],
+    ports_vllm: str,
+    start_timeout: float,
+    warm_s: float = 900,
+) -> Path:
+    """Check what the benchmark needs, make a throwaway project copy under a new temporary
+    folder (prefix rk-NAME-) and point this process at it; returns the project's root."""
+    import tempfile
+
+    preflight()
+    tmp = Path(tempfile.mkdtemp(prefix=f"rk-{name}-"))
+    root = make_project(tmp, gateway_ports=gateway_ports, warm_s=warm_s)
+    use_project(
+        root,
+        ports_vllm=ports_vllm,
+        actor=f"{name}-bench <bench@releasekit.local>",
+        start_timeout=start_timeout,
+    )
+    return root
+
+
 def write_release(
     root: Path,
     name: str,

@@ -31,7 +31,6 @@ import contextlib
 import json
 import shutil
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,10 +43,8 @@ from _demo_project import (
     FORCE_ALL,
     Response,
     machine_info,
-    make_project,
-    preflight,
+    open_project,
     stream_once,
-    use_project,
     write_release,
 )
 from _results import RESULTS, write_result
@@ -109,15 +106,13 @@ def p95(values: list[float]) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    preflight()
-    tmp = Path(tempfile.mkdtemp(prefix="rk-detection-"))
-    root = make_project(tmp, gateway_ports=PORTS_GATEWAY)
-    use_project(
-        root,
+    root = open_project(
+        "detection",
+        gateway_ports=PORTS_GATEWAY,
         ports_vllm=PORTS_VLLM,
-        actor="detection-bench <bench@releasekit.local>",
         start_timeout=args.start_timeout,
     )
+    tmp = root.parent
     from releasekit.config import load_settings
     from releasekit.promote.deploy import down
     from releasekit.promote.promote import promote

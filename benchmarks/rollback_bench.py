@@ -48,7 +48,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -63,13 +62,12 @@ from _demo_project import (
     FORCE_ALL,
     Response,
     machine_info,
-    make_project,
-    preflight,
+    open_project,
     stream_once,
-    use_project,
     write_release,
 )
 from _results import RESULTS, write_result
+from _route_watch import RouteWatch
 
 PORTS_VLLM = "28000-28899"
 PORTS_GATEWAY = (28900, 28999)
@@ -179,72 +177,6 @@ class Prober:
         return min(hits, key=lambda r: r.first or r.ended) if hits else None
 
 
-@dataclass
-class Poll:
-    sent: float
-    received: float
-    routed: tuple[str, ...]
-    generation: int
-
-
-@dataclass
-class SwitchWatch:
-    """Polls the gateway's admin state (its own route table) every ADMIN_POLL_S s."""
-
-    url: str
-    admin_token: str
-    polls: list[Poll] = field(default_factory=list)
-    errors: int = 0
-    # called once, the first time the table routes only to `watch_for` after `after`
-    on_switch: Callable[[], None] | None = None
-    watch_for: str | None = None
-    after: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> SwitchWatch:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        from releasekit.deploy.gateway import GatewayError
-        from releasekit.deploy.gateway_client import GatewayClient
-
-        with GatewayClient(self.url, admin_token=self.admin_token, timeout_s=5.0) as c:
-            while not self._stop.is_set():
-                t0 = time.time()
-                try:
-                    st = c.state()
-                except GatewayError:
-                    self.errors += 1
-                else:
-                    routed = tuple(r.release_id for r in st.routes if r.share > 0)
-                    self.polls.append(Poll(t0, time.time(), routed, st.generation))
-                    hook = self.on_switch
-                    if hook and routed == (self.watch_for,) and t0 >= self.after:
-                        self.on_switch = None
-                        hook()
-                self._stop.wait(ADMIN_POLL_S)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def switched_to(self, release_id: str, after: float) -> tuple[float, float] | None:
-        """(lower, upper) bound of when the gateway's table came to route only to
-        `release_id`, after `after`: the previous poll's send, the first such poll's
-        answer."""
-        prev: Poll | None = None
-        want = (release_id,)
-        for p in list(self.polls):
-            if p.received >= after and p.routed == want and prev and prev.routed != want:
-                return prev.sent, p.received
-            prev = p
-        return None
-
-
 # --------------------------------------------------------------------------- a round
 
 
@@ -275,7 +207,7 @@ def measure(
     prober = Prober(
         gateway, interval, in_flight, args.probe_max_tokens, pool_size=args.probe_in_flight
     )
-    watch = SwitchWatch(gateway, admin_token)
+    watch = RouteWatch(gateway, admin_token, ADMIN_POLL_S)
     dense_at: list[float] = []
 
     def dense() -> None:  # cold: the table routes to A now; probe as in the warm rounds
@@ -375,15 +307,14 @@ def _vals(rows: list[dict[str, Any]], key: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    preflight()
-    tmp = Path(tempfile.mkdtemp(prefix="rk-rollback-"))
-    root = make_project(tmp, gateway_ports=PORTS_GATEWAY, warm_s=900)
-    use_project(
-        root,
+    root = open_project(
+        "rollback",
+        gateway_ports=PORTS_GATEWAY,
         ports_vllm=PORTS_VLLM,
-        actor="rollback-bench <bench@releasekit.local>",
         start_timeout=args.start_timeout,
+        warm_s=900,
     )
+    tmp = root.parent
     from releasekit.config import load_settings
     from releasekit.deploy.state import locked_state, read_state
     from releasekit.promote.deploy import down, env_config, target_for

@@ -42,7 +42,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,13 +56,12 @@ from _demo_project import (
     TEXT_CHUNK,
     Response,
     machine_info,
-    make_project,
-    preflight,
+    open_project,
     stream_once,
-    use_project,
     write_release,
 )
 from _results import RESULTS, write_result
+from _route_watch import RouteWatch
 
 PORTS_VLLM = "29000-29899"
 PORTS_GATEWAY = (29900, 29999)
@@ -187,80 +185,6 @@ class Clients:
 
 
 # --------------------------------------------------------------------------- the admin watch
-
-
-@dataclass
-class Poll:
-    sent: float
-    received: float
-    routed: tuple[str, ...]
-    generation: int
-
-
-@dataclass
-class RouteWatch:
-    """Polls the gateway's admin state (its own route table) every `interval` s."""
-
-    url: str
-    admin_token: str
-    interval: float
-    polls: list[Poll] = field(default_factory=list)
-    errors: int = 0
-    final: dict[str, Any] = field(default_factory=dict)  # one read after the polls stop
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> RouteWatch:
-        self._thread = threading.Thread(target=self._run, daemon=True, name="admin-watch")
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        from releasekit.deploy.gateway import GatewayError
-        from releasekit.deploy.gateway_client import GatewayClient
-
-        with GatewayClient(self.url, admin_token=self.admin_token, timeout_s=5.0) as c:
-            while not self._stop.is_set():
-                t0 = time.time()
-                try:
-                    st = c.state()
-                except GatewayError:
-                    self.errors += 1
-                else:
-                    routed = tuple(r.release_id for r in st.routes if r.share > 0)
-                    self.polls.append(Poll(t0, time.time(), routed, st.generation))
-                self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        """Stop polling, then read the state once more: the gateway's own count of the
-        requests it finished per release, and what it still has in flight."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        from releasekit.deploy.gateway import GatewayError
-        from releasekit.deploy.gateway_client import GatewayClient
-
-        try:
-            with GatewayClient(self.url, admin_token=self.admin_token, timeout_s=5.0) as c:
-                st = c.state()
-        except GatewayError as exc:
-            self.final = {"error": str(exc)}
-        else:
-            self.final = {"served": dict(st.served), "in_flight_total": st.in_flight_total}
-
-    def switched_to(self, release_id: str, after: float) -> tuple[float, float] | None:
-        """(lower, upper) bound of when the table came to route only to `release_id` after
-        `after`: the send of the last poll that saw otherwise, the answer of the first that
-        saw it."""
-        prev: Poll | None = None
-        want = (release_id,)
-        for p in list(self.polls):
-            if p.received >= after and p.routed == want and prev and prev.routed != want:
-                return prev.sent, p.received
-            prev = p
-        return None
 
 
 # --------------------------------------------------------------------------- servers
@@ -404,15 +328,14 @@ def cross_check(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    preflight()
-    tmp = Path(tempfile.mkdtemp(prefix="rk-switch-"))
-    root = make_project(tmp, gateway_ports=PORTS_GATEWAY, warm_s=WARM_S)
-    use_project(
-        root,
+    root = open_project(
+        "switch",
+        gateway_ports=PORTS_GATEWAY,
         ports_vllm=PORTS_VLLM,
-        actor="switch-bench <bench@releasekit.local>",
         start_timeout=args.start_timeout,
+        warm_s=WARM_S,
     )
+    tmp = root.parent
     from releasekit.config import load_settings
     from releasekit.deploy.state import read_state
     from releasekit.errors import ReleasekitError

@@ -45,13 +45,64 @@ class SmokeConfig(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
 
 
+class RayAutoscaling(BaseModel):
+    """Ray Serve's autoscaling of a release's replicas on queue depth: it keeps about
+    `target_queue_depth` requests in flight (running and waiting) per replica, between
+    `min_replicas` and `max_replicas`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(ge=1)
+    target_queue_depth: float = Field(8.0, gt=0, description="requests in flight per replica")
+
+    @model_validator(mode="after")
+    def _order(self) -> RayAutoscaling:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be at least min_replicas")
+        return self
+
+
+class RayTargetConfig(BaseModel):
+    """Where an environment's `ray` target runs (`[environments.NAME.ray]`): the Ray cluster
+    and the shape of every release's Ray Serve application there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+:[0-9]{1,5}$", description="the cluster's GCS address HOST:PORT"
+    )
+    node_ip: str | None = Field(
+        None,
+        description="this host's address inside the cluster (Ray's node IP); default: the "
+        "address's host when it is a loopback one, else Ray's own guess",
+    )
+    serve_host: str | None = Field(
+        None, description="where Serve's HTTP proxy listens (on the head); default: address host"
+    )
+    serve_port: int = Field(8000, ge=1, le=65535, description="Serve's HTTP proxy port")
+    replicas: int = Field(1, ge=1, le=1024, description="replicas per release (one vLLM each)")
+    cpus_per_replica: float = Field(1.0, gt=0, description="Ray CPUs one replica reserves")
+    memory_gb_per_replica: float | None = Field(None, gt=0, description="Ray memory reserved")
+    max_replicas_per_node: int | None = Field(None, ge=1, description="spread cap per node")
+    autoscaling: RayAutoscaling | None = None
+    health_check_period_s: float = Field(2.0, gt=0)
+    health_check_timeout_s: float = Field(10.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0, description="to reach the cluster")
+
+    @property
+    def host(self) -> str:
+        """The address's host part."""
+        return self.address.rsplit(":", 1)[0]
+
+
 class EnvironmentConfig(BaseModel):
     """Where and how one environment runs (`[environments.NAME]` in releasekit.toml); the
     manifest's `environments` list says which environments a release may go to."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: Literal["local"] = Field("local", description="deploy target")
+    target: Literal["local", "ray"] = Field("local", description="deploy target")
     host: str = Field("127.0.0.1", description="the gateway's (client-facing) address")
     port: int = Field(ge=1, le=65535, description="the gateway's port")
     gates_required: bool = True
@@ -79,6 +130,13 @@ class EnvironmentConfig(BaseModel):
     shadow_max_in_flight: int = Field(
         4, ge=1, description="mirrored requests in flight at most (more are dropped)"
     )
+    ray: RayTargetConfig | None = Field(None, description="the `ray` target's cluster")
+
+    @model_validator(mode="after")
+    def _target_settings(self) -> EnvironmentConfig:
+        if self.target == "ray" and self.ray is None:
+            raise ValueError('target "ray" needs a [environments.NAME.ray] table with address')
+        return self
 
     @property
     def url(self) -> str:

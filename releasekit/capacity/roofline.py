@@ -8,6 +8,10 @@ measured single-stream and batched rates come to it.
 Quantisation raises the ceiling (INT8 halves the bytes, doubling it); batching shares each
 read among the sequences of the batch, so c sequences together can reach c x the ceiling
 before compute or KV-cache reads bind.
+
+The bandwidth is the accelerator's where there is one (a device-to-device copy on the first
+CUDA device torch sees, timed with CUDA events), else the host's RAM (a numpy copy); `memory`
+picks either, and `--bandwidth-gbs` gives a figure by hand.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from releasekit.capacity.plan import (
     release_model_dir,
 )
 from releasekit.config import Settings
+from releasekit.spec.hostcaps import nvidia_gpus
 
 #: At or above this share of the ceiling, a single stream is called bandwidth-bound.
 BANDWIDTH_BOUND_SHARE = 0.5
@@ -40,6 +45,8 @@ BANDWIDTH_BOUND_SHARE = 0.5
 ABOVE_CEILING_SHARE = 1.05
 
 Nearest = Literal["bandwidth", "compute/overhead", "above the ceiling", "not measured"]
+BandwidthSource = Literal["given", "measured on this host", "measured on the accelerator"]
+Memory = Literal["auto", "host", "accelerator"]
 
 
 class Roofline(BaseModel):
@@ -52,7 +59,8 @@ class Roofline(BaseModel):
     params: float | None = None
     bytes_per_weight: float | None = None
     bandwidth_gbs: float = Field(description="memory bandwidth, GB/s (1e9 bytes)")
-    bandwidth_source: Literal["given", "measured on this host"]
+    bandwidth_source: BandwidthSource
+    accelerator: str | None = Field(None, description="the device measured, when one was")
     ceiling_tokens_per_s: float = Field(description="bandwidth / weight bytes, per sequence")
     single_stream_tokens_per_s: float | None = Field(
         None, description="measured decode rate of one sequence (bench at concurrency 1)"
@@ -91,6 +99,44 @@ def measure_bandwidth_gbs(*, megabytes: int = 256, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.nbytes / max(best, 1e-9) / 1e9
+
+
+def measure_accelerator_bandwidth_gbs(
+    *, megabytes: int = 1024, repeats: int = 10
+) -> tuple[float, str] | None:
+    """The first CUDA device's memory bandwidth in GB/s from a device-to-device copy of
+    `megabytes` (bytes read plus written, as measure_bandwidth_gbs), best of `repeats`, with
+    the device's name; None where the NVIDIA driver lists no GPU or torch sees none (torch is
+    imported only when the driver lists one)."""
+    if not nvidia_gpus():
+        return None
+    return device_copy_bandwidth_gbs(megabytes=megabytes, repeats=repeats)
+
+
+def device_copy_bandwidth_gbs(
+    *, megabytes: int = 1024, repeats: int = 10
+) -> tuple[float, str] | None:
+    """measure_accelerator_bandwidth_gbs without asking the driver first: None where torch
+    has no CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    n = max(1, megabytes * 2**20 // 4)
+    src = torch.ones(n, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: allocation and first touch stay out of the timing
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 4 / max(best, 1e-9) / 1e9, torch.cuda.get_device_name(0)
 
 
 def weight_files_of(model_dir: Path) -> list[Path]:
@@ -170,11 +216,23 @@ def _gb(v: float) -> str:
     return f"{v / 1e9:.3g} GB" if v >= 1e8 else f"{v / 1e6:.3g} MB"
 
 
-def _bandwidth(given: float | None) -> tuple[float, Literal["given", "measured on this host"]]:
+def _bandwidth(
+    given: float | None, memory: Memory = "auto"
+) -> tuple[float, BandwidthSource, str | None]:
     _check("bandwidth-gbs", given)
     if given is not None:
-        return given, "given"
-    return measure_bandwidth_gbs(), "measured on this host"
+        return given, "given", None
+    if memory != "host":
+        device = measure_accelerator_bandwidth_gbs()
+        if device is not None:
+            return device[0], "measured on the accelerator", device[1]
+        if memory == "accelerator":
+            raise CapacityError(
+                "no accelerator to measure: the NVIDIA driver lists no GPU, or torch sees none",
+                remedy="leave out --memory accelerator (the host's bandwidth is measured), or "
+                "give --bandwidth-gbs",
+            )
+    return measure_bandwidth_gbs(), "measured on this host", None
 
 
 def _verdict(share: float | None) -> tuple[Nearest, str]:
@@ -218,7 +276,8 @@ def roofline_of(
     weight_bytes: float,
     *,
     bandwidth_gbs: float,
-    bandwidth_source: Literal["given", "measured on this host"] = "given",
+    bandwidth_source: BandwidthSource = "given",
+    accelerator: str | None = None,
     bench: BenchResult | None = None,
     steps: list[Step] | None = None,
     params: float | None = None,
@@ -237,7 +296,9 @@ def roofline_of(
     steps.append(
         Step(
             name="bandwidth ceiling",
-            working=f"{num(bandwidth_gbs)} GB/s ({bandwidth_source}) / {_gb(weight_bytes)}",
+            working=f"{num(bandwidth_gbs)} GB/s ({bandwidth_source}"
+            + (f", {accelerator}" if accelerator else "")
+            + f") / {_gb(weight_bytes)}",
             value=ceiling,
             unit="tokens/s per sequence",
         )
@@ -298,6 +359,7 @@ def roofline_of(
         bytes_per_weight=bytes_per_weight,
         bandwidth_gbs=bandwidth_gbs,
         bandwidth_source=bandwidth_source,
+        accelerator=accelerator,
         ceiling_tokens_per_s=ceiling,
         single_stream_tokens_per_s=single,
         single_stream_source=single_src,
@@ -315,16 +377,21 @@ def roofline_of(
 
 
 def roofline_by_hand(
-    *, params: float, bytes_per_weight: float, bandwidth_gbs: float | None = None
+    *,
+    params: float,
+    bytes_per_weight: float,
+    bandwidth_gbs: float | None = None,
+    memory: Memory = "auto",
 ) -> Roofline:
     """The ceiling for a model of `params` weights at `bytes_per_weight` (2 for FP16/BF16, 1
-    for INT8, 0.5 for 4-bit), on `bandwidth_gbs` or, when None, this host's measured bandwidth.
+    for INT8, 0.5 for 4-bit), on `bandwidth_gbs` or, when None, the measured
+    bandwidth of `memory` (auto: the accelerator's when there is one, else the host's).
 
     Raises CapacityError for a zero, negative or non-finite figure.
     """
     _check("params", params)
     _check("bytes-per-weight", bytes_per_weight)
-    bandwidth, source = _bandwidth(bandwidth_gbs)
+    bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)
     weight_bytes = params * bytes_per_weight
     step = Step(
         name="bytes read per step",
@@ -336,6 +403,7 @@ def roofline_by_hand(
         weight_bytes,
         bandwidth_gbs=bandwidth,
         bandwidth_source=source,
+        accelerator=accelerator,
         steps=[step],
         params=params,
         bytes_per_weight=bytes_per_weight,
@@ -343,12 +411,17 @@ def roofline_by_hand(
 
 
 def roofline_release(
-    settings: Settings, release_id: str, *, bandwidth_gbs: float | None = None
+    settings: Settings,
+    release_id: str,
+    *,
+    bandwidth_gbs: float | None = None,
+    memory: Memory = "auto",
 ) -> Roofline:
     """A release's ceiling from its real weight files (the safetensors in the folder it
     serves: results/<release_id>/model for a quantised release, else the manifest's model
     source; floating-point tensors counted at the manifest's serving dtype, see
-    served_weight_bytes) and `bandwidth_gbs` or this host's measured bandwidth, beside its
+    served_weight_bytes) and `bandwidth_gbs` or the measured bandwidth of `memory` (auto: the
+    accelerator's when there is one, else the host's), beside its
     bench's single-stream and knee rates (when it has a bench).
 
     Raises CapacityEvidenceError when the release has no model folder or no weight files.
@@ -375,7 +448,7 @@ def roofline_release(
     except CapacityEvidenceError as exc:
         bench = None
         notes.append(f"{exc.message}: only the ceiling is shown")
-    bandwidth, source = _bandwidth(bandwidth_gbs)
+    bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)
     step = Step(
         name="bytes read per step",
         working=f"{len(files)} safetensors file(s) in {model_dir}"
@@ -387,6 +460,7 @@ def roofline_release(
         weight_bytes,
         bandwidth_gbs=bandwidth,
         bandwidth_source=source,
+        accelerator=accelerator,
         bench=bench,
         steps=[step],
         release_id=release_id,

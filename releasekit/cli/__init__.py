@@ -14,6 +14,7 @@ from releasekit.cli import (
     capacity_cmds,
     deploy_cmds,
     diagnose_cmds,
+    doctor_cmds,
     eval_cmds,
     manifest_cmds,
     rollout_cmds,
@@ -59,6 +60,7 @@ for _group in (
     capacity_cmds,
     diagnose_cmds,
     watch_cmds,
+    doctor_cmds,
     rollout_cmds,
 ):
     _group.register(app)

@@ -21,6 +21,7 @@ from releasekit.capacity import (
 )
 from releasekit.capacity.plan import Step, num
 from releasekit.capacity.plot import default_plot_path, plot_plan
+from releasekit.capacity.roofline import Memory
 from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
 from releasekit.config import Settings
 
@@ -94,7 +95,11 @@ def _print_roofline(r: Roofline) -> None:
     who = f"release {r.release_id[:12]}" if r.release_id else "by hand"
     _print_steps(f"roofline ({who})", r.steps)
     rows: list[tuple[str, str]] = [
-        ("bandwidth", f"{num(r.bandwidth_gbs)} GB/s ({r.bandwidth_source})"),
+        (
+            "bandwidth",
+            f"{num(r.bandwidth_gbs)} GB/s ({r.bandwidth_source}"
+            + (f", {r.accelerator})" if r.accelerator else ")"),
+        ),
         ("ceiling per sequence", f"{num(r.ceiling_tokens_per_s)} tokens/s"),
     ]
     if r.single_stream_tokens_per_s is not None and r.single_stream_share is not None:
@@ -207,9 +212,17 @@ def capacity(
         float | None,
         typer.Option(
             "--bandwidth-gbs",
-            help="roofline: memory bandwidth in GB/s (default: measured on this host)",
+            help="roofline: memory bandwidth in GB/s (default: measured, see --memory)",
         ),
     ] = None,
+    memory: Annotated[
+        Memory,
+        typer.Option(
+            "--memory",
+            help="roofline: whose bandwidth to measure: auto (the GPU's when the NVIDIA "
+            "driver lists one, else the host's), host or accelerator",
+        ),
+    ] = "auto",
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -217,6 +230,14 @@ def capacity(
         ),
     ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="write no plot")] = False,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--env",
+            help="a ray-target environment: print the units as its replicas and the promote "
+            "command that applies them",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Serving units for a traffic, from a release's knee (Little's law) or figures by hand.
@@ -244,6 +265,7 @@ def capacity(
                 State.settings(),
                 _release_id(State.settings(), release),
                 bandwidth_gbs=bandwidth_gbs,
+                memory=memory,
             )
         else:
             missing = _missing(params=params, bytes_per_weight=bytes_per_weight)
@@ -254,7 +276,10 @@ def capacity(
                     "--bandwidth-gbs 2000",
                 )
             roof = roofline_by_hand(
-                params=params, bytes_per_weight=bytes_per_weight, bandwidth_gbs=bandwidth_gbs
+                params=params,
+                bytes_per_weight=bytes_per_weight,
+                bandwidth_gbs=bandwidth_gbs,
+                memory=memory,
             )
         if json_out:
             emit_json(roof)
@@ -313,6 +338,24 @@ def capacity(
         plan = plan_by_hand(traffic, hand)
     if plot_path is not None and not no_plot:
         plan.plot = str(plot_plan(plan, plot_path))
+    if env is not None:
+        from releasekit.capacity.replicas import PlannedReplicas, replica_plan
+
+        reps = replica_plan(State.settings(), env, plan, release=release)
+        if json_out:
+            emit_json(PlannedReplicas(plan=plan, replicas=reps))
+            return
+        _print_plan(plan)
+        out.print(
+            f"ray target, {esc(env)}: {reps.replicas} replica(s) x "
+            f"{reps.cpus_per_replica:g} CPU = {reps.cpus_total:g} Ray CPUs "
+            f"(releasekit.toml says {reps.configured_replicas}); apply with: "
+            f"{esc(reps.promote_command)}",
+            highlight=False,
+        )
+        for w in reps.warnings:
+            out.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
+        return
     if json_out:
         emit_json(plan)
     else:

@@ -98,6 +98,15 @@ def promote_cmd(
         float | None,
         typer.Option("--wait-approval", help="seconds to wait for a missing approval"),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="ray target: run this many replicas of the release (e.g. the units "
+            "`releasekit capacity --env ENV` prints) instead of the environment's count",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Promote RELEASE to an environment: gates against the live release, then a blue/green
@@ -112,7 +121,7 @@ def promote_cmd(
         res = promote_progressive(
             State.settings(), release, env=to, reason=reason, dry_run=dry_run,
             force=[k.value for k in force or []], progress=rep, no_canary=no_canary,
-            resume=resume, approval_wait_s=wait_approval,
+            resume=resume, approval_wait_s=wait_approval, replicas=replicas,
         )  # fmt: skip
     if json_:
         emit_json(res)
@@ -246,7 +255,9 @@ def deploy_status_cmd(
     for e in envs:
         routes = ", ".join(f"{_short(r['release_id'])}@{r['base_url']}" for r in e.routes) or "-"
         servers = ", ".join(
-            f"{_short(s.release_id)} {s.role} pid {s.pid}{'' if s.healthy else ' (down)'}"
+            f"{_short(s.release_id)} {s.role} "
+            + (f"{len(s.replicas)} replica(s)" if s.app else f"pid {s.pid}")
+            + ("" if s.healthy else " (down)")
             for s in e.servers
         )
         rows.append(
@@ -265,3 +276,16 @@ def deploy_status_cmd(
         ["environment", "gateway", "state", "routes", "servers", "ledger live", "agrees"],
         rows,
     )
+    replica_rows = [
+        [e.environment, _short(s.release_id), s.role, r.node_ip, r.replica, str(r.pid),
+         str(r.server_pid), r.server_url]
+        for e in envs
+        for s in e.servers
+        for r in s.replicas
+    ]  # fmt: skip
+    if replica_rows:
+        table(
+            "replicas (ray target)",
+            ["environment", "release", "role", "node", "replica", "pid", "server pid", "server"],
+            replica_rows,
+        )

@@ -74,6 +74,20 @@ class ServerRecord(BaseModel):
         None, description="autogroup nice it started with (None: not raised)"
     )
     ready_s: float | None = Field(None, description="seconds from spawn to healthy")
+    app: str | None = Field(None, description="the Ray Serve application (`ray` target)")
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the release's vLLM metrics are read: the server's /metrics, or on the
+        `ray` target every replica's, merged by the cluster's router."""
+        base = self.base_url.rstrip("/") + "/metrics"
+        return f"{base}?app={self.app}" if self.app else base
+
+    @property
+    def ident(self) -> str:
+        """What tells this server from the environment's others: its Serve application on
+        the `ray` target, its process group on `local`."""
+        return f"app:{self.app}" if self.app else f"pid:{self.pid}"
 
 
 class GatewayRecord(BaseModel):

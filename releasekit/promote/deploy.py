@@ -145,11 +145,21 @@ def env_config(settings: Settings, env: str) -> EnvironmentConfig:
 
 
 def target_for(
-    settings: Settings, env: str, cfg: EnvironmentConfig, handle: StateHandle
+    settings: Settings,
+    env: str,
+    cfg: EnvironmentConfig,
+    handle: StateHandle,
+    *,
+    replicas: int | None = None,
 ) -> LocalTarget:
-    """The deploy target an environment names (`target` in releasekit.toml): `local`."""
+    """The deploy target an environment names (`target` in releasekit.toml): `local`, or
+    `ray` (with `replicas` per release instead of the environment's count, when given)."""
     if cfg.target == "local":
         return LocalTarget(settings, env, cfg, handle)
+    if cfg.target == "ray":
+        from releasekit.deploy.ray.target import RayTarget
+
+        return RayTarget(settings, env, cfg, handle, replicas=replicas)
     raise EnvironmentNotConfiguredError(f"environment {env!r}: unknown target {cfg.target!r}")
 
 
@@ -209,11 +219,13 @@ def deploy_release(
     lock_timeout_s: float = 600.0,
     started_at: float | None = None,
     shift: ShiftFn | None = None,
+    replicas: int | None = None,
 ) -> DeployOutcome:
     """Blue/green deploy of `spec` to `env` (see the module docstring). `probe` None skips
     both smoke runs (rollback to a known-good release). `expected_live` is the release the
     caller saw live; ConcurrentChangeError if another command changed it meanwhile.
     `started_at` (time.monotonic() of the command's start) is what `switch_s` counts from.
+    `replicas` (the `ray` target) overrides the environment's replica count.
     `shift` (canary steps) runs between the smoke and the switch when a release serves the
     environment already; when it fails, the candidate is drained and stopped, nothing else
     changes, and the outcome's `failure_event` is the shift's record."""
@@ -235,7 +247,7 @@ def deploy_release(
                 f"not {str(expected_live)[:12]}"
             )
         out.previous_release_id = live_now
-        target = target_for(settings, env, cfg, handle)
+        target = target_for(settings, env, cfg, handle, replicas=replicas)
         out.notes += target.reconcile()
         handle.state.routes = _routes_alive(handle.state)
         ts = time.monotonic()
@@ -330,7 +342,7 @@ def deploy_release(
             out.notes.append(shifted.detail or "canary steps passed")
 
         # 5. switch
-        roles_before = {s.pid: (s.role, s.warm_until) for s in handle.state.servers}
+        roles_before = {s.ident: (s.role, s.warm_until) for s in handle.state.servers}
         rec = target.record(up)
         ts = time.monotonic()
         try:
@@ -353,7 +365,7 @@ def deploy_release(
         out.switch_s = round(time.monotonic() - t0, 3)
         step("switch", True, ts)
         for s in handle.state.servers:
-            if rec is not None and s.pid == rec.pid:
+            if rec is not None and s.ident == rec.ident:
                 s.role, s.warm_until = "live", None
         handle.save()
 
@@ -365,11 +377,16 @@ def deploy_release(
             except (GatewayError, DeployError) as exc:
                 problem += f"; switching back ALSO failed: {exc}"
             for s in handle.state.servers:
-                if s.pid in roles_before:
-                    s.role, s.warm_until = roles_before[s.pid]
+                if s.ident in roles_before:
+                    s.role, s.warm_until = roles_before[s.ident]
             handle.save()
             step("revert", out.reverted, tr)
-            if not (rec is not None and any(r.base_url == rec.base_url for r in previous_routes)):
+            if not (
+                rec is not None
+                and any(
+                    r.base_url == rec.base_url and r.api_key == rec.api_key for r in previous_routes
+                )
+            ):
                 if out.reverted:
                     target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
                 drop_new()
@@ -417,8 +434,8 @@ def deploy_release(
 
         # 8. the old upstream: drain, then warm or stop
         ts = time.monotonic()
-        new_pid = rec.pid if rec is not None else None
-        olds = [s for s in handle.state.servers if s.pid != new_pid]
+        new_ident = rec.ident if rec is not None else None
+        olds = [s for s in handle.state.servers if s.ident != new_ident]
         leaving = [s for s in olds if s.role == "live"]
         keep = leaving[0] if cfg.warm_s > 0 and leaving else None
         to_stop = [s for s in olds if s is not keep]
@@ -499,8 +516,20 @@ def down(
     )
 
 
+class ReplicaStatus(BaseModel):
+    """One replica of a release on the `ray` target: where Ray placed it."""
+
+    replica: str
+    node_id: str
+    node_ip: str
+    pid: int
+    server_pid: int
+    server_url: str
+    log: str
+
+
 class ServerStatus(BaseModel):
-    """One recorded server, as it is now."""
+    """One recorded server (a Serve application on the `ray` target), as it is now."""
 
     release_id: str
     role: str
@@ -509,6 +538,11 @@ class ServerStatus(BaseModel):
     healthy: bool
     warm_until: dt.datetime | None = None
     log_path: str
+    target: str = "local"
+    app: str | None = Field(None, description="its Ray Serve application")
+    replicas: list[ReplicaStatus] = Field(
+        default_factory=list, description="the `ray` target's replicas, with their nodes"
+    )
 
 
 class EnvDeployStatus(BaseModel):
@@ -527,6 +561,20 @@ class EnvDeployStatus(BaseModel):
         description="no contradiction: the gateway routes only to the release of record, "
         "or nothing runs (after `down`)"
     )
+
+
+def _replicas(settings: Settings, env: str, app: str | None) -> list[ReplicaStatus]:
+    """The replicas of a `ray` application, read from its cluster ([] when unreachable)."""
+    cfg = settings.environments.get(env)
+    if app is None or cfg is None or cfg.ray is None:
+        return []
+    from releasekit.deploy.ray.cluster import connect, replicas_of
+
+    try:
+        connect(cfg.ray)
+        return [ReplicaStatus.model_validate(r.model_dump()) for r in replicas_of(app)]
+    except ReleasekitError:
+        return []
 
 
 def deploy_status(
@@ -552,12 +600,15 @@ def deploy_status(
                 role=s.role,
                 base_url=s.base_url,
                 pid=s.pid,
-                healthy=process_alive(s.pid, s.proc_start)
+                healthy=(s.app is not None or process_alive(s.pid, s.proc_start))
                 and check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=2.0),
                 warm_until=dt.datetime.fromtimestamp(s.warm_until, dt.UTC)
                 if s.warm_until
                 else None,
                 log_path=s.log_path,
+                target=s.target,
+                app=s.app,
+                replicas=_replicas(settings, name, s.app),
             )
             for s in st.servers
         ]

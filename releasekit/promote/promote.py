@@ -176,14 +176,21 @@ def _live_info(settings: Settings, live_id: str, ledger: Ledger) -> tuple[Releas
 
 
 def _running(settings: Settings, env: str, release_id: str) -> bool:
-    from releasekit.deploy.local import process_alive
+    from releasekit.deploy.local import check_health, process_alive
 
     st = read_state(settings.state_dir, env)
     if release_id not in st.routed_release_ids() or st.gateway is None:
         return False
     urls = {r.base_url for r in st.routes if r.release_id == release_id}
     return process_alive(st.gateway.pid, st.gateway.proc_start) and any(
-        s.base_url in urls and process_alive(s.pid, s.proc_start) for s in st.servers
+        s.base_url in urls
+        and (s.app is None or s.release_id == release_id)
+        and (
+            check_health(s.base_url, s.model, api_key=s.api_key, timeout_s=3.0)
+            if s.app
+            else process_alive(s.pid, s.proc_start)
+        )
+        for s in st.servers
     )
 
 
@@ -262,6 +269,12 @@ class PromoteRequest(BaseModel):
     approval_wait_s: float | None = Field(
         None, ge=0, description="wait this long for a missing approval (default: the env's)"
     )
+    replicas: int | None = Field(
+        None,
+        ge=1,
+        description="`ray` target: replicas of the release instead of the environment's "
+        "count (e.g. the capacity plan's units)",
+    )
 
 
 @dataclass(frozen=True)
@@ -287,6 +300,7 @@ def promote(
     progress: Progress | None = None,
     ledger: Ledger | None = None,
     approval_wait_s: float | None = None,
+    replicas: int | None = None,
 ) -> PromoteResult:
     """Promote `release_ref` (anything resolve_release accepts) to `env`; see the module
     docstring for the outcomes. `force` names the kinds of gate an override may carry past
@@ -301,6 +315,7 @@ def promote(
         force=list(dict.fromkeys(force)),
         actor=actor,
         approval_wait_s=approval_wait_s,
+        replicas=replicas,
     )
     return run_promotion(settings, request, progress=progress, ledger=ledger)
 
@@ -319,6 +334,11 @@ def run_promotion(
     `extra_gates(release_id)` adds gates from above (the shadow comparison)."""
     say = progress or (lambda label, done, total: None)
     cfg = env_config(settings, request.env)
+    if request.replicas is not None and cfg.target != "ray":
+        raise PromoteError(
+            f"--replicas applies to the ray target; {request.env} runs on {cfg.target}",
+            remedy="leave out --replicas, or point the environment at a Ray cluster",
+        )
     if request.force and not request.reason.strip():
         raise PromoteError("--force needs --reason: an override must say why")
     led = ledger or _open_ledger(settings, read_only=request.dry_run)
@@ -420,6 +440,7 @@ def redeploy_record(
         ledger=ledger,
         expected_live=target.live_id,
         actor=request.actor,
+        replicas=request.replicas,
     )
     return target.base.model_copy(
         update={
@@ -602,6 +623,7 @@ def deploy_and_record(
         expected_live=target.live_id,
         actor=request.actor,
         shift=keep_shift,
+        replicas=request.replicas,
     )
     move: RecordMove | None = recorded.get("move")
     status: PromoteStatus = "promoted"

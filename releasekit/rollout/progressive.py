@@ -257,6 +257,7 @@ def promote_progressive(
     no_canary: bool = False,
     resume: bool = False,
     approval_wait_s: float | None = None,
+    replicas: int | None = None,
 ) -> PromoteResult:
     """Promote `release_ref` to `env` with its manifest's canary steps (see the module
     docstring); `PromoteResult.canary` holds the steps as they ran."""
@@ -270,6 +271,7 @@ def promote_progressive(
         force=list(dict.fromkeys(force)),
         actor=actor,
         approval_wait_s=approval_wait_s,
+        replicas=replicas,
     )
     rid = resolve_release(settings, release_ref, ledger=led).release_id
     policy = load_release(settings, rid, ledger=led).lm.manifest.promotion.canary

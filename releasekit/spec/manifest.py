@@ -41,10 +41,17 @@ class Calibration(_Strict):
     max_seq_length: int = Field(256, ge=8, le=32_768)
 
 
-class Quantisation(_Strict):
-    """The quantisation recipe; `scheme: none` passes the model through."""
+#: Quantisation schemes (llm-compressor's preset names): int8 weights and activations, 4-bit
+#: weights, FP8 weights with per-token dynamic activations, FP8 with static (calibrated)
+#: per-tensor activation scales.
+Scheme = Literal["none", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8"]
 
-    scheme: Literal["none", "W8A8", "W4A16"] = "none"
+
+class Quantisation(_Strict):
+    """The quantisation recipe; `scheme: none` passes the model through. FP8 schemes use
+    `method: rtn`; static `FP8` calibrates its activation scales on `calibration`."""
+
+    scheme: Scheme = "none"
     method: Literal["gptq", "rtn"] = "gptq"
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = None
@@ -54,8 +61,18 @@ class Quantisation(_Strict):
 
     @model_validator(mode="after")
     def _needs_calibration(self) -> Quantisation:
+        if self.scheme in ("FP8_DYNAMIC", "FP8") and self.method != "rtn":
+            raise ValueError(
+                f"scheme {self.scheme} takes method rtn (FP8 rounds to nearest; gptq is for "
+                "the int schemes)"
+            )
         if self.scheme != "none" and self.method == "gptq" and self.calibration is None:
             raise ValueError("gptq needs a calibration set (quantisation.calibration)")
+        if self.scheme == "FP8" and self.calibration is None:
+            raise ValueError(
+                "static FP8 calibrates its activation scales: set quantisation.calibration "
+                "(or use FP8_DYNAMIC, which needs no data)"
+            )
         return self
 
 

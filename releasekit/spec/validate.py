@@ -6,9 +6,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from releasekit.config import Settings
+from releasekit.config import Settings, load_settings
 from releasekit.errors import ManifestError
 from releasekit.spec.engine_args import check_serving_args
+from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import check_files, load_manifest
 
@@ -27,7 +28,8 @@ def validate_one(
     path: Path, *, check_files_exist: bool = True, settings: Settings | None = None
 ) -> ValidationResult:
     """Validate one manifest: schema, then referenced files, then the load profile, then
-    `serving.args` against vLLM's own parser (`settings.python`; see spec.engine_args)."""
+    `serving.args` against vLLM's own parser (`settings.python`; see spec.engine_args), then
+    `quantisation.scheme` against what that vLLM can serve on this host (spec.hostcaps)."""
     try:
         lm = load_manifest(path)
     except ManifestError as exc:
@@ -46,6 +48,9 @@ def validate_one(
     engine = check_serving_args(lm, settings=settings)
     problems += engine.problems
     notes = [engine.not_checked] if engine.not_checked else []
+    scheme = check_scheme(lm, python=(settings or load_settings()).python)
+    problems += scheme.problems
+    notes += scheme.notes
     return ValidationResult(path=str(path), ok=not problems, problems=problems, notes=notes)
 
 

@@ -194,13 +194,15 @@ def metrics_urls(settings: Settings, env: str, release_id: str) -> tuple[str, st
             f"the deploy state of {env} names no server for {release_id[:12]}",
             remedy="check `releasekit deploy-status`; promote or roll back to start one",
         )
+    rec = state.server_for(release_id)
+    vllm = rec.metrics_url if rec is not None and rec.app else _join(base, "metrics")
     gateway: str | None = None
     if state.gateway is not None:
         gateway = state.gateway.url
     else:
         cfg = settings.environments.get(env)
         gateway = cfg.url if cfg is not None else None
-    return _join(base, "metrics"), (_join(gateway, "metrics") if gateway else None)
+    return vllm, (_join(gateway, "metrics") if gateway else None)
 
 
 def _join(base: str, path: str) -> str:

@@ -62,7 +62,12 @@ def app(served: str) -> Starlette:
         return JSONResponse({"version": "fake"})
 
     async def metrics(request: Request) -> Response:
-        return Response("vllm:num_requests_running 0\n", media_type="text/plain")
+        text = (
+            "vllm:num_requests_running 0\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{model_name="{served}"}} {seq["n"]}\n'
+        )
+        return Response(text, media_type="text/plain")
 
     async def stream(n: int, field: str, rid: str) -> object:
         for i in range(n):

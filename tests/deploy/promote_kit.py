@@ -308,7 +308,7 @@ def kill_everything(settings: Settings) -> None:
         st = read_state(settings.state_dir, env)
         if st.gateway:
             pgids.add(st.gateway.pid)
-        pgids.update(s.pid for s in st.servers)
+        pgids.update(s.pid for s in st.servers if s.app is None)  # not Ray applications
     from releasekit.deploy import local
 
     pgids.update(local._CHILDREN)

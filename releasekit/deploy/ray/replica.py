@@ -1,0 +1,379 @@
+"""One replica of a release on Ray Serve: a Serve deployment whose replica runs the
+release's vLLM OpenAI server as its child process and relays HTTP to it.
+
+vLLM's CPU build is not run inside the replica's own process: its engine starts processes
+of its own and wants the host's cores and signals, which a Ray worker does not give it. The
+replica starts exactly the command the `local` target starts (serving.vllm's builder: the
+release's model, served name and locked engine arguments, nothing added) on a free port of
+its node, and Ray owns the rest: placement (the replica's CPU and memory reservation),
+health (`check_health` fails once the child stops answering, and Serve replaces the
+replica) and restarts. The child dies with the replica (parent-death signal), and
+`__del__` stops its process group when Serve retires the replica.
+
+Each replica records where it runs (node, pids, its server's URL, its log) in the cluster's
+key-value store under `releasekit/<app>/<replica>`, which `deploy-status` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+from ray.experimental import internal_kv
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from releasekit._support.procs import tail
+from releasekit.deploy.ray.metrics import merge_expositions
+from releasekit.serving.vllm import VLLMServer, pick_port
+
+KV_NAMESPACE = "releasekit"
+_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def kv_key(app: str, replica: str) -> bytes:
+    """The key one replica's record lives under."""
+    return f"{app}/{replica}".encode()
+
+
+@serve.deployment
+class ReleaseReplica:
+    """A release's vLLM server as a Serve replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        app: str,
+        model_dir: str,
+        served_name: str,
+        engine_args: dict[str, str],
+        env: dict[str, str],
+        python: str,
+        log_dir: str,
+        start_timeout_s: float,
+    ) -> None:
+        ctx = serve.get_replica_context()
+        self.app = app
+        self.replica = ctx.replica_id.unique_id
+        self.host = ray.util.get_node_ip_address()
+        os.environ.update({k: v for k, v in env.items() if k == "RELEASEKIT_PORT_RANGE"})
+        self.port = pick_port(self.host)
+        self.base_url = f"http://{self.host}:{self.port}"
+        self.served_name = served_name
+        self.api_key = engine_args.get("api-key")
+        self.log = Path(log_dir) / f"{app}-{self.replica}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        argv = VLLMServer(
+            Path(model_dir),
+            served_name=served_name,
+            engine_args=engine_args,
+            env=env,
+            python=Path(python),
+            log_path=Path(os.devnull),
+            host=self.host,
+            port=self.port,
+        ).command()
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self._stop_child()
+            raise
+        self.client = httpx.AsyncClient(base_url=self.base_url, timeout=None, trust_env=False)
+        internal_kv._internal_kv_put(
+            kv_key(app, self.replica),
+            json.dumps(
+                {
+                    "replica": self.replica,
+                    "actor": ray.get_runtime_context().get_actor_name(),
+                    "node_id": ray.get_runtime_context().get_node_id(),
+                    "node_ip": self.host,
+                    "pid": os.getpid(),
+                    "server_pid": self.proc.pid,
+                    "server_url": self.base_url,
+                    "log": str(self.log),
+                    "started_at": time.time(),
+                }
+            ).encode(),
+            namespace=KV_NAMESPACE,
+        )
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise RuntimeError(
+                    f"the server of {self.app} exited with code {rc} before becoming healthy "
+                    f"(log: {self.log})\n--- last lines of the server log ---\n{tail(self.log)}"
+                )
+            if self._healthy_sync():
+                return
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"the server of {self.app} did not become healthy within {timeout_s:.0f} s "
+            f"(log: {self.log})\n--- last lines of the server log ---\n{tail(self.log)}"
+        )
+
+    def _healthy_sync(self) -> bool:
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=3.0, trust_env=False) as c:
+                if c.get("/health").status_code != 200:
+                    return False
+                r = c.get("/v1/models", headers=headers)
+                return r.status_code == 200 and any(
+                    m.get("id") == self.served_name for m in r.json().get("data", [])
+                )
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    async def check_health(self) -> None:
+        """Serve's health check: the child runs and answers /health (else Serve replaces
+        this replica)."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {self.proc.returncode}")
+        r = await self.client.get("/health", timeout=5.0)
+        if r.status_code != 200:
+            raise RuntimeError(f"the server's /health answered {r.status_code}")
+
+    async def __call__(self, request: Request) -> Response:
+        """Relay one HTTP request to the child, streaming the answer back as it comes."""
+        path = request.scope.get("path", "/")
+        root = request.scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        upstream = self.client.build_request(
+            request.method,
+            path,
+            params=request.query_params,
+            headers=headers,
+            content=await request.body(),
+        )
+        try:
+            resp = await self.client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            return Response(
+                json.dumps({"error": {"message": f"replica's server unreachable: {exc!r}"}}),
+                status_code=502,
+                media_type="application/json",
+            )
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        out_headers["x-releasekit-replica"] = self.replica
+        return StreamingResponse(
+            resp.aiter_raw(),
+            status_code=resp.status_code,
+            headers=out_headers,
+            background=BackgroundTask(resp.aclose),
+        )
+
+    async def relay(
+        self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes
+    ) -> AsyncIterator[Any]:
+        """The router's call: yields {"status", "headers"} once, then the body's chunks as
+        the server sends them (a closed stream closes the server's request too)."""
+        req = self.client.build_request(
+            method, path + (f"?{query}" if query else ""), headers=headers, content=body
+        )
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            yield {"status": 502, "headers": {"content-type": "application/json"}}
+            yield _error(f"replica's server unreachable: {exc!r}")
+            return
+        try:
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+            out["x-releasekit-replica"] = self.replica
+            yield {"status": resp.status_code, "headers": out}
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        finally:
+            await resp.aclose()
+
+    def _stop_child(self, grace_s: float = 10.0) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(kv_key(self.app, self.replica), namespace=KV_NAMESPACE)
+        self._stop_child()
+
+
+def _error(message: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "releasekit_ray"}}).encode()
+
+
+ROUTER_APP = "rk-router"
+TOKEN_SEP = "~"
+
+
+def routing_token(app: str, api_key: str | None) -> str:
+    """The bearer token the gateway sends for a release: its application, then the key its
+    server demands, if any."""
+    return app + (TOKEN_SEP + api_key if api_key else "")
+
+
+@serve.deployment(
+    name="router",
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=4096,
+    health_check_period_s=2,
+)
+class Router:
+    """The cluster's one HTTP entry for releasekit (application `rk-router`, route "/"):
+    sends each request to the release application its bearer token names (the gateway's
+    route key for that release), through a Serve handle, so Serve picks a healthy replica.
+    Why: the gateway's routes are bare `http://host:port` URLs, so releases that share
+    Serve's single HTTP port cannot be told apart by path."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, Any] = {}
+
+    def _handle(self, app: str) -> Any:
+        h = self.handles.get(app)
+        if h is None:
+            h = serve.get_app_handle(app).options(stream=True)
+            self.handles[app] = h
+        return h
+
+    async def _fleet_metrics(self, app: str) -> Response:
+        """`GET /metrics?app=APP`: every replica's server's /metrics, merged (one series
+        summed over the replicas; deploy/ray/metrics.py)."""
+        urls = []
+        for key in internal_kv._internal_kv_list(f"{app}/".encode(), namespace=KV_NAMESPACE):
+            raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+            if raw is not None:
+                urls.append(json.loads(raw)["server_url"] + "/metrics")
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as c:
+            got = await asyncio.gather(*(c.get(u) for u in urls), return_exceptions=True)
+        pages = [r.text for r in got if isinstance(r, httpx.Response) and r.status_code == 200]
+        if not pages:
+            return Response(
+                _error(f"no replica of {app} answered /metrics"),
+                status_code=503,
+                media_type="application/json",
+            )
+        return Response(
+            merge_expositions(pages),
+            media_type="text/plain; version=0.0.4",
+            headers={"x-releasekit-replicas": str(len(pages))},
+        )
+
+    async def __call__(self, request: Request) -> Response:
+        """Relay to the application the bearer token names (`/metrics?app=APP`: the
+        application's replicas' metrics, merged)."""
+        auth = request.headers.get("authorization", "")
+        token = auth[7:] if auth.lower().startswith("bearer ") else ""
+        app, _, key = token.partition(TOKEN_SEP)
+        path = request.url.path
+        fleet = request.query_params.get("app", "")
+        if path == "/metrics" and fleet.startswith("rk-"):
+            return await self._fleet_metrics(fleet)
+        if not app.startswith("rk-") or app == ROUTER_APP:
+            if path == "/health":
+                return Response(status_code=200)
+            return Response(
+                _error("no release named: send Authorization: Bearer <application>"),
+                status_code=404,
+                media_type="application/json",
+            )
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP and k.lower() != "authorization"
+        ]
+        if key:
+            headers.append(("authorization", f"Bearer {key}"))
+        body = await request.body()
+        try:
+            gen = self._handle(app).relay.remote(
+                request.method, path, request.url.query, headers, body
+            )
+            head = await gen.__anext__()
+        except Exception as exc:  # the application is gone or has no replica now
+            self.handles.pop(app, None)
+            return Response(
+                _error(f"release application {app} did not answer: {type(exc).__name__}"),
+                status_code=503,
+                media_type="application/json",
+            )
+
+        async def rest() -> AsyncIterator[bytes]:
+            async for chunk in gen:
+                yield chunk
+
+        return StreamingResponse(rest(), status_code=head["status"], headers=head["headers"])
+
+
+def replica_options(
+    *,
+    replicas: int,
+    cpus: float,
+    memory_gb: float | None,
+    max_per_node: int | None,
+    autoscaling: dict[str, Any] | None,
+    health_period_s: float,
+    health_timeout_s: float,
+    graceful_s: float,
+) -> dict[str, Any]:
+    """Serve deployment options for a release's replicas."""
+    actor: dict[str, Any] = {"num_cpus": cpus}
+    if memory_gb is not None:
+        actor["memory"] = int(memory_gb * 1024**3)
+    opts: dict[str, Any] = {
+        "name": "server",
+        "ray_actor_options": actor,
+        "health_check_period_s": health_period_s,
+        "health_check_timeout_s": health_timeout_s,
+        "graceful_shutdown_timeout_s": graceful_s,
+        "max_constructor_retry_count": 1,
+        "max_ongoing_requests": 1024,
+    }
+    if autoscaling is not None:
+        opts["autoscaling_config"] = autoscaling
+        opts["num_replicas"] = "auto"
+    else:
+        opts["num_replicas"] = replicas
+    if max_per_node is not None:
+        opts["max_replicas_per_node"] = max_per_node
+    return opts

@@ -1,0 +1,456 @@
+"""The `ray` deploy target: each release is a Ray Serve application on the environment's
+Ray cluster (`rk-<env>-<release short id>`, route prefix the same), with one vLLM server per
+replica (deploy/ray/replica.py); the environment's gateway is releasekit's own, on this
+host, as on the `local` target, and routes to the application through Serve's HTTP proxy.
+
+What is whose: releasekit decides what runs (gates, smoke, the switch, the warm period,
+rollback) and records it (state file, ledger); the cluster decides where replicas run, keeps
+them healthy and replaces dead ones, and scales them when the environment asks for
+autoscaling. A replica Ray replaces keeps the application's URL, so the gateway's table does
+not change.
+
+Application records live in the same state file as the local target's servers (`app` set,
+`pid` 0), and `reconcile` brings them in line with the applications Serve runs: a record
+whose application is gone is forgotten; an application a crashed command left `starting`,
+one the state does not know, and a warm one past its period are deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from releasekit._support.procs import last_error_line
+from releasekit.config import EnvironmentConfig, RayTargetConfig, Settings, load_settings
+from releasekit.deploy.gateway import GatewayError
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.local import LocalTarget, check_health, process_alive, spawn_detached
+from releasekit.deploy.ray.cluster import (
+    ReplicaInfo,
+    app_statuses,
+    check_fits,
+    connect,
+    replicas_of,
+)
+from releasekit.deploy.state import (
+    ServerRecord,
+    StateHandle,
+    env_lock,
+    read_state,
+    write_state,
+)
+from releasekit.deploy.target import (
+    DeployError,
+    OnSpawn,
+    ReleaseSpec,
+    ReleaseStartError,
+    Upstream,
+)
+from releasekit.errors import ConfigError
+from releasekit.serving.vllm import PORT_RANGE_ENV
+
+_CHILD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def app_name(env: str, release_id: str) -> str:
+    """The Serve application (and route prefix) of a release in an environment."""
+    return f"rk-{env}-{release_id[:12]}"
+
+
+def ensure_serve(cfg: RayTargetConfig) -> str:
+    """Start Serve on the cluster if it does not run (its HTTP proxy on the head only, at
+    serve_host:serve_port); returns the proxy's URL. DeployError if a Serve started earlier
+    listens elsewhere."""
+    import httpx
+    from ray import serve
+
+    host = cfg.serve_host or cfg.host
+    url = f"http://{host}:{cfg.serve_port}"
+    try:
+        serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": cfg.serve_port})
+    except Exception as exc:
+        raise DeployError(f"could not start Ray Serve on {cfg.address}: {exc}") from exc
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            with httpx.Client(timeout=3.0, trust_env=False) as c:
+                # 503 "Route table is not populated yet" until a first application runs
+                if c.get(url + "/-/healthz").status_code in (200, 503):
+                    return url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise DeployError(
+        f"Ray Serve's HTTP proxy does not answer at {url} (a Serve started with other "
+        f"options? check serve_host/serve_port in releasekit.toml)"
+    )
+
+
+def ensure_router_app() -> None:
+    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing."""
+    from ray import serve
+
+    from releasekit.deploy.ray.replica import ROUTER_APP, Router
+
+    if app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING":
+        return
+    try:
+        serve._run(Router.bind(), _blocking=True, name=ROUTER_APP, route_prefix="/")  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise DeployError(f"could not deploy Serve application {ROUTER_APP}: {exc}") from exc
+
+
+class RayTarget(LocalTarget):
+    """An environment's releases as Serve applications on a Ray cluster, behind the
+    environment's gateway on this host (gateway methods are the local target's)."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: str,
+        config: EnvironmentConfig,
+        handle: StateHandle,
+        *,
+        replicas: int | None = None,
+    ) -> None:
+        super().__init__(settings, env, config, handle)
+        if config.ray is None:
+            raise ConfigError(f"environment {env!r}: target ray needs [environments.{env}.ray]")
+        self.ray: RayTargetConfig = config.ray
+        self.replicas = replicas or self.ray.replicas
+        self._proxy: str | None = None
+
+    # -- cluster -----------------------------------------------------------------------
+
+    def connect(self) -> str:
+        """Join the cluster and make sure Serve runs; the proxy's URL."""
+        if self._proxy is None:
+            connect(self.ray)
+            self._proxy = ensure_serve(self.ray)
+            ensure_router_app()
+        return self._proxy
+
+    def _apps(self) -> dict[str, tuple[str, str]]:
+        self.connect()
+        return app_statuses()
+
+    def _delete(self, app: str) -> None:
+        from ray import serve
+
+        try:
+            serve.delete(app, _blocking=True)
+        except Exception as exc:
+            raise DeployError(f"could not delete Serve application {app}: {exc}") from exc
+
+    # -- state -------------------------------------------------------------------------
+
+    def record(self, upstream: Upstream) -> ServerRecord | None:
+        """The state record of `upstream`'s application."""
+        app = upstream.handle.get("app")
+        for s in self._state.servers:
+            if s.app == app:
+                return s
+        return None
+
+    def upstream_of(self, rec: ServerRecord) -> Upstream:
+        """An Upstream handle for a recorded application."""
+        return Upstream(
+            release_id=rec.release_id,
+            serving_key=rec.serving_key,
+            base_url=rec.base_url,
+            model=rec.model,
+            api_key=rec.api_key,
+            handle={"app": rec.app, "port": rec.port, "log": rec.log_path, "pid": None},
+        )
+
+    def reconcile(self, *, now: float | None = None) -> list[str]:
+        """Bring the state in line with the gateway process and the cluster's Serve
+        applications (see the module docstring); returns what it did, in words."""
+        now = time.time() if now is None else now
+        notes: list[str] = []
+        st = self._state
+        gw = st.gateway
+        if gw is not None and not process_alive(gw.pid, gw.proc_start):
+            notes.append(f"gateway pid {gw.pid} is gone")
+            st.gateway = None
+        apps = self._apps()
+        routed = set(st.routed_release_ids())
+        keep: list[ServerRecord] = []
+        for s in st.servers:
+            if s.app is None or s.app not in apps:
+                notes.append(f"application of {s.release_id[:12]} is gone from the cluster")
+                continue
+            if s.role == "starting" and s.release_id not in routed:
+                notes.append(f"deleted a half-started application of {s.release_id[:12]}")
+                self._delete(s.app)
+                continue
+            if s.role == "warm" and s.warm_until is not None and s.warm_until <= now:
+                notes.append(f"deleted the warm application of {s.release_id[:12]} (period over)")
+                self._delete(s.app)
+                continue
+            keep.append(s)
+        known = {s.app for s in keep}
+        for app in apps:
+            if re.fullmatch(rf"rk-{re.escape(self.env)}-[0-9a-f]{{12}}", app) and app not in known:
+                notes.append(f"deleted application {app}, which no record names")
+                self._delete(app)
+        st.servers = keep
+        self.handle.save()
+        return notes
+
+    # -- servers -----------------------------------------------------------------------
+
+    def _child_env(self, spec: ReleaseSpec) -> dict[str, str]:
+        env = {**_CHILD_ENV, **spec.env}
+        if os.environ.get(PORT_RANGE_ENV):
+            env.setdefault(PORT_RANGE_ENV, os.environ[PORT_RANGE_ENV])
+        return env
+
+    def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
+        """Deploy `spec` as a Serve application with this environment's replica count and
+        wait until every replica is healthy. ReleaseDoesNotFitError before anything is
+        deployed when the cluster lacks the resources; ReleaseStartError (application
+        deleted, record forgotten) when a replica never becomes healthy, quoting its log."""
+        from releasekit.deploy.ray.replica import ReleaseReplica, replica_options, routing_token
+
+        proxy = self.connect()
+        auto = self.ray.autoscaling
+        check_fits(self.ray, replicas=auto.min_replicas if auto else self.replicas)
+        app = app_name(self.env, spec.release_id)
+        if app in app_statuses():
+            self._delete(app)
+        log_dir = (self.settings.state_dir / "logs").resolve()
+        rec = ServerRecord(
+            release_id=spec.release_id,
+            serving_key=spec.serving_key,
+            base_url=proxy,  # the router sends a request to the app its bearer token names
+            port=self.ray.serve_port,
+            pid=0,
+            model=spec.served_name,
+            api_key=routing_token(app, spec.api_key),
+            log_path=str(log_dir / f"{app}-*.log"),
+            role="starting",
+            started_at=time.time(),
+            target="ray",
+            app=app,
+        )
+        self._state.servers.append(rec)
+        self.handle.save()
+        up = self.upstream_of(rec)
+        if on_spawn is not None:
+            on_spawn(up)
+        autoscaling: dict[str, Any] | None = None
+        if auto is not None:
+            autoscaling = {
+                "min_replicas": auto.min_replicas,
+                "initial_replicas": max(auto.min_replicas, min(self.replicas, auto.max_replicas)),
+                "max_replicas": auto.max_replicas,
+                "target_ongoing_requests": auto.target_queue_depth,
+            }
+        opts = replica_options(
+            replicas=self.replicas,
+            cpus=self.ray.cpus_per_replica,
+            memory_gb=self.ray.memory_gb_per_replica,
+            max_per_node=self.ray.max_replicas_per_node,
+            autoscaling=autoscaling,
+            health_period_s=self.ray.health_check_period_s,
+            health_timeout_s=self.ray.health_check_timeout_s,
+            graceful_s=max(self.config.drain_deadline_s, 1.0),
+        )
+        bound = ReleaseReplica.options(**opts).bind(  # type: ignore[attr-defined]
+            app=app,
+            model_dir=str(Path(spec.model_dir).resolve()),
+            served_name=spec.served_name,
+            engine_args=dict(spec.engine_args),
+            env=self._child_env(spec),
+            python=str(self.settings.python),
+            log_dir=str(log_dir),
+            start_timeout_s=self.settings.server_start_timeout_s,
+        )
+        try:
+            from ray import serve
+
+            try:
+                serve._run(bound, _blocking=False, name=app, route_prefix=f"/{app}")
+            except Exception as exc:
+                raise ReleaseStartError(
+                    f"Ray Serve refused release {spec.release_id[:12]}: {exc}"
+                ) from exc
+            self._wait_running(app, rec)
+        except BaseException:
+            try:
+                self._delete(app)
+            finally:
+                self._forget_app(app)
+            raise
+        rec.ready_s = round(time.time() - rec.started_at, 1)
+        self.handle.save()
+        return up
+
+    def _wait_running(self, app: str, rec: ServerRecord) -> None:
+        deadline = time.monotonic() + self.settings.server_start_timeout_s + 30
+        while time.monotonic() < deadline:
+            status, message = app_statuses().get(app, ("MISSING", ""))
+            if status == "RUNNING" and check_health(
+                rec.base_url, rec.model, api_key=rec.api_key, timeout_s=3.0
+            ):
+                return
+            if status in ("DEPLOY_FAILED", "UNHEALTHY", "MISSING"):
+                cause = last_error_line(message) or status
+                raise ReleaseStartError(
+                    f"release {rec.release_id[:12]} on Ray: no healthy replica ({status}): {cause}",
+                    log_tail=_log_tail(message),
+                    log_path=rec.log_path,
+                )
+            time.sleep(0.5)
+        raise ReleaseStartError(
+            f"release {rec.release_id[:12]} on Ray: its replicas were not all healthy within "
+            f"{self.settings.server_start_timeout_s:.0f} s (waiting for resources or a slow "
+            f"start; logs: {rec.log_path})",
+            log_tail=_log_tail(app_statuses().get(app, ("", ""))[1]),
+            log_path=rec.log_path,
+        )
+
+    def _forget_app(self, app: str) -> None:
+        self._state.servers = [s for s in self._state.servers if s.app != app]
+        self.handle.save()
+
+    def health(self, upstream: Upstream) -> bool:
+        """True while the application answers /health through Serve and lists its model."""
+        return check_health(upstream.base_url, upstream.model, api_key=upstream.api_key)
+
+    def stop(self, upstream: Upstream, *, grace_s: float = 10.0) -> None:
+        """Delete the application (Serve lets replicas finish in-flight requests for the
+        drain deadline) and forget it; idempotent."""
+        app = upstream.handle.get("app")
+        if not isinstance(app, str):
+            return
+        if app in self._apps():
+            self._delete(app)
+        self._forget_app(app)
+
+    def list(self) -> list[Upstream]:
+        """The recorded applications that Serve runs."""
+        apps = self._apps()
+        return [self.upstream_of(s) for s in self._state.servers if s.app in apps]
+
+    def replicas_of(self, upstream: Upstream) -> builtins.list[ReplicaInfo]:
+        """Where the application's replicas run now."""
+        self.connect()
+        app = upstream.handle.get("app")
+        return replicas_of(app) if isinstance(app, str) else []
+
+    # -- warm period -------------------------------------------------------------------
+
+    def spawn_expirer(self) -> None:
+        """Start the detached expirer that deletes warm applications when their period
+        ends (`python -m releasekit.deploy.ray.target expire`)."""
+        if not any(s.role == "warm" and s.warm_until for s in self._state.servers):
+            return
+        spawn_detached(
+            [
+                sys.executable,
+                "-m",
+                "releasekit.deploy.ray.target",
+                "expire",
+                "--root",
+                str(self.settings.root),
+                "--env",
+                self.env,
+            ],
+            env=dict(os.environ),
+            log_path=self.settings.state_dir / "logs" / f"expire-{self.env}.log",
+        )
+
+
+def _log_tail(message: str, lines: int = 25) -> str:
+    marker = "--- last lines of the server log ---"
+    text = message.split(marker, 1)[1] if marker in message else message
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def expire_warm(settings: Settings, env: str, *, now: float | None = None) -> int:
+    """Delete `env`'s warm applications whose period is over (under the env's lock), once
+    the gateway has nothing in flight to them; returns how many."""
+    cfg = settings.environments[env]
+    done = 0
+    with env_lock(settings.state_dir, env, timeout_s=3600):
+        st = read_state(settings.state_dir, env)
+        t = time.time() if now is None else now
+        routed = {r.release_id for r in st.routes if r.weight > 0}
+        due = [
+            s
+            for s in st.servers
+            if s.app
+            and s.role == "warm"
+            and s.warm_until is not None
+            and s.warm_until <= t
+            and s.release_id not in routed
+        ]
+        if not due:
+            return 0
+        assert cfg.ray is not None
+        connect(cfg.ray)
+        from ray import serve
+
+        for s in due:
+            if st.gateway is not None:
+                try:
+                    with GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token) as c:
+                        c.wait_drained(s.release_id, cfg.drain_deadline_s)
+                except GatewayError:
+                    pass
+            if s.app is not None:
+                serve.delete(s.app, _blocking=True)
+            done += 1
+        gone = {s.app for s in due}
+        st.servers = [s for s in st.servers if s.app not in gone]
+        write_state(settings.state_dir, st)
+    return done
+
+
+def _expire_loop(root: Path, env: str, poll_s: float = 2.0) -> int:
+    settings = load_settings(root=root)
+    while True:
+        try:
+            st = read_state(settings.state_dir, env)
+        except DeployError:
+            return 1
+        due = [s.warm_until for s in st.servers if s.role == "warm" and s.warm_until]
+        if not due:
+            return 0
+        if min(due) <= time.time():
+            expire_warm(settings, env)
+            continue
+        time.sleep(min(poll_s, max(0.05, min(due) - time.time())))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m releasekit.deploy.ray.target expire --root DIR --env ENV`."""
+    parser = argparse.ArgumentParser(prog="python -m releasekit.deploy.ray.target")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("expire", help="delete warm applications when their period ends")
+    ex.add_argument("--root", required=True, type=Path)
+    ex.add_argument("--env", required=True)
+    args = parser.parse_args(argv)
+    return _expire_loop(args.root, args.env)
+
+
+if __name__ == "__main__":
+    from releasekit.deploy.ray.target import main as _main
+
+    sys.exit(_main())

