@@ -162,6 +162,7 @@ class SegmentTrace:
     stable: str
     every_s: float = 4.0
     windows: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _t: threading.Thread | None = None
 
@@ -176,11 +177,21 @@ class SegmentTrace:
         return st.gateway.url, c.base_url, s.base_url
 
     def _run(self) -> None:
+        try:
+            self._trace()
+        except Exception as exc:  # a benchmark's side measurement: say why it stopped
+            self.error = f"{type(exc).__name__}: {exc}"
+            log(f"  segment trace stopped: {self.error}")
+
+    def _trace(self) -> None:
         from releasekit.rollout.canary import pair_windows, scrape_pair
 
         urls = None
         while urls is None and not self._stop.wait(0.5):
-            urls = self._urls()
+            try:
+                urls = self._urls()
+            except Exception as exc:  # state being rewritten: try again
+                self.error = f"{type(exc).__name__}: {exc}"
         if urls is None:
             return
         t_ready = time.time()
@@ -376,6 +387,7 @@ def main() -> int:
                 # [canary, stable] per window from the canary server's health on; none
                 # when the canary shares stable's server.
                 "segments": trace.windows,
+                "segments_error": trace.error,
             }
             result["runs"][label] = run
             log(f"  -> {res.status} ({can.get('outcome')}) in {t1 - t0:.0f} s")
