@@ -48,10 +48,11 @@ def _raise_canary(settings: Settings, ctx: ShiftContext) -> int | None:
     """Give the canary's own local server the `canary_nice` autogroup priority while its
     steps run (the pid to reset after), or None: not set, a shared or remote server.
 
-    Measured on the demo's 2-core host (benchmarks/results/canary.json, `segments`): the
-    live worker is bound to one core and has it to itself; the canary's worker gets the
-    other, where the gateway, both API servers, their engine loops and the clients run,
-    and a healthy canary's engine-side decode took 3x stable's at a third of the load."""
+    Seen on the demo's 2-core host (benchmarks/canary_bench.py, with the warm-up and
+    settling already in): the live worker is bound to one core and has it to itself; the
+    canary's worker gets the other, where the gateway, both API servers, their engine
+    loops and the clients run, and a healthy canary's engine-side TPOT p95 was 3x
+    stable's (0.064 vs 0.021 s) with a third of the requests."""
     if settings.canary_nice is None or any(r.base_url == ctx.canary.base_url for r in ctx.stable):
         return None
     for s in read_state(settings.state_dir, ctx.env).servers:
