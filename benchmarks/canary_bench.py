@@ -170,7 +170,9 @@ class SegmentTrace:
         from releasekit.deploy.state import read_state
 
         st = read_state(self.settings.state_dir, ENV)
-        by = {s.release_id: s for s in st.servers if s.role != "starting"}
+        # A canary stays `starting` in the state until the switch: any role; the scrape
+        # below tells whether its server answers yet.
+        by = {s.release_id: s for s in st.servers}
         c, s = by.get(self.release), by.get(self.stable)
         if st.gateway is None or c is None or s is None or c.base_url == s.base_url:
             return None
