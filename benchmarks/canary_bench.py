@@ -140,6 +140,94 @@ class WeightWatch:
             self._t.join(timeout=5)
 
 
+SEGMENTS = (
+    ("edge_ttft_p95_s", "edge", "ttft_p95_s"),
+    ("edge_upstream_wait_mean_s", "edge", "upstream_wait_mean_s"),
+    ("engine_ttft_mean_s", "engine", "ttft_mean_s"),
+    ("engine_queue_mean_s", "engine", "queue_mean_s"),
+    ("engine_prefill_mean_s", "engine", "prefill_mean_s"),
+    ("engine_decode_mean_s", "engine", "decode_mean_s"),
+    ("engine_tpot_p95_s", "engine", "tpot_p95_s"),
+)
+
+
+@dataclass
+class SegmentTrace:
+    """Every `every_s` while a canary runs on its own server: the canary's and stable's
+    figures over the same window, split into vLLM's own per-request segments (queue,
+    prefill, decode) next to the gateway's edge TTFT; where the canary's time goes."""
+
+    settings: Any
+    release: str
+    stable: str
+    every_s: float = 4.0
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _t: threading.Thread | None = None
+
+    def _urls(self) -> tuple[str, str, str] | None:
+        from releasekit.deploy.state import read_state
+
+        st = read_state(self.settings.state_dir, ENV)
+        # A canary stays `starting` in the state until the switch: any role; the scrape
+        # below tells whether its server answers yet.
+        by = {s.release_id: s for s in st.servers}
+        c, s = by.get(self.release), by.get(self.stable)
+        if st.gateway is None or c is None or s is None or c.base_url == s.base_url:
+            return None
+        return st.gateway.url, c.base_url, s.base_url
+
+    def _run(self) -> None:
+        try:
+            self._trace()
+        except Exception as exc:  # a benchmark's side measurement: say why it stopped
+            self.error = f"{type(exc).__name__}: {exc}"
+            log(f"  segment trace stopped: {self.error}")
+
+    def _trace(self) -> None:
+        from releasekit.rollout.canary import pair_windows, scrape_pair
+
+        urls = None
+        while urls is None and not self._stop.wait(0.5):
+            try:
+                urls = self._urls()
+            except Exception as exc:  # state being rewritten: try again
+                self.error = f"{type(exc).__name__}: {exc}"
+        if urls is None:
+            return
+        t_ready = time.time()
+        with httpx.Client(trust_env=False) as http:
+            before = scrape_pair(http, *urls, timeout_s=5)
+            while not self._stop.wait(self.every_s):
+                after = scrape_pair(http, *urls, timeout_s=5)
+                if all(x is not None for x in (*before[1:], *after[1:])):
+                    cw, sw = pair_windows(ENV, self.release, self.stable, before, after)
+                    row: dict[str, Any] = {
+                        "t_s": round(after[0] - t_ready, 1),
+                        "requests": [cw.requests, sw.requests],
+                    }
+                    for name, side, metric in SEGMENTS:
+                        vals = []
+                        for w in (cw, sw):
+                            win = w.edge if side == "edge" else w.engine
+                            v = win.figure(metric).value if win is not None else None
+                            vals.append(None if v is None else round(v, 4))
+                        row[name] = vals
+                    self.windows.append(row)
+                before = after
+
+    def start(self) -> SegmentTrace:
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._t is not None:
+            self._t.join(timeout=15)
+
+
 def policy(first_weight: float) -> str:
     return (
         "promotion:\n  canary:\n    interval_s: 2\n    sustain: 2\n    steps:\n"
@@ -153,6 +241,10 @@ def policy(first_weight: float) -> str:
         "required: false}\n"
         "      - {metric: error_rate, tolerance: 0, slack: 0.02, min_samples: 10}\n"
     )
+
+
+def _pair(v: list[float | None]) -> str:
+    return "/".join("-" if x is None else f"{x:.3g}" for x in v)
 
 
 def main() -> int:
@@ -218,6 +310,8 @@ def main() -> int:
 
             rid = lock(manifest, root=root).release_id
             watch = WeightWatch(gw.url, gw.admin_token, rid).start()
+            stable_rid = lock(stable, root=root).release_id
+            trace = SegmentTrace(settings, rid, stable_rid).start()
             t0 = time.time()
             res = promote_progressive(
                 settings, str(manifest), env=ENV, reason=f"canary {label}", force=FORCE_ALL,
@@ -226,6 +320,7 @@ def main() -> int:
             t1 = time.time()
             time.sleep(3)
             watch.stop()
+            trace.stop()
             can = res.canary or {}
             reqs = load.between(t0, t1)
             by_canary = [r for r in reqs if r.release == rid]
@@ -290,6 +385,11 @@ def main() -> int:
                     else None,
                 },
                 "promote_s": round(t1 - t0, 1),
+                "warmup": {"answered": can.get("warmup_answered"), "s": can.get("warmup_s")},
+                # [canary, stable] per window from the canary server's health on; none
+                # when the canary shares stable's server.
+                "segments": trace.windows,
+                "segments_error": trace.error,
             }
             result["runs"][label] = run
             log(f"  -> {res.status} ({can.get('outcome')}) in {t1 - t0:.0f} s")
@@ -317,6 +417,12 @@ def main() -> int:
         pz = f"{ap_['delta_s']:+.3f}" if ap_["delta_s"] is not None else "-"
         print(f"{label:8} {r['status']:15} {len(r['steps']):>5} {share:>7} {cshare:>12} "
               f"{z:>7} {pz:>10} {cl['failed']:>6}")  # fmt: skip
+    for label, r in result["runs"].items():
+        for w in r["segments"]:
+            segs = " ".join(
+                f"{name.removesuffix('_s')} {_pair(w[name])}" for name, _, _ in SEGMENTS
+            )
+            print(f"{label:8} t={w['t_s']:>5}s canary/stable req {_pair(w['requests'])} {segs}")
     print(f"wrote {args.out}")
     return 0
 

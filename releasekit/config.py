@@ -198,6 +198,14 @@ class Settings(BaseSettings):
         description="scheduler autogroup nice of a deployed server until it is healthy, so a "
         "candidate warms up beside a busy live release (None: leave it; negative needs root)",
     )
+    canary_nice: int | None = Field(
+        -5,
+        ge=-20,
+        le=19,
+        description="scheduler autogroup nice of a canary's own server while its steps are "
+        "judged: on a small host its worker shares a core with the gateway and the API "
+        "servers while the live worker has one to itself (None: leave it)",
+    )
     gateway_nice: int | None = Field(
         -10,
         ge=-20,

@@ -31,6 +31,12 @@ ReleasekitError                 root; the CLI prints `error: <message>` + remedy
 │   └── LedgerIntegrityError    the hash chain is broken (edited/deleted/reordered row)
 │       ├── SignatureError      a record's signature fails or names an untrusted key
 │       └── AnchorMismatchError the ledger contradicts its git anchor
+├── ApprovalError               an environment needs an approval the release lacks, or an
+│                               approval cannot be recorded (releasekit.promote.approvals)
+├── RolloutResumeError          `promote --resume` finds no interrupted canary for that
+│                               release (releasekit.rollout.progressive)
+├── ShadowError                 shadow traffic cannot be started, compared or stopped
+│                               (releasekit.rollout.shadow)
 ├── ReleaseNotFoundError        a release reference matches nothing (or too much)
 └── NotAProjectError            a command runs outside a releasekit project
 """

@@ -4,7 +4,11 @@ window, go on, or send all traffic back to stable at once.
 Every weight below 100 is a leased table (`RouteTable.lease_s`, the environment's
 `canary_lease_s`): a thread renews it while this process runs, and if the process dies the
 gateway itself reverts to stable. A weight of 100 is the switch, which the deploy makes
-after the last judged step. A step passes once it has run `min_duration_s`, the canary
+after the last judged step. Before the first step a canary on its own server gets a warm-up
+burst (`warmup_requests` at once, straight to its vLLM, answers discarded), and each step's
+window starts `settle_s` after its weight was set: a fresh vLLM's first requests, and the
+first seconds after a weight change, are not what the release does in steady state.
+A step passes once it has run `min_duration_s`, the canary
 answered `min_requests` and every required check passes; a check breaches only after
 `sustain` consecutive breaching judgements (each over the whole step so far); without
 enough samples by `max_duration_s` the step ends as insufficient evidence (abort, not a
@@ -83,12 +87,21 @@ class CanaryRun(BaseModel):
         None, description="from the end of the breaching window (its scrape) to 0%"
     )
     at_zero_at: float | None = None
+    warmup_answered: int = Field(0, description="warm-up requests the canary answered")
+    warmup_s: float | None = Field(None, description="how long the warm-up burst took")
 
     @property
     def canary_share(self) -> float | None:
         """Share of the requests served during the run that the canary served."""
         return self.canary_served / self.total_served if self.total_served else None
 
+
+WARMUP_PROMPT = (
+    "A release engineer checks a new model release before it takes live traffic. "
+    "Describe in a few sentences what could go wrong and how to notice it early."
+)
+WARMUP_TOKENS = 16
+WARMUP_TIMEOUT_S = 120.0
 
 Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
 """(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
@@ -232,6 +245,44 @@ class CanaryController:
         client.set_routes(RouteTable(routes=list(self.ctx.stable)))
         return time.time()
 
+    def warm_up(self, run: CanaryRun) -> None:
+        """`warmup_requests` short completions at once straight to the canary's own server
+        (not through the gateway, so never in the edge figures; the engine figures of each
+        step start after it). Best effort: a failed request is only not counted."""
+        n = self.policy.warmup_requests
+        if n <= 0 or self.shared_server:
+            return
+        self.say(f"warming up the canary ({n} requests to its server)", 0, 1)
+        headers = {"authorization": f"Bearer {self.canary.api_key}"} if self.canary.api_key else {}
+        body = {
+            "model": self.canary.model or "",
+            "prompt": WARMUP_PROMPT,
+            "max_tokens": WARMUP_TOKENS,
+            "temperature": 0,
+        }
+        answered: list[bool] = []
+
+        def one() -> None:
+            try:
+                r = self._http.post(
+                    self.canary.base_url + "/v1/completions",
+                    json=body,
+                    headers=headers,
+                    timeout=WARMUP_TIMEOUT_S,
+                )
+                answered.append(r.status_code == 200)
+            except httpx.HTTPError:
+                answered.append(False)
+
+        t0 = time.time()
+        threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=WARMUP_TIMEOUT_S + 5)
+        run.warmup_s = round(time.time() - t0, 3)
+        run.warmup_answered = sum(answered)
+
     # -- figures
 
     def snapshot(self) -> Scrape:
@@ -264,6 +315,7 @@ class CanaryController:
             stable_release_ids=[r.release_id for r in self.ctx.stable],
             outcome="passed",
         )
+        self.warm_up(run)
         client = self._client()
         served0 = self._served(client)
         try:
@@ -318,12 +370,15 @@ class CanaryController:
         }
         recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
         label = f"canary step {i + 1}/{n} at {step.weight:g}%"
-        self.say(f"{label}: waiting for traffic", i, n)
-        before = self.snapshot()
         report = StepReport(
             index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
         )
         try:
+            if policy.settle_s > 0:
+                self.say(f"{label}: settling for {policy.settle_s:g} s (not judged)", i, n)
+                self.sleep(policy.settle_s)
+            self.say(f"{label}: waiting for traffic", i, n)
+            before = self.snapshot()
             while True:
                 self.sleep(policy.interval_s)
                 if renewer.lost:

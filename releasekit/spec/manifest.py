@@ -262,6 +262,19 @@ class Canary(_Strict):
     sustain: int = Field(
         2, ge=1, description="consecutive breaching judgements of a check before aborting"
     )
+    warmup_requests: int = Field(
+        8,
+        ge=0,
+        le=256,
+        description="requests sent at once straight to a canary on its own server before its "
+        "first step (answers discarded, never judged): a fresh vLLM's first requests are slow",
+    )
+    settle_s: float = Field(
+        4.0,
+        ge=0,
+        le=300,
+        description="seconds after each weight change left out of the step's window",
+    )
 
     @model_validator(mode="after")
     def _rising(self) -> Canary:

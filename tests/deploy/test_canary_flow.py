@@ -48,10 +48,19 @@ def ckit(
         kill_everything(k.settings)
 
 
-def canary_block(steps: str, checks: str, *, interval: float = 0.3, sustain: int = 2) -> str:
+def canary_block(
+    steps: str,
+    checks: str,
+    *,
+    interval: float = 0.3,
+    sustain: int = 2,
+    warmup: int = 0,
+    settle: float = 0,
+) -> str:
     return (
         "promotion:\n  canary:\n"
         f"    interval_s: {interval}\n    sustain: {sustain}\n"
+        f"    warmup_requests: {warmup}\n    settle_s: {settle}\n"
         f"    steps:\n{steps}    checks:\n{checks}"
     )
 
@@ -80,7 +89,8 @@ def _gateway_state(k: Kit, env: str = "staging") -> Any:
 
 def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     """Under streaming load a canary no worse than stable passes every step (each a
-    `canary_step` event) and then takes all traffic; no stream fails on the way."""
+    `canary_step` event) and then takes all traffic; no stream fails on the way. Its own
+    server got the warm-up burst first, and each step was judged only after settling."""
     old = ckit.build("demo-bf16")
     assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
     steps = (
@@ -92,7 +102,8 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
         "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 4}\n"
         "      - {metric: error_rate, tolerance: 0, slack: 0.05, min_samples: 4}\n"
     )
-    new = candidate(ckit, "demo-canary-ok", seqs=16, promotion=canary_block(steps, checks))
+    block = canary_block(steps, checks, warmup=3, settle=0.6)
+    new = candidate(ckit, "demo-canary-ok", seqs=16, promotion=block)
     with (
         Streamer(ckit.gateway("staging"), chunks=4) as s1,
         Streamer(ckit.gateway("staging"), chunks=4) as s2,
@@ -103,6 +114,11 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     assert res.status == "promoted", (res.deploy, res.canary)
     assert res.canary is not None and res.canary["outcome"] == "passed"
     assert [s["weight"] for s in res.canary["steps"]] == [20, 50]
+    assert res.canary["warmup_answered"] == 3
+    for step in res.canary["steps"]:
+        # Every judged window starts after the step's settling time.
+        for c in step["judgement"]["checks"]:
+            assert c["window_start"] >= step["started_at"] + 0.6
     assert s1.failures == [] and s2.failures == []
     assert new in s1.releases + s2.releases and old in s1.releases + s2.releases
     led = _ledger(ckit)
@@ -195,6 +211,7 @@ def test_no_canary_switches_at_once(ckit: Kit) -> None:
     assert read_rollout(ckit.settings, "staging") is None
 
 
+@pytest.mark.slow  # two CLI processes and a lease expiry: about a minute on 2 busy cores
 def test_a_promote_killed_mid_canary_leaves_no_weight_and_resumes(ckit: Kit) -> None:
     """SIGKILL of `promote` during a step: the gateway's lease puts all traffic back on
     stable by itself; the next `promote --resume` continues at that step and finishes."""
