@@ -212,18 +212,9 @@ class LocalTarget(DeployTarget):
 
     def upstream_of(self, rec: ServerRecord) -> Upstream:
         """An Upstream handle for a recorded server."""
-        return Upstream(
-            release_id=rec.release_id,
-            serving_key=rec.serving_key,
-            base_url=rec.base_url,
-            model=rec.model,
-            api_key=rec.api_key,
-            handle={
-                "pid": rec.pid,
-                "port": rec.port,
-                "log": rec.log_path,
-                "proc_start": rec.proc_start,
-            },
+        return Upstream.of_record(
+            rec,
+            {"pid": rec.pid, "port": rec.port, "log": rec.log_path, "proc_start": rec.proc_start},
         )
 
     def after_change(self) -> None:

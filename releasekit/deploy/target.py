@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from releasekit.deploy.gateway import PromptTemplate, Route
+from releasekit.deploy.state import ServerRecord
 from releasekit.errors import ReleasekitError, ServerError
 
 
@@ -95,6 +96,19 @@ class Upstream(BaseModel):
     handle: dict[str, str | int | float | None] = Field(
         default_factory=dict, description="target-specific: pid, port, log (local)"
     )
+
+    @classmethod
+    def of_record(cls, rec: ServerRecord, handle: dict[str, str | int | float | None]) -> Upstream:
+        """The handle of a server the deploy state recorded; `handle` is the target's own
+        part (pid and log on `local`, the Serve application on `ray`)."""
+        return cls(
+            release_id=rec.release_id,
+            serving_key=rec.serving_key,
+            base_url=rec.base_url,
+            model=rec.model,
+            api_key=rec.api_key,
+            handle=handle,
+        )
 
     def route(self, spec: ReleaseSpec | None = None, *, weight: float = 1.0) -> Route:
         """The gateway route that sends traffic here, with `spec`'s templates (a release

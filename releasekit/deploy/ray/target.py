@@ -168,13 +168,8 @@ class RayTarget(LocalTarget):
 
     def upstream_of(self, rec: ServerRecord) -> Upstream:
         """An Upstream handle for a recorded application."""
-        return Upstream(
-            release_id=rec.release_id,
-            serving_key=rec.serving_key,
-            base_url=rec.base_url,
-            model=rec.model,
-            api_key=rec.api_key,
-            handle={"app": rec.app, "port": rec.port, "log": rec.log_path, "pid": None},
+        return Upstream.of_record(
+            rec, {"app": rec.app, "port": rec.port, "log": rec.log_path, "pid": None}
         )
 
     def reconcile(self, *, now: float | None = None) -> list[str]:
