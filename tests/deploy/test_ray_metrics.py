@@ -32,3 +32,52 @@ def test_special_values_and_junk_lines() -> None:
     """+Inf sums stay +Inf; lines that are not samples are dropped."""
     merged = merge_expositions(["x +Inf\nnot a sample line here\n", "x 1\n"])
     assert merged == "x +Inf\n"
+
+
+def test_gauges_merge_by_kind_not_all_summed() -> None:
+    """Two replicas' vLLM pages: requests running add up, KV-cache usage is the fullest
+    replica's (not 0.9 + 0.3), an info gauge stays 1, start times and a summary's quantiles
+    are not summed, while a summary's count is."""
+    a = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="demo"} 3.0\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="demo"} 0.9\n'
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16"} 1.0\n'
+        "# TYPE process_start_time_seconds gauge\n"
+        "process_start_time_seconds 1000.0\n"
+        "# TYPE lat summary\n"
+        'lat{quantile="0.5"} 0.2\n'
+        "lat_count 4.0\n"
+        "# TYPE vllm:request_success_total counter\n"
+        "vllm:request_success_total 3.0\n"
+        "vllm:request_success_created 50.0\n"
+    )
+    b = a.replace(" 3.0\n", " 2.0\n").replace(" 0.9\n", " 0.3\n")
+    b = b.replace(" 1000.0\n", " 1200.0\n").replace(" 0.2\n", " 0.7\n")
+    b = b.replace(" 50.0\n", " 60.0\n")
+    merged = merge_expositions([a, b]).splitlines()
+    assert 'vllm:num_requests_running{engine="0",model_name="demo"} 5.0' in merged
+    assert 'vllm:kv_cache_usage_perc{engine="0",model_name="demo"} 0.9' in merged
+    assert 'vllm:cache_config_info{block_size="16"} 1.0' in merged
+    assert "process_start_time_seconds 1200.0" in merged
+    assert 'lat{quantile="0.5"} 0.7' in merged
+    assert "lat_count 8.0" in merged
+    assert "vllm:request_success_total 5.0" in merged
+    assert "vllm:request_success_created 50.0" in merged
+    # Order of the replicas does not matter for a max.
+    assert (
+        merge_expositions([b, a])
+        .splitlines()
+        .count('vllm:kv_cache_usage_perc{engine="0",model_name="demo"} 0.9')
+        == 1
+    )
+
+
+def test_a_ratio_gauge_without_type_is_still_the_fullest() -> None:
+    """A page without TYPE lines: the rule follows the name."""
+    merged = merge_expositions(
+        ["vllm:gpu_cache_usage_perc 0.25\n", "vllm:gpu_cache_usage_perc 0.5\n"]
+    )
+    assert merged == "vllm:gpu_cache_usage_perc 0.5\n"

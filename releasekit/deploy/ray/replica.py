@@ -289,7 +289,9 @@ class Router:
 
     async def _fleet_metrics(self, app: str) -> Response:
         """`GET /metrics?app=APP`: every replica's server's /metrics, merged (one series
-        summed over the replicas; deploy/ray/metrics.py)."""
+        per name and labels: counters, histograms and counting gauges summed over the
+        replicas, ratio gauges such as KV-cache usage the fullest replica's;
+        deploy/ray/metrics.py)."""
         urls = []
         for key in internal_kv._internal_kv_list(f"{app}/".encode(), namespace=KV_NAMESPACE):
             raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
