@@ -351,6 +351,10 @@ class Streamer:
         self.done = 0
         self.failures: list[str] = []
         self.releases: list[str] = []
+        # Per stream, in order: (monotonic end time, "ok" or the failure, the replica that
+        # served it: its x-releasekit-replica header, None when no answer came).
+        self.log: list[tuple[float, str, str | None]] = []
+        self._replica: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -363,9 +367,11 @@ class Streamer:
             "ignore_eos": True,
         }
         got, finished = 0, False
+        self._replica = None
         with client.stream("POST", "/v1/completions", json=body) as r:
+            self._replica = r.headers.get("x-releasekit-replica")
             if r.status_code != 200:
-                self.failures.append(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+                self._fail(f"HTTP {r.status_code}: {r.read()[:200]!r}")
                 return
             self.releases.append(r.headers.get("x-releasekit-release", "?"))
             for line in r.iter_lines():
@@ -374,13 +380,18 @@ class Streamer:
                 elif line.startswith("data: "):
                     data = json.loads(line[6:])
                     if "error" in data:
-                        self.failures.append(f"stream error: {data['error']}")
+                        self._fail(f"stream error: {data['error']}")
                         return
                     got += 1
         if not finished or (got != self.chunks if self.exact else got < 1):
-            self.failures.append(f"cut stream: {got}/{self.chunks} chunks, done={finished}")
+            self._fail(f"cut stream: {got}/{self.chunks} chunks, done={finished}")
         else:
             self.done += 1
+            self.log.append((time.monotonic(), "ok", self._replica))
+
+    def _fail(self, what: str) -> None:
+        self.failures.append(what)
+        self.log.append((time.monotonic(), what, self._replica))
 
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as client:
@@ -388,7 +399,7 @@ class Streamer:
                 try:
                     self._one(client)
                 except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
+                    self._fail(repr(exc))
 
     def __enter__(self) -> Streamer:
         self._thread.start()

@@ -1,4 +1,5 @@
-"""Merging the replicas' /metrics pages into one fleet page (deploy/ray/metrics.py)."""
+"""Merging the replicas' /metrics pages into one fleet page (deploy/ray/metrics.py), and the
+core a replica claims for its vLLM worker (deploy/ray/replica.py)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,25 @@ def test_a_ratio_gauge_without_type_is_still_the_fullest() -> None:
         ["vllm:gpu_cache_usage_perc 0.25\n", "vllm:gpu_cache_usage_perc 0.5\n"]
     )
     assert merged == "vllm:gpu_cache_usage_perc 0.5\n"
+
+
+def test_a_replica_claims_the_least_used_core_of_its_host() -> None:
+    """Only live replicas on the same host count: a killed replica's stale claim and another
+    machine's replicas leave their cores free."""
+    from releasekit.deploy.ray.replica import choose_core
+    from releasekit.serving.host import host_cores
+
+    cores = host_cores()
+    first = cores[0]
+    claims = [
+        {"replica": "a", "actor": "A", "host": "h", "core": first},
+        {"replica": "dead", "actor": "D", "host": "h", "core": cores[-1]},
+        {"replica": "far", "actor": "F", "host": "other", "core": cores[-1]},
+    ]
+    got = choose_core(claims, host="h", alive={"A", "F", "me"}, me="me")
+    assert got == (cores[1] if len(cores) > 1 else first)
+    # The killed replica's replacement on the same host: the survivor's core is taken.
+    assert choose_core(claims[:1], host="h", alive={"A"}, me="new") != first or len(cores) == 1
+    # Its own earlier claim does not count against it.
+    mine = [{"replica": "me", "actor": "me", "host": "h", "core": first}]
+    assert choose_core(mine, host="h", alive={"me"}, me="me") == first

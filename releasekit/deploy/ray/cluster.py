@@ -62,6 +62,9 @@ class ReplicaInfo(BaseModel):
     server_pid: int = Field(description="its vLLM server process (own process group)")
     server_url: str
     log: str
+    worker_core: int | None = Field(
+        None, description="the core its vLLM worker is bound to (None: the release places it)"
+    )
 
 
 def _ray() -> Any:

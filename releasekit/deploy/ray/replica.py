@@ -12,6 +12,17 @@ replica) and restarts. The child dies with the replica (parent-death signal), an
 
 Each replica records where it runs (node, pids, its server's URL, its log) in the cluster's
 key-value store under `releasekit/<app>/<replica>`, which `deploy-status` reads.
+
+Sharing a host's cores, as the `local` target does (serving/host.py): vLLM binds its
+worker's OpenMP threads to core 0 by default, in every server. A replica that started
+beside a busy replica on the same host (two Ray nodes on one machine, or two replicas on
+one node) was bound to the core the busy worker spins on and got almost none of it: after
+one replica was killed here, its replacement's vLLM worker ran 0-6 scheduler ticks in 4 s
+and had not become healthy after 10 minutes. So each replica claims a core for its
+worker (`_cores/<replica>` in the same store: the host's least-claimed core among live
+replicas, `choose_core`) unless the release or the node's environment binds it itself,
+and its server warms up at the settings' `server_start_nice` autogroup priority until it
+is healthy.
 """
 
 from __future__ import annotations
@@ -38,6 +49,13 @@ from starlette.responses import Response, StreamingResponse
 
 from releasekit._support.procs import tail
 from releasekit.deploy.ray.metrics import merge_expositions
+from releasekit.serving.host import (
+    BIND_ENV,
+    bind_env,
+    pick_core,
+    raise_priority,
+    reset_priority,
+)
 from releasekit.serving.vllm import VLLMServer, pick_port
 
 KV_NAMESPACE = "releasekit"
@@ -66,6 +84,31 @@ def kv_key(app: str, replica: str) -> bytes:
     return f"{app}/{replica}".encode()
 
 
+CORES_PREFIX = "_cores/"
+
+
+def host_id() -> str:
+    """This machine, the same for every Ray node it runs (loopback nodes share it)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}"
+
+
+def choose_core(claims: list[dict[str, Any]], *, host: str, alive: set[str], me: str) -> int:
+    """The core for this replica's vLLM worker: the least claimed of this host's cores by
+    the other live replicas on the same host (`claims`: every replica's claim, `alive`:
+    the actor names that run). On a tie with a replica that claimed at the same moment,
+    the larger replica id moves on."""
+    mine = [
+        c
+        for c in claims
+        if c.get("host") == host and c.get("actor") in alive and c.get("replica") != me
+    ]
+    return pick_core(c.get("core") for c in mine)
+
+
 @serve.deployment
 class ReleaseReplica:
     """A release's vLLM server as a Serve replica (see the module docstring)."""
@@ -81,6 +124,7 @@ class ReleaseReplica:
         python: str,
         log_dir: str,
         start_timeout_s: float,
+        start_nice: int | None = None,
     ) -> None:
         ctx = serve.get_replica_context()
         self.app = app
@@ -103,21 +147,31 @@ class ReleaseReplica:
             host=self.host,
             port=self.port,
         ).command()
+        child_env = {**_clean_env(), **env}
+        self.core: int | None = None
+        if BIND_ENV not in child_env:  # neither the release nor the node places the worker
+            self.core = self._claim_core()
+            child_env.update(bind_env(self.core))
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
                 argv,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**_clean_env(), **env},
+                env=child_env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        raised = raise_priority(self.proc.pid, start_nice)
         try:
             self._wait_ready(start_timeout_s)
         except BaseException:
             self._stop_child()
+            self._drop_claim()
             raise
+        finally:
+            if raised:
+                reset_priority(self.proc.pid)
         self.client = httpx.AsyncClient(base_url=self.base_url, timeout=None, trust_env=False)
         internal_kv._internal_kv_put(
             kv_key(app, self.replica),
@@ -130,12 +184,61 @@ class ReleaseReplica:
                     "pid": os.getpid(),
                     "server_pid": self.proc.pid,
                     "server_url": self.base_url,
+                    "worker_core": self.core,
                     "log": str(self.log),
                     "started_at": time.time(),
                 }
             ).encode(),
             namespace=KV_NAMESPACE,
         )
+
+    def _claims(self) -> tuple[list[dict[str, Any]], set[str]]:
+        claims = []
+        for key in internal_kv._internal_kv_list(CORES_PREFIX.encode(), namespace=KV_NAMESPACE):
+            raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+            if raw is not None:
+                with contextlib.suppress(ValueError):
+                    claims.append(json.loads(raw))
+        alive = {
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if isinstance(a, dict) and a.get("namespace") == "serve"
+        }
+        return claims, alive
+
+    def _claim_core(self) -> int:
+        """Claim the host's least-claimed core for this replica's worker (module docstring);
+        a claim made at the same moment by a replica with a smaller id wins."""
+        host, actor = host_id(), ray.get_runtime_context().get_actor_name()
+        claims, alive = self._claims()
+        core = choose_core(claims, host=host, alive=alive, me=self.replica)
+        self._put_claim(host, actor, core)
+        claims, alive = self._claims()
+        if any(
+            c.get("host") == host
+            and c.get("core") == core
+            and c.get("actor") in alive
+            and str(c.get("replica", "")) < self.replica
+            for c in claims
+        ):
+            core = choose_core(claims, host=host, alive=alive, me=self.replica)
+            self._put_claim(host, actor, core)
+        return core
+
+    def _put_claim(self, host: str, actor: str | None, core: int) -> None:
+        internal_kv._internal_kv_put(
+            (CORES_PREFIX + self.replica).encode(),
+            json.dumps(
+                {"replica": self.replica, "actor": actor, "host": host, "core": core}
+            ).encode(),
+            namespace=KV_NAMESPACE,
+        )
+
+    def _drop_claim(self) -> None:
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(
+                (CORES_PREFIX + self.replica).encode(), namespace=KV_NAMESPACE
+            )
 
     def _wait_ready(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
@@ -246,6 +349,7 @@ class ReleaseReplica:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             internal_kv._internal_kv_del(kv_key(self.app, self.replica), namespace=KV_NAMESPACE)
+        self._drop_claim()
         self._stop_child()
 
 
@@ -254,6 +358,7 @@ def _error(message: str) -> bytes:
 
 
 ROUTER_APP = "rk-router"
+_HEAD_TRIES = 6  # a request whose replica died before answering: tries, 0.25-1.25 s apart
 TOKEN_SEP = "~"
 
 
@@ -338,18 +443,26 @@ class Router:
         if key:
             headers.append(("authorization", f"Bearer {key}"))
         body = await request.body()
-        try:
-            gen = self._handle(app).relay.remote(
-                request.method, path, request.url.query, headers, body
-            )
-            head = await gen.__anext__()
-        except Exception as exc:  # the application is gone or has no replica now
-            self.handles.pop(app, None)
-            return Response(
-                _error(f"release application {app} did not answer: {type(exc).__name__}"),
-                status_code=503,
-                media_type="application/json",
-            )
+        for attempt in range(_HEAD_TRIES):
+            try:
+                gen = self._handle(app).relay.remote(
+                    request.method, path, request.url.query, headers, body
+                )
+                head = await gen.__anext__()
+                break
+            except Exception as exc:  # the application is gone or has no replica now
+                self.handles.pop(app, None)
+                # A replica that died (killed, its node gone) before it answered: nothing
+                # reached the client yet, so ask again; Serve drops the dead replica and
+                # picks a live one.
+                if attempt + 1 < _HEAD_TRIES and isinstance(exc, ray.exceptions.RayActorError):
+                    await asyncio.sleep(0.25 * (attempt + 1))
+                    continue
+                return Response(
+                    _error(f"release application {app} did not answer: {type(exc).__name__}"),
+                    status_code=503,
+                    media_type="application/json",
+                )
 
         async def rest() -> AsyncIterator[bytes]:
             async for chunk in gen:

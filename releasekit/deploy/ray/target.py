@@ -275,6 +275,7 @@ class RayTarget(LocalTarget):
             python=str(self.settings.python),
             log_dir=str(log_dir),
             start_timeout_s=self.settings.server_start_timeout_s,
+            start_nice=self.settings.server_start_nice,
         )
         try:
             from ray import serve
