@@ -355,6 +355,7 @@ class Streamer:
         # served it: its x-releasekit-replica header, None when no answer came).
         self.log: list[tuple[float, str, str | None]] = []
         self._replica: str | None = None
+        self.in_flight_on: str | None = None  # the replica of the stream being read now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -374,15 +375,19 @@ class Streamer:
                 self._fail(f"HTTP {r.status_code}: {r.read()[:200]!r}")
                 return
             self.releases.append(r.headers.get("x-releasekit-release", "?"))
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
-                    finished = True
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    if "error" in data:
-                        self._fail(f"stream error: {data['error']}")
-                        return
-                    got += 1
+            self.in_flight_on = self._replica
+            try:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        finished = True
+                    elif line.startswith("data: "):
+                        data = json.loads(line[6:])
+                        if "error" in data:
+                            self._fail(f"stream error: {data['error']}")
+                            return
+                        got += 1
+            finally:
+                self.in_flight_on = None
         if not finished or (got != self.chunks if self.exact else got < 1):
             self._fail(f"cut stream: {got}/{self.chunks} chunks, done={finished}")
         else:
