@@ -17,8 +17,8 @@ Sharing a host's cores, as the `local` target does (serving/host.py): vLLM binds
 worker's OpenMP threads to core 0 by default, in every server. A replica that started
 beside a busy replica on the same host (two Ray nodes on one machine, or two replicas on
 one node) was bound to the core the busy worker spins on and got almost none of it: after
-one replica was killed here, its replacement's vLLM worker ran 0-6 scheduler ticks in 4 s
-and had not become healthy after 10 minutes. So each replica claims a core for its
+one replica was killed here, its replacement's vLLM worker ran 0 to 6 CPU ticks of 10 ms
+per 3-5 s and had not become healthy after 10 minutes. So each replica claims a core for its
 worker (`_cores/<replica>` in the same store: the host's least-claimed core among live
 replicas, `choose_core`) unless the release or the node's environment binds it itself,
 and its server warms up at the settings' `server_start_nice` autogroup priority until it
