@@ -61,7 +61,7 @@ SUITES: dict[str, tuple[str, float]] = {
     "core": ("exact_match", 0.05),
     "edge": ("refusal", 0.10),
     "regression": ("exact_match", 0.10),
-    "facts": ("exact_match", 0.004),
+    "facts": ("exact_match", 0.01),
 }
 MAX_MODEL_LEN = 512
 _BUILD_TOKENIZER = tr.build_tokenizer
