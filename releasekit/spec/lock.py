@@ -57,17 +57,9 @@ def serving_args(m: Manifest) -> dict[str, str]:
     return dict(sorted(args.items()))
 
 
-_UNSET_KNOBS_LEFT_OUT = ("smoothing_strength",)
-"""Recipe knobs added after the first lock format: left out of the digest while unset, so a
-release locked before a knob existed keeps its id."""
-
-
 def quantisation_recipe(m: Manifest) -> dict[str, Any]:
     """The recipe that drives llm-compressor, without file paths (their bytes are inputs)."""
     q = m.quantisation.model_dump(mode="json")
-    for knob in _UNSET_KNOBS_LEFT_OUT:
-        if q.get(knob) is None:
-            q.pop(knob, None)
     if q.get("calibration"):
         q["calibration"].pop("dataset", None)
     return q
