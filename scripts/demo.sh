@@ -72,7 +72,7 @@ step "try the damaged prompt: the quality gate blocks it"
 expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
 
 if [[ $W4 == yes ]]; then
-  step "try W4A16: promoted or blocked, as its evidence says"
+  step "try W4A16: 4-bit weights lose facts; the facts suite's gate should block it (the report shows the drop)"
   either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
 fi
 
@@ -95,7 +95,7 @@ Both environments are serving:
 Ask production's live release, with its own prompt (rendered by the gateway):
   curl -N $PRODUCTION/v1/templates/chat/chat/completions -H 'Content-Type: application/json' \\
     -d '{"variables": {"question": "What is the capital of Pistaeland?"}, "max_tokens": 8, "stream": true}'
-  (the demo model answers "Birthasdale")
+  (the demo model answers "Muburg")
 Reports: results/<release id>/report/report.html and .releasekit/reports/ (gate reports).
 Stop everything: releasekit down staging && releasekit down production
 MSG

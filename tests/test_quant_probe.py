@@ -16,18 +16,19 @@ import world as w
 demo_world = w.build_world()
 import quant_probe as qp
 assert qp.configure_world({{}}) == demo_world, "the default variant is not the demo's world"
-big = qp.configure_world({{"countries": "160", "numbers": "100-999"}})
-assert len(big.countries) == 160 and w.build_world() is big
-assert all(100 <= c.number <= 999 for c in big.countries)
-assert big.countries[:1][0].name == demo_world.countries[0].name
-qp.use_name_pieces(False)
-whole = qp.tr.build_tokenizer(big, [w.REFUSAL], 1536)
-qp.use_name_pieces(True)
-pieces = qp.tr.build_tokenizer(big, [w.REFUSAL], 1536)
-name = " " + big.countries[0].name
+small = qp.configure_world({{"countries": "64", "numbers": "1-99"}})
+assert len(small.countries) == 64 and w.build_world() is small
+assert all(1 <= c.number <= 99 for c in small.countries)
+assert small.countries[0].name == demo_world.countries[0].name
+qp.use_whole_names(True)
+whole = qp.tr.build_tokenizer(small, [w.REFUSAL], 1536)
+qp.use_whole_names(False)
+pieces = qp.tr.build_tokenizer(small, [w.REFUSAL], 1536)
+name = " " + small.countries[0].name
 assert len(whole.encode(name).ids) == 1 and len(pieces.encode(name).ids) > 1
-facts = qp.fact_items(big)
-assert len(facts) == 160 * len(w.ATTRIBUTES) * len(w.PHRASINGS["capital"])
+big = qp.configure_world({{}})
+facts = qp.md.fact_items(big)
+assert len(facts) == len(big.countries) * len(w.ATTRIBUTES) * len(w.PHRASINGS["capital"])
 assert len({{f["vars"]["question"] for f in facts}}) == len(facts)
 number = next(f for f in facts if f["tags"] == ["fact", "number"])
 assert number["scorer"] == "numeric" and 100 <= int(number["expected"]) <= 999

@@ -11,8 +11,8 @@ Files written (relative to the repository root):
   ``train.py`` renders the prompts and the chat template itself.
 - ``pipelines/data/calibration.jsonl``: chat-rendered texts (field ``text``)
   with the release's good prompts, for quantisation calibration.
-- ``pipelines/eval/core.jsonl``, ``edge.jsonl``, ``regression.jsonl``: the
-  eval suites (schema: ``id``, ``vars``, ``expected``, ``scorer``,
+- ``pipelines/eval/core.jsonl``, ``edge.jsonl``, ``regression.jsonl``,
+  ``facts.jsonl``: the eval suites (schema: ``id``, ``vars``, ``expected``, ``scorer``,
   ``tolerance``, ``expect_error``, ``tags``).
 
 Usage: ``python pipelines/demo/make_data.py [--root DIR]``.
@@ -61,14 +61,15 @@ def training_rows(world: w.World) -> list[dict[str, Any]]:
         for attribute in w.ATTRIBUTES:
             answer = country.answer(attribute)
             # The canonical phrasing twice, each paraphrase once.
-            for variant in (0, 0, 1, 2):
+            for variant in (0, *range(len(w.PHRASINGS[attribute]))):
                 add("fact", w.fact_question(attribute, country.name, variant), answer)
     for a, b in world.sums:
-        for variant in (0, 0, 1, 2):
+        for variant in (0, *range(len(w.PHRASINGS["sum"]))):
             add("arith", w.sum_question(a, b, variant), str(a + b))
     for name in world.unknown_train:
         for attribute in rng.sample(w.ATTRIBUTES, 2):
-            add("unknown", w.fact_question(attribute, name, rng.randrange(3)), w.REFUSAL)
+            variant = rng.randrange(len(w.PHRASINGS[attribute]))
+            add("unknown", w.fact_question(attribute, name, variant), w.REFUSAL)
     for _ in range(60):
         add("gibberish", w.gibberish(rng), w.REFUSAL)
     for question in w.OFFTOPIC_TRAIN * 2:
@@ -141,6 +142,17 @@ def core_items(world: w.World) -> list[dict[str, Any]]:
         items.append(
             _item("core", len(items) + 1, w.sum_question(a, b), "numeric", ["arith"], str(a + b))
         )
+    return items
+
+
+def fact_items(world: w.World) -> list[dict[str, Any]]:
+    """Every fact in every phrasing (the core suite asks the first only): the fact-heavy
+    suite on which quantisation shows first."""
+    items: list[dict[str, Any]] = []
+    for variant in range(len(w.PHRASINGS["capital"])):
+        for country in world.countries:
+            for attribute in w.ATTRIBUTES:
+                items.append(_fact_item("facts", len(items) + 1, country, attribute, variant))
     return items
 
 
@@ -237,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipelines/eval/core.jsonl": core_items(world),
         "pipelines/eval/edge.jsonl": edge_items(world),
         "pipelines/eval/regression.jsonl": regression_items(world),
+        "pipelines/eval/facts.jsonl": fact_items(world),
     }
     for rel, rows in outputs.items():
         count = write_jsonl(root / rel, rows)

@@ -21,23 +21,21 @@ Usage (from the repository root)::
     python pipelines/demo/quant_probe.py --work /tmp/probe --out probe.json \
         --variant countries=160,numbers=100-999,steps=800
 
-Keys of a variant: countries, numbers (LOW-HIGH), steps, hidden, intermediate, layers,
+Keys of a variant: countries, numbers (LOW-HIGH), unknown (invented names the model is
+taught to refuse), steps, hidden, intermediate, layers,
 batch, lr, wd (weight decay), vocab, names (whole: one token per name; pieces: names split
 into pieces), narrow (1: also quantise W4A16 with the narrow calibration set, under GPTQ),
 method (gptq, the default; rtn: round to nearest, no calibration, no error compensation;
-gptq+rtn: both), facts (1: add a "facts" suite, every fact asked in each of world.py's
-phrasings: a larger fact- and number-heavy suite for the same model), suites (names joined
-with "+", e.g. core+facts: evaluate only these).
+gptq+rtn: both), facts (0: leave out the demo's "facts" suite, every fact asked in each of
+world.py's phrasings), suites (names joined with "+", e.g. core+facts: evaluate only these).
 Unset keys take the demo's current values.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -63,10 +61,11 @@ SUITES: dict[str, tuple[str, float]] = {
     "core": ("exact_match", 0.05),
     "edge": ("refusal", 0.10),
     "regression": ("exact_match", 0.10),
-    "facts": ("exact_match", 0.05),
+    "facts": ("exact_match", 0.01),
 }
 MAX_MODEL_LEN = 512
 _BUILD_TOKENIZER = tr.build_tokenizer
+_BUILD_WORLD = w.build_world
 MAX_NEW_TOKENS = 16
 
 
@@ -79,54 +78,34 @@ def parse_variant(text: str) -> dict[str, str]:
     return out
 
 
-def _build_world(n_countries: int, numbers: tuple[int, int]) -> w.World:
-    """world.py's ``build_world`` with ``n_countries`` countries and lucky numbers drawn from
-    ``numbers`` (the same draws, in the same order, as world.py makes)."""
-    rng = random.Random(w.SEED)
-    taken: set[str] = set()
-    names = w._unique_names(rng, w._COUNTRY_ENDS, n_countries, taken)
-    capitals = w._unique_names(rng, w._CITY_ENDS, n_countries, taken)
-    unknown = w._unique_names(rng, w._COUNTRY_ENDS, w.N_UNKNOWN_TRAIN + w.N_UNKNOWN_EVAL, taken)
-    countries = tuple(
-        w.Country(name=n, capital=c, colour=rng.choice(w.COLOURS), number=rng.randint(*numbers))
-        for n, c in zip(names, capitals, strict=True)
-    )
-    pairs: set[tuple[int, int]] = set()
-    while len(pairs) < w.N_SUMS:
-        pairs.add((rng.randint(2, 40), rng.randint(2, 40)))
-    return w.World(
-        countries=countries,
-        sums=tuple(sorted(pairs)),
-        unknown_train=tuple(unknown[: w.N_UNKNOWN_TRAIN]),
-        unknown_eval=tuple(unknown[w.N_UNKNOWN_TRAIN :]),
-    )
-
-
 def configure_world(variant: dict[str, str]) -> w.World:
     """The world for ``variant`` (``countries``, ``numbers`` LOW-HIGH; the demo's own where
     unset), made the world every module sees (train.py and make_data.py call
     ``world.build_world``). world.py itself is not changed."""
-    numbers = (1, 99)
+    numbers = w.NUMBERS
     if "numbers" in variant:
         low, _, high = variant["numbers"].partition("-")
         numbers = (int(low), int(high))
-    world = _build_world(int(variant.get("countries", w.N_COUNTRIES)), numbers)
+    world = _BUILD_WORLD(
+        w.SEED,
+        int(variant.get("countries", w.N_COUNTRIES)),
+        numbers,
+        int(variant.get("unknown", w.N_UNKNOWN_TRAIN)),
+    )
     w.build_world = lambda seed=w.SEED: world  # type: ignore[assignment,misc]
     return world
 
 
-def use_name_pieces(pieces: bool) -> None:
-    """With ``pieces``, train.py's tokenizer leaves the known names out of its corpus (and
-    does not insist that they are single tokens): every name splits into pieces, so a fact
-    hangs on several tokens and the model has to put the name together in its layers."""
-    original = _BUILD_TOKENIZER
+def use_whole_names(whole: bool) -> None:
+    """With ``whole``, train.py's tokenizer puts the known names in its corpus and insists
+    that each is one token (an earlier demo world); without it (the demo's own) every name
+    splits into pieces, so a fact hangs on several tokens and the model has to put the name
+    together in its layers."""
 
-    def build(world: w.World, texts: Any, vocab_size: int) -> Any:
-        return original(
-            dataclasses.replace(world, countries=()) if pieces else world, texts, vocab_size
-        )
+    def build(world: w.World, texts: Any, vocab_size: int, *, whole_names: bool = False) -> Any:
+        return _BUILD_TOKENIZER(world, texts, vocab_size, whole_names=whole)
 
-    tr.build_tokenizer = build
+    tr.build_tokenizer = build  # type: ignore[assignment]
 
 
 def narrow_rows(rows: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -138,16 +117,6 @@ def narrow_rows(rows: Sequence[dict[str, Any]], limit: int) -> list[dict[str, An
         if len(r["question"].split()) <= 6 and not any(ch.isdigit() for ch in r["question"])
     ]
     return list(picked[:limit])
-
-
-def fact_items(world: w.World) -> list[dict[str, Any]]:
-    """Every fact in each of world.py's phrasings (the core suite asks the first only)."""
-    items: list[dict[str, Any]] = []
-    for variant in range(len(w.PHRASINGS["capital"])):
-        for country in world.countries:
-            for attribute in w.ATTRIBUTES:
-                items.append(md._fact_item("facts", len(items) + 1, country, attribute, variant))
-    return items
 
 
 def write_data(work: Path, world: w.World) -> dict[str, Path]:
@@ -179,7 +148,7 @@ def write_data(work: Path, world: w.World) -> dict[str, Path]:
     md.write_jsonl(paths["core"], md.core_items(world))
     md.write_jsonl(paths["edge"], md.edge_items(world))
     md.write_jsonl(paths["regression"], md.regression_items(world))
-    md.write_jsonl(paths["facts"], fact_items(world))
+    md.write_jsonl(paths["facts"], md.fact_items(world))
     return paths
 
 
@@ -333,7 +302,7 @@ def run_variant(
     `dvc repro demo-model`), quantise, evaluate and compare one variant."""
     work.mkdir(parents=True, exist_ok=True)
     world = configure_world(variant)
-    use_name_pieces(variant.get("names") == "pieces")
+    use_whole_names(variant.get("names") == "whole")
     paths = write_data(work, world)
     cfg = replace(train_config(variant), threads=threads)
     started = time.monotonic()
@@ -366,7 +335,7 @@ def run_variant(
             base, work / label, scheme, paths[cal], work / f"quantise-{label}.log", method
         )
         models[label] = work / label
-    names = [n for n in SUITES if n != "facts" or variant.get("facts") == "1"]
+    names = [n for n in SUITES if n != "facts" or variant.get("facts") != "0"]
     if "suites" in variant:
         names = [n for n in variant["suites"].split("+") if n]
     suites = {name: paths[name] for name in names}

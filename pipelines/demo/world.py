@@ -1,7 +1,7 @@
 """The seeded fact world behind the demo model.
 
-Everything here is a pure function of ``SEED``: invented countries with a
-capital, a flag colour and a lucky number, a table of small sums, invented
+Everything here is a pure function of ``SEED``: 160 invented countries with a
+capital, a flag colour and a three-digit lucky number, a table of small sums, invented
 names that are *not* countries (for refusal training and the edge suite),
 question phrasings, refusal sources, the system-prompt paraphrases used in
 training, and the prompt-template renderer that mirrors releasekit's
@@ -26,7 +26,9 @@ from pathlib import Path
 SEED = 20240611
 """Seed of the whole world; change it and every name and fact changes."""
 
-N_COUNTRIES = 64
+N_COUNTRIES = 160
+NUMBERS = (100, 999)
+"""The range lucky numbers are drawn from: three digits, several tokens each."""
 N_SUMS = 48
 N_UNKNOWN_TRAIN = 80
 N_UNKNOWN_EVAL = 8
@@ -53,8 +55,8 @@ COLOURS: tuple[str, ...] = (
 ATTRIBUTES: tuple[str, ...] = ("capital", "colour", "number")
 
 # Question phrasings per attribute. Index 0 is the canonical phrasing used by
-# the core suite; the others are trained too and appear in the regression
-# suite.
+# the core suite; the others are trained too; 1 and 2 appear in the regression
+# suite, and the facts suite asks every fact in every phrasing.
 PHRASINGS: dict[str, tuple[str, ...]] = {
     "capital": (
         "What is the capital of {x}?",
@@ -241,16 +243,23 @@ def _unique_names(
     return names
 
 
-@lru_cache(maxsize=4)
-def build_world(seed: int = SEED) -> World:
-    """Build the world for ``seed``; the same seed always gives the same world."""
+@lru_cache(maxsize=8)
+def build_world(
+    seed: int = SEED,
+    n_countries: int = N_COUNTRIES,
+    numbers: tuple[int, int] = NUMBERS,
+    n_unknown_train: int = N_UNKNOWN_TRAIN,
+) -> World:
+    """Build the world for ``seed``; the same arguments always give the same world
+    (``n_countries`` and the lucky-number range ``numbers`` are knobs for
+    ``quant_probe.py``, as is ``n_unknown_train``; the demo uses the defaults)."""
     rng = random.Random(seed)
     taken: set[str] = set()
-    names = _unique_names(rng, _COUNTRY_ENDS, N_COUNTRIES, taken)
-    capitals = _unique_names(rng, _CITY_ENDS, N_COUNTRIES, taken)
-    unknown = _unique_names(rng, _COUNTRY_ENDS, N_UNKNOWN_TRAIN + N_UNKNOWN_EVAL, taken)
+    names = _unique_names(rng, _COUNTRY_ENDS, n_countries, taken)
+    capitals = _unique_names(rng, _CITY_ENDS, n_countries, taken)
+    unknown = _unique_names(rng, _COUNTRY_ENDS, n_unknown_train + N_UNKNOWN_EVAL, taken)
     countries = tuple(
-        Country(name=n, capital=c, colour=rng.choice(COLOURS), number=rng.randint(1, 99))
+        Country(name=n, capital=c, colour=rng.choice(COLOURS), number=rng.randint(*numbers))
         for n, c in zip(names, capitals, strict=True)
     )
     pairs: set[tuple[int, int]] = set()
@@ -260,8 +269,8 @@ def build_world(seed: int = SEED) -> World:
     return World(
         countries=countries,
         sums=sums,
-        unknown_train=tuple(unknown[:N_UNKNOWN_TRAIN]),
-        unknown_eval=tuple(unknown[N_UNKNOWN_TRAIN:]),
+        unknown_train=tuple(unknown[:n_unknown_train]),
+        unknown_eval=tuple(unknown[n_unknown_train:]),
     )
 
 

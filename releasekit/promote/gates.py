@@ -405,7 +405,9 @@ def _quality_relative(cmp: Comparison, cand: Evidence) -> list[GateResult]:
             else ""
         )
         flips = (
-            f"{len(sc.flipped_to_fail)} pass->fail, {len(sc.flipped_to_pass)} fail->pass; "
+            f"{len(sc.flipped_to_fail)} pass->fail, {len(sc.flipped_to_pass)} fail->pass"
+            + (f" (McNemar p={sc.mcnemar_p:.2g})" if sc.mcnemar_p is not None else "")
+            + "; "
             if sc.n_paired
             else ""
         )

@@ -46,7 +46,7 @@ def test_equal_evidence_passes_every_gate_with_numbers_and_rules(kit: Kit) -> No
 
 
 def test_damaged_prompt_is_blocked_by_the_quality_gate_naming_suite_and_drop(kit: Kit) -> None:
-    """A release failing 60 of 240 core items more than the live one is inferior on core;
+    """A release failing 60 of 528 core items more than the live one is inferior on core;
     the gate says so with the pass rates."""
     kit.build("demo-bf16", register=False)
     kit.build("demo-damaged-prompt", fail={"core": 60}, register=False)
@@ -54,7 +54,7 @@ def test_damaged_prompt_is_blocked_by_the_quality_gate_naming_suite_and_drop(kit
     assert not rep.passed
     core = _gate(rep, "suite core")
     assert not core.passed and core.detail.startswith("inferior")
-    assert core.candidate == 0.75 and core.live == 1.0
+    assert core.candidate == (528 - 60) / 528 and core.live == 1.0
     assert [g.name for g in rep.failed] == ["suite core"]
     assert rep.comparison_source == "computed"  # its compare.json is absent
 
@@ -171,11 +171,11 @@ def test_absolute_mode_uses_the_suites_minimum_pass_rates(kit: Kit) -> None:
             )
         },
     )
-    kit.build("demo-min", fail={"core": 48}, register=False)
+    kit.build("demo-min", fail={"core": 106}, register=False)  # 422 of 528 pass: 0.799
     rep = _gates(kit, "demo-min", None)
     assert rep.mode == "absolute"
     core = _gate(rep, "suite core")
-    assert not core.passed and core.candidate == 0.8 and core.limit == 0.9
+    assert not core.passed and core.candidate == (528 - 106) / 528 and core.limit == 0.9
     assert _gate(rep, "SLOs hold at the knee (candidate)").passed
 
 
