@@ -107,7 +107,11 @@ trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
 sleep 5
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
-promote_or_stop "$CANARY_GOOD" --to staging --reason "demo: canary steps"
+if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
+  # Judged against stable under the same priority and placement; on a 2-core host that
+  # other work loads, a canary with a quarter of the traffic can still lose on TTFT.
+  echo "(not promoted: its canary_aborted event above names the figures; nothing was forced)"
+fi
 
 step "canary: promote ${SEQS1_ID:0:12} (max-num-seqs 1, queues under load): aborted at step 1"
 if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
@@ -137,9 +141,10 @@ echo "the streaming clients through staging's gateway during both promotions:"
 cat .releasekit/demo-traffic.out
 
 step "approvals: the 'partners' environment takes no release without one"
-expect_blocked releasekit promote "$CANARY_GOOD" --to partners --reason "demo: before approval"
-releasekit approve "$CANARY_GOOD" --env partners --reason "demo: reviewed the canary's figures"
-promote_or_stop "$CANARY_GOOD" --to partners --reason "demo: approved"
+# bf16 has been live in staging (partners requires that) and passed every gate.
+expect_blocked releasekit promote manifests/demo-bf16.yaml --to partners --reason "demo: before approval"
+releasekit approve manifests/demo-bf16.yaml --env partners --reason "demo: reviewed its staging record"
+promote_or_stop manifests/demo-bf16.yaml --to partners --reason "demo: approved"
 releasekit history --env partners --type approve --type promote --limit 2
 releasekit down partners --reason "demo: free the host" || true
 
