@@ -198,13 +198,21 @@ class Settings(BaseSettings):
         description="scheduler autogroup nice of a deployed server until it is healthy, so a "
         "candidate warms up beside a busy live release (None: leave it; negative needs root)",
     )
-    canary_nice: int | None = Field(
+    canary_judge_nice: int | None = Field(
         -5,
         ge=-20,
         le=19,
-        description="scheduler autogroup nice of a canary's own server while its steps are "
-        "judged: on a small host its worker shares a core with the gateway and the API "
-        "servers while the live worker has one to itself (None: leave it)",
+        description="scheduler autogroup nice given to BOTH the canary's and the stable "
+        "release's own servers while canary steps are judged, the same for both and reset "
+        "after, so that neither is judged with more CPU than the other beside the gateway "
+        "and clients (None: leave both)",
+    )
+    canary_judge_spread: bool = Field(
+        True,
+        description="while canary steps are judged, let every thread of the canary's and the "
+        "stable release's own servers run on every core (their workers are otherwise bound "
+        "to one core each, and the one beside the gateway and clients is slower); each "
+        "thread's binding is put back after",
     )
     gateway_nice: int | None = Field(
         -10,

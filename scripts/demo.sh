@@ -79,6 +79,97 @@ fi
 step "roll staging back to the release live before (the one rolled back from is marked bad)"
 releasekit rollback staging --reason "demo: roll back to the previous release"
 
+# ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
+# Under steady streaming load through staging's gateway: staging (for this block) refuses
+# a release until someone approves it; a healthy release goes to 100% in canary steps; a
+# `max-num-seqs: 1` release is stopped by its gates or its canary; every event reaches a
+# local webhook listener. Release ids come from `lock`, never from this file.
+release_id() { releasekit lock "$1" --json | python -c 'import json, sys; print(json.load(sys.stdin)["release_id"])'; }
+CANARY_GOOD=manifests/demo-canary-good.yaml
+CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
+GOOD_ID=$(release_id "$CANARY_GOOD")
+SEQS1_ID=$(release_id "$CANARY_SEQS1")
+step "canary releases: build them (their gates are as real as every other release's)"
+releasekit build "$CANARY_GOOD" "$CANARY_SEQS1"
+
+step "webhooks: a local listener, subscribed for the rest of the demo"
+HOOKS_LOG=.releasekit/demo-webhooks.jsonl
+rm -f "$HOOKS_LOG"
+HOOK_PORT=${DEMO_HOOK_PORT:-8790}
+python scripts/webhook_listener.py --port "$HOOK_PORT" --out "$HOOKS_LOG" >.releasekit/demo-webhooks.out 2>&1 &
+LISTENER=$!
+# The same as a [[webhooks]] entry with this url in releasekit.toml.
+export RELEASEKIT_WEBHOOKS="[{\"url\": \"http://127.0.0.1:$HOOK_PORT/hook\"}]"
+STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 >.releasekit/demo-traffic.out 2>&1 &
+TRAFFIC=$!
+trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
+sleep 5
+
+step "approvals: for this block staging takes no release without one"
+# The same as `requires_approval = true` in [environments.staging] of releasekit.toml.
+export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true}}'
+expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
+releasekit approve "$CANARY_GOOD" --env staging --reason "demo: reviewed its build report"
+releasekit approve "$CANARY_SEQS1" --env staging --reason "demo: its gates and canary decide"
+
+step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
+if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
+  # Judged against stable under the same priority and placement; on a 2-core host that
+  # other work loads, a canary with a quarter of the traffic can still lose on TTFT.
+  echo "(not promoted: its canary_aborted event above names the figures; nothing was forced)"
+fi
+
+step "canary: promote ${SEQS1_ID:0:12} (max-num-seqs 1, queues under load)"
+if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
+  echo "(unexpected: the max-num-seqs 1 release was promoted)"; exit 1
+fi
+# Either its offline perf gates stopped it before it took any traffic, or its canary was
+# aborted at step 1 on a breach: the ledger says which, and with what figures.
+python - "$SEQS1_ID" <<'PY'
+import sys
+from releasekit.config import load_settings
+from releasekit.stores.ledger import open_ledger
+
+led = open_ledger(load_settings(), read_only=True)
+rid = sys.argv[1]
+last = [r for r in led.records(environment="staging") if r.to_release == rid][-1:]
+rec = last[0] if last else None
+if rec is not None and rec.type == "gate_failed":
+    failed = ", ".join((rec.evidence.get("gates") or {}).get("failed") or [])
+    print(f"ledger event {rec.seq} gate_failed: {failed}")
+    print("  its offline perf gates stopped it before it took any traffic; to watch the canary")
+    print("  catch it live instead, promote it with --force perf --reason TEXT (an override,")
+    print("  recorded as one)")
+    sys.exit(0)
+ab = [r for r in led.records(environment="staging", types=["canary_aborted"]) if r.to_release == rid]
+if not ab or not ab[-1].evidence.get("breaches"):
+    sys.exit("demo: stopped, the max-num-seqs 1 release was neither blocked nor aborted on a breach")
+rec = ab[-1]
+print(f"ledger event {rec.seq} canary_aborted: {rec.reason[:300]}")
+for b in rec.evidence["breaches"]:
+    w = b["windows"][-1]
+    print(f"  breach: {b['metric']} {w['canary']:.3g} > limit {w['limit']:.3g} ({w['samples']:g} samples, {w['source']})")
+live = led.live_at("staging")
+print(f"staging is live on {live.to_release[:12] if live else '-'} (all traffic back on stable)")
+PY
+releasekit history --env staging --type canary_step --type canary_aborted --type mark_bad --type gate_failed --limit 5
+
+kill "$TRAFFIC"; wait "$TRAFFIC" || true
+echo "the streaming clients through staging's gateway during both promotions:"
+cat .releasekit/demo-traffic.out
+
+releasekit history --env staging --type approve --limit 2
+unset RELEASEKIT_ENVIRONMENTS
+
+sleep 2   # the last deliveries
+kill "$LISTENER" 2>/dev/null || true
+trap - EXIT
+unset RELEASEKIT_WEBHOOKS
+echo "webhooks received on the local listener ($HOOKS_LOG):"
+cat .releasekit/demo-webhooks.out
+# ---- end of progressive delivery ------------------------------------------------------
+
 step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
 releasekit history --env staging

@@ -139,17 +139,31 @@ def promote_cmd(
     elif res.status == "blocked":
         failed_gates = res.report.failed if res.report else []
         failed = ", ".join(g.name for g in failed_gates)
-        kinds = " ".join(f"--force {k}" for k in dict.fromkeys(g.kind for g in failed_gates))
+        # Only these kinds can be forced; a missing approval or a failed shadow comparison
+        # cannot.
+        forceable = ("perf", "quality", "evidence", "policy")
+        kinds = " ".join(
+            f"--force {k}" for k in dict.fromkeys(g.kind for g in failed_gates) if k in forceable
+        )
         err.print(
             f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}",
             highlight=False,
         )
         if res.report_html:
             err.print(f"  report: {esc(res.report_html)}", highlight=False)
-        err.print(
-            f"  [dim]hint: fix the release; to override, name what you override: "
-            f"{esc(kinds or '--force KIND')} --reason TEXT[/dim]"
-        )
+        if any(g.kind == "approval" for g in failed_gates):
+            err.print(
+                f"  [dim]hint: it needs an approval: releasekit approve "
+                f"{esc(_short(res.release_id))} --env {esc(res.environment)} --reason TEXT "
+                "(no --force carries it)[/dim]"
+            )
+        if kinds:
+            err.print(
+                "  [dim]hint: fix the release; to override, name what you override: "
+                f"{esc(kinds)} --reason TEXT[/dim]"
+            )
+        elif not any(g.kind == "approval" for g in failed_gates):
+            err.print("  [dim]hint: fix the release[/dim]")
     elif res.status == "canary_aborted" and res.deploy is not None:
         err.print(
             f"[red]canary aborted:[/red] {esc(res.deploy.failure)}; all traffic is back on "

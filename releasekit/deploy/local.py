@@ -412,6 +412,13 @@ class LocalTarget(DeployTarget):
             stop_group(gw.pid, gw.proc_start, grace_s=5.0)
             self._state.gateway = None
         table = list(routes) or list(self._state.routes)
+        # The recorded mirror goes with the recorded table (another table ends mirroring).
+        mirror = self._state.mirror
+        if mirror is not None and (
+            table != list(self._state.routes)
+            or any(r.release_id == mirror.route.release_id for r in table)
+        ):
+            mirror = None
         d = deploy_dir(self.settings.state_dir)
         token = secrets.token_urlsafe(32)
         config = GatewayConfig(
@@ -424,6 +431,7 @@ class LocalTarget(DeployTarget):
             max_queue_wait_s=self.config.max_queue_wait_s,
             shutdown_timeout_s=max(self.config.drain_deadline_s, 1.0),
             routes=table,
+            mirror=mirror,
         )
         launched = launch_gateway(
             config,
@@ -448,6 +456,7 @@ class LocalTarget(DeployTarget):
             started_at=launched.endpoint.started_at,
         )
         self._state.routes = table
+        self._state.mirror = mirror
         self.handle.save()
         return launched.url
 
@@ -456,6 +465,7 @@ class LocalTarget(DeployTarget):
         with self._client() as c:
             c.set_routes(list(routes))
         self._state.routes = list(routes)
+        self._state.mirror = None  # a new table ends mirroring
         self.handle.save()
 
     def wait_drained(self, release_id: str, *, deadline_s: float) -> bool:
@@ -473,6 +483,7 @@ class LocalTarget(DeployTarget):
             stop_group(gw.pid, gw.proc_start, grace_s=max(self.config.drain_deadline_s, 5.0) + 5)
         self._state.gateway = None
         self._state.routes = []
+        self._state.mirror = None
         self.handle.save()
 
     # -- warm period -------------------------------------------------------------------

@@ -13,6 +13,7 @@ State file format (`EnvState`, JSON, mode 0600: it holds the gateway's admin tok
      "gateway": {"url": "http://127.0.0.1:25080", "host": ..., "port": 25080, "pid": 4242,
                  "admin_token": "...", "config_path": ..., "log_path": ..., "started_at": ...},
      "routes": [<gateway Route>, ...],               # the table last set on the gateway
+     "mirror": <gateway Mirror> | null,              # the shadow mirror set with it
      "servers": [{"release_id": "...", "serving_key": "...", "base_url": ..., "port": 25123,
                   "pid": 4343, "proc_start": 123456, "model": "demo", "log_path": ...,
                   "role": "live" | "warm" | "starting" | "shadow",
@@ -35,7 +36,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
-from releasekit.deploy.gateway import Route
+from releasekit.deploy.gateway import Mirror, Route
 from releasekit.errors import ReleasekitError
 
 _ENV_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -111,6 +112,11 @@ class EnvState(BaseModel):
     updated_at: float = 0.0
     gateway: GatewayRecord | None = None
     routes: list[Route] = Field(default_factory=list)
+    mirror: Mirror | None = Field(
+        None,
+        description="the shadow mirror set on the gateway with `routes` (a restarted gateway "
+        "gets it back; a new table ends it)",
+    )
     servers: list[ServerRecord] = Field(default_factory=list)
 
     def server_for(self, release_id: str) -> ServerRecord | None:

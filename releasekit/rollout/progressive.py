@@ -23,7 +23,7 @@ from typing import Any
 
 from releasekit._support.progress import Progress, no_progress
 from releasekit.config import Settings
-from releasekit.deploy.state import read_state, same_process
+from releasekit.deploy.state import ServerRecord, read_state, same_process
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
@@ -32,8 +32,19 @@ from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promot
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
 from releasekit.rollout.shadow import shadow_gate
-from releasekit.rollout.state import RolloutState, clear_rollout, read_rollout, write_rollout
-from releasekit.serving.host import raise_priority, reset_priority
+from releasekit.rollout.state import (
+    HeldServer,
+    RolloutState,
+    clear_rollout,
+    read_rollout,
+    write_rollout,
+)
+from releasekit.serving.host import (
+    raise_priority,
+    reset_priority,
+    restore_affinity,
+    spread_session,
+)
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
@@ -44,27 +55,63 @@ class RolloutResumeError(ReleasekitError):
     remedy = "run promote without --resume (the canary starts from its first step)"
 
 
-def _raise_canary(settings: Settings, ctx: ShiftContext) -> int | None:
-    """Give the canary's own local server the `canary_nice` autogroup priority while its
-    steps run (the pid to reset after), or None: not set, a shared or remote server.
+def judged_servers(settings: Settings, ctx: ShiftContext) -> list[ServerRecord]:
+    """The canary's own local server and the local servers of stable's live routes, when
+    the canary has its own server (they are then judged against each other); else []."""
+    if any(r.base_url == ctx.canary.base_url for r in ctx.stable):
+        return []
+    urls = {ctx.canary.base_url: ctx.canary.release_id}
+    urls |= {r.base_url: r.release_id for r in ctx.stable if r.weight > 0}
+    return [
+        s
+        for s in read_state(settings.state_dir, ctx.env).servers
+        if urls.get(s.base_url) == s.release_id
+        and s.target == "local"
+        and same_process(s.pid, s.proc_start)
+    ]
 
-    Seen on the demo's 2-core host (benchmarks/canary_bench.py, with the warm-up and
-    settling already in): the live worker is bound to one core and has it to itself; the
-    canary's worker gets the other, where the gateway, both API servers, their engine
-    loops and the clients run, and a healthy canary's engine-side TPOT p95 was 3x
-    stable's (0.064 vs 0.021 s) with a third of the requests."""
-    if settings.canary_nice is None or any(r.base_url == ctx.canary.base_url for r in ctx.stable):
-        return None
-    for s in read_state(settings.state_dir, ctx.env).servers:
-        if (
-            s.release_id == ctx.canary.release_id
-            and s.base_url == ctx.canary.base_url
-            and s.target == "local"
-            and same_process(s.pid, s.proc_start)
-            and raise_priority(s.pid, settings.canary_nice)
-        ):
-            return s.pid
-    return None
+
+def even_out(settings: Settings, ctx: ShiftContext) -> list[HeldServer]:
+    """Judge the canary's and stable's servers under the same conditions while the steps
+    run: the same scheduler priority (`canary_judge_nice`) and, with
+    `canary_judge_spread`, every thread of both free to run on every core. Returns the
+    servers changed, for `release`.
+
+    Measured on the demo's 2-core host (benchmarks/canary_placement.py: two servers that
+    serve alike, half the traffic each, 12 streaming clients): each worker bound to its
+    own core, the gateway, both API servers and the clients run wherever there is room.
+    Canary / stable engine TPOT p95 was 0.44 with only the canary raised to nice -5 (what
+    `canary_nice` did), 1.28 with neither raised (the canary's core is the one the others
+    crowd), 0.60-0.77 with both raised but bound, and 1.04-1.12 with both raised and
+    spread over both cores."""
+    nice = settings.canary_judge_nice
+    if nice is None and not settings.canary_judge_spread:
+        return []
+    held: list[HeldServer] = []
+    for s in judged_servers(settings, ctx):
+        raised = nice is not None and raise_priority(s.pid, nice)
+        affinity = spread_session(s.pid) if settings.canary_judge_spread else {}
+        if raised or affinity:
+            held.append(
+                HeldServer(
+                    pid=s.pid,
+                    proc_start=s.proc_start,
+                    release_id=s.release_id,
+                    raised=raised,
+                    affinity=affinity,
+                )
+            )
+    return held
+
+
+def release(held: Sequence[HeldServer]) -> None:
+    """Put back what `even_out` changed on the servers still running: the default
+    priority, and each thread's binding."""
+    for h in held:
+        if same_process(h.pid, h.proc_start):
+            if h.raised:
+                reset_priority(h.pid)
+            restore_affinity(h.affinity)
 
 
 def interrupted_canary(settings: Settings, env: str) -> RolloutState | None:
@@ -77,7 +124,8 @@ def record_interrupted(
     settings: Settings, st: RolloutState, *, ledger: Ledger, actor: str | None = None
 ) -> LedgerRecord:
     """Record an interrupted canary as aborted (traffic is on stable: the gateway's lease
-    reverted it) and forget it."""
+    reverted it), put the servers it held back to the default priority and forget it."""
+    release(st.held)
     rec = ledger.append(
         Event(
             type=EventType.CANARY_ABORTED,
@@ -173,6 +221,7 @@ def canary_shift(
         cfg = env_config(settings, ctx.env)
         rid = ctx.canary.release_id
         judged = [s for s in policy.steps if s.weight < 100]
+        held_ref: list[HeldServer] = []
 
         def started(i: int, step: CanaryStep) -> None:
             write_rollout(
@@ -183,6 +232,7 @@ def canary_shift(
                 step=i,
                 steps=len(judged),
                 weight=step.weight,
+                held=held_ref,
             )
 
         def passed(rep: StepReport) -> None:
@@ -221,14 +271,22 @@ def canary_shift(
             on_step_start=started,
             on_step_passed=passed,
         )
-        raised = _raise_canary(settings, ctx)
-        if raised is not None:
-            say(f"canary server at scheduler nice {settings.canary_nice} while judged", 0, 1)
+        held = even_out(settings, ctx)
+        held_ref[:] = held
+        if held:
+            how = [
+                *(
+                    [f"scheduler nice {settings.canary_judge_nice}"]
+                    if any(h.raised for h in held)
+                    else []
+                ),
+                *(["free on every core"] if any(h.affinity for h in held) else []),
+            ]
+            say(f"canary and stable servers judged alike: {', '.join(how)}", 0, 1)
         try:
             run = ctrl.run()
         finally:
-            if raised is not None:
-                reset_priority(raised)
+            release(held)
             clear_rollout(settings, ctx.env)
         if runs is not None:
             runs.append(run)
@@ -317,6 +375,7 @@ def promote_progressive(
         if resume:
             start_step = left.step
             notes.append(f"resuming the interrupted canary at step {left.step + 1}")
+            release(left.held)
             clear_rollout(settings, env)
         else:
             rec = record_interrupted(settings, left, ledger=led, actor=actor)

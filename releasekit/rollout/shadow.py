@@ -156,6 +156,8 @@ def start_shadow(
                 c.set_routes(RouteTable(routes=list(st.routes), mirror=mirror))
         except GatewayError as exc:
             raise ShadowError(f"the gateway refused the mirror: {exc}") from exc
+        st.mirror = mirror  # a restarted gateway mirrors again (`ensure_router`)
+        handle.save()
     status = ShadowStatus(
         env=env,
         release_id=rid,
@@ -274,6 +276,7 @@ def stop_shadow(
                 GatewayClient(gw.url, admin_token=gw.admin_token) as c,
             ):
                 c.set_routes(RouteTable(routes=list(st.routes)))
+        st.mirror = None
         for s in list(st.servers):
             if s.role == "shadow" and s.release_id == status.release_id:
                 target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)

@@ -1,10 +1,11 @@
 """A canary in progress, on disk: which release, at which step, run by which process.
 
 `promote` writes `STATE_DIR/rollouts/ENV.json` when a canary step starts and removes it
-when the canary ends. A file whose process is gone means a `promote` died mid-canary: the
-gateway's lease has put all traffic back on stable by then (within `canary_lease_s`), and
-the next `promote` to the environment resumes the canary at that step (`--resume`, same
-release) or records it as aborted.
+when the canary ends; it names the servers whose scheduler priority the canary raised, so
+that whoever finds the canary interrupted puts them back. A file whose process is gone
+means a `promote` died mid-canary: the gateway's lease has put all traffic back on stable
+by then (within `canary_lease_s`), and the next `promote` to the environment resumes the
+canary at that step (`--resume`, same release) or records it as aborted.
 """
 
 from __future__ import annotations
@@ -14,11 +15,24 @@ import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit.config import Settings
 from releasekit.deploy.state import proc_start_time, same_process
+
+
+class HeldServer(BaseModel):
+    """A server whose scheduler priority or CPU binding the canary changed while judged
+    (put back after)."""
+
+    pid: int
+    proc_start: int | None = None
+    release_id: str
+    raised: bool = Field(False, description="its autogroup priority was raised")
+    affinity: dict[int, list[int]] = Field(
+        default_factory=dict, description="thread id -> the cores it was bound to before"
+    )
 
 
 class RolloutState(BaseModel):
@@ -34,6 +48,9 @@ class RolloutState(BaseModel):
     proc_start: int | None = None
     started_at: float
     updated_at: float
+    held: list[HeldServer] = Field(
+        default_factory=list, description="servers at the judged priority (reset when it ends)"
+    )
 
     @property
     def orphaned(self) -> bool:
@@ -64,6 +81,7 @@ def write_rollout(
     steps: int,
     weight: float,
     started_at: float | None = None,
+    held: list[HeldServer] | None = None,
 ) -> RolloutState:
     """Record that this process runs `env`'s canary at `step` (0-based)."""
     now = time.time()
@@ -78,6 +96,7 @@ def write_rollout(
         proc_start=proc_start_time(os.getpid()),
         started_at=started_at or now,
         updated_at=now,
+        held=list(held or []),
     )
     path = state_path(settings, env)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """How vLLM's CPU build shares this host: the allocator and OpenMP runtime it is started
-with, which core each server's worker is bound to, and the scheduler priority of a
-server while it starts.
+with, which core each server's worker is bound to, and the scheduler priority and
+placement of a server while it starts or is judged.
 
 What was measured on a 2-core host (README, "Where the time goes on a 2-core host"):
 
@@ -14,6 +14,10 @@ What was measured on a 2-core host (README, "Where the time goes on a 2-core hos
 - vLLM binds its worker's OpenMP threads to core 0 by default. Servers of one environment
   take turns (`pick_core`), so a candidate's worker is not bound to the core the live
   worker is busy on.
+- Two servers compared with each other (a canary and stable) are judged alike: the same
+  autogroup priority and every thread of both free on every core (`spread_session`, then
+  `restore_affinity`); bound to a core each, the one whose core the gateway, API servers
+  and clients crowd decodes slower (benchmarks/canary_placement.py).
 - vLLM's CPU guide preloads tcmalloc and Intel's OpenMP runtime (`preload_libs`); Debian's
   libtcmalloc-minimal4 and the intel-openmp wheel vLLM's CPU build depends on ship them.
   Measured side by side on the demo (benchmarks/bench_vs_vllm.py --preload on|off), it did
@@ -112,6 +116,64 @@ def reset_priority(pid: int) -> None:
     """Back to the default autogroup priority (nice 0), once a server is healthy."""
     with contextlib.suppress(OSError):
         _autogroup(pid).write_text("0\n")
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of session `sid` (a server started in its own session: its API
+    server and engine processes)."""
+    out: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[3] == str(sid):
+            out.append(int(d.name))
+    return sorted(out)
+
+
+Affinities = dict[int, list[int]]
+"""The CPU affinity of each task (thread id -> cores), as it was before a change."""
+
+
+def spread_session(sid: int, cores: Iterable[int] | None = None) -> Affinities:
+    """Let every thread of session `sid` run on `cores` (default: all of this host's),
+    which lifts the binding of its vLLM worker to one core; returns what each thread had,
+    for `restore_affinity`. Best effort: threads that end meanwhile are skipped."""
+    allowed = set(host_cores() if cores is None else cores)
+    before: Affinities = {}
+    for pid in session_pids(sid):
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                had = os.sched_getaffinity(tid)
+                if had != allowed:
+                    os.sched_setaffinity(tid, allowed)
+                    before[tid] = sorted(had)
+            except OSError:
+                continue
+    return before
+
+
+def restore_affinity(before: Affinities) -> None:
+    """Put back the affinities `spread_session` changed (threads gone since: skipped)."""
+    for tid, cores in before.items():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, cores)
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the scheduler autogroup of `pid`, or None (no autogroups, gone)."""
+    try:
+        return int(_autogroup(pid).read_text().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def worker_core(env: dict[str, str]) -> int | None:

@@ -8,6 +8,7 @@ keeps streams whole. Steered by its environment (the manifest's `serving.env`):
   FAKE_ANSWER         the chat answer (default "The answer is 42.")
   FAKE_CHUNK_DELAY_S  seconds between streamed chunks (default 0.01)
   FAKE_START_DELAY_S  seconds before it listens (default 0)
+Like vLLM's CPU build it binds itself to the core VLLM_CPU_OMP_THREADS_BIND names.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def app(served: str) -> Starlette:
 
 def main() -> None:
     args = parse(sys.argv[1:])
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if bind.isdigit() and int(bind) in os.sched_getaffinity(0):
+        os.sched_setaffinity(0, {int(bind)})
     time.sleep(float(os.environ.get("FAKE_START_DELAY_S", "0")))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # vLLM: abort in-flight requests
     server = uvicorn.Server(

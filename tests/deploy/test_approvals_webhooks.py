@@ -105,6 +105,13 @@ def test_promote_without_approval_is_refused_and_no_force_carries_it(akit: Kit) 
         akit.settings, rid, env="staging", reason="try", force=["policy", "perf"]
     )
     assert forced.status == "blocked"
+    # The CLI says how to get past it: an approval, never a --force.
+    cli = CliRunner().invoke(
+        app, ["promote", rid[:12], "--to", "staging", "-r", "try"], env={"COLUMNS": "300"}
+    )
+    assert cli.exit_code == 1
+    assert f"releasekit approve {rid[:12]} --env staging" in cli.output
+    assert "--force approval" not in cli.output
     with pytest.raises(ApprovalError):
         approve(akit.settings, rid, env="staging", reason=" ")
 

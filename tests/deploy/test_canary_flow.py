@@ -23,6 +23,7 @@ from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
 from releasekit.rollout.progressive import RolloutResumeError, promote_progressive
 from releasekit.rollout.state import read_rollout, write_rollout
+from releasekit.serving.host import autogroup_nice, host_cores, session_pids
 from releasekit.stores.ledger import Ledger
 
 __all__ = ["admin_token", "gateway_factory", "mlflow_template_db", "upstream_factory"]
@@ -80,6 +81,25 @@ def _ledger(k: Kit) -> Ledger:
     return Ledger(k.settings.ledger_url or "")
 
 
+def _nices(k: Kit, env: str = "staging") -> dict[str, int | None]:
+    """Each server's scheduler autogroup nice, by release."""
+    return {
+        s.release_id: autogroup_nice(s.pid) for s in read_state(k.settings.state_dir, env).servers
+    }
+
+
+def _cores(k: Kit, env: str = "staging") -> dict[str, set[int]]:
+    """The cores each server's threads may run on (all of its processes' threads), by release."""
+    out: dict[str, set[int]] = {}
+    for s in read_state(k.settings.state_dir, env).servers:
+        cores: set[int] = set()
+        for pid in session_pids(s.pid):
+            for t in Path(f"/proc/{pid}/task").iterdir():
+                cores |= os.sched_getaffinity(int(t.name))
+        out[s.release_id] = cores
+    return out
+
+
 def _gateway_state(k: Kit, env: str = "staging") -> Any:
     gw = read_state(k.settings.state_dir, env).gateway
     assert gw is not None
@@ -104,17 +124,39 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     )
     block = canary_block(steps, checks, warmup=3, settle=0.6)
     new = candidate(ckit, "demo-canary-ok", seqs=16, promotion=block)
+    judged: list[dict[str, int | None]] = []
+    placed: list[dict[str, set[int]]] = []
+    before = _cores(ckit)
+
+    def seen(label: str, done: int, total: int) -> None:
+        if "waiting for traffic" in label:
+            judged.append(_nices(ckit))
+            placed.append(_cores(ckit))
+
     with (
         Streamer(ckit.gateway("staging"), chunks=4) as s1,
         Streamer(ckit.gateway("staging"), chunks=4) as s2,
     ):
         s1.wait_for(3)
-        res = promote_progressive(ckit.settings, new, env="staging", reason="canary")
+        res = promote_progressive(ckit.settings, new, env="staging", reason="canary", progress=seen)
         s1.wait_for(3)
     assert res.status == "promoted", (res.deploy, res.canary)
     assert res.canary is not None and res.canary["outcome"] == "passed"
     assert [s["weight"] for s in res.canary["steps"]] == [20, 50]
     assert res.canary["warmup_answered"] == 3
+    # Judged under the same scheduler priority (where the kernel has autogroups), and
+    # both back to the default once the canary is over.
+    nice = ckit.settings.canary_judge_nice
+    assert len(judged) == 2
+    if judged[0].get(old) is not None:
+        assert all(j[old] == nice and j[new] == nice for j in judged), judged
+        assert all(v == 0 for v in _nices(ckit).values()), _nices(ckit)
+    # Each worker is bound to a core of its own, except while judged: both free on all.
+    if len(host_cores()) > 1:
+        assert len(before[old]) == 1
+        assert all(p[old] == p[new] == set(host_cores()) for p in placed), placed
+        after = _cores(ckit)
+        assert len(after[new]) == 1 and after[new] != before[old], (before, after)
     for step in res.canary["steps"]:
         # Every judged window starts after the step's settling time.
         for c in step["judgement"]["checks"]:
@@ -170,6 +212,7 @@ def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
     assert [r.release_id for r in st.routes] == [old]
     assert st.in_flight.get(slow, 0) == 0
     assert all(s.release_id != slow for s in read_state(ckit.settings.state_dir, "staging").servers)
+    assert _nices(ckit)[old] in (0, None)  # stable's priority is back after the abort
     led = _ledger(ckit)
     live = led.live_at("staging")
     assert live is not None and live.to_release == old
@@ -261,6 +304,10 @@ def test_a_promote_killed_mid_canary_leaves_no_weight_and_resumes(ckit: Kit) -> 
         assert s.done > n and s.releases[-1] == old
     left = read_rollout(ckit.settings, "staging")
     assert left is not None and left.orphaned and left.step == 1
+    # It names the servers it left at the judged priority; resuming resets them first.
+    if _nices(ckit).get(old) is not None:
+        assert {h.release_id for h in left.held} == {old, new}
+        assert _nices(ckit)[old] == ckit.settings.canary_judge_nice
     with pytest.raises(RolloutResumeError, match="no interrupted canary"):
         promote_progressive(ckit.settings, old, env="staging", resume=True)
     with Streamer(ckit.gateway("staging"), chunks=3) as s:
@@ -270,6 +317,7 @@ def test_a_promote_killed_mid_canary_leaves_no_weight_and_resumes(ckit: Kit) -> 
     assert res.canary is not None and [x["weight"] for x in res.canary["steps"]] == [40]
     assert any("resuming" in w for w in res.warnings) and s.failures == []
     assert read_rollout(ckit.settings, "staging") is None
+    assert all(v in (0, None) for v in _nices(ckit).values()), _nices(ckit)
 
 
 def test_gateway_lease_reverts_and_renewal_keeps_the_split(

@@ -4,6 +4,8 @@ local target the candidate's live comparison with stable is a promote gate."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +16,8 @@ from promote_kit import Kit, Streamer, kit, mlflow_template_db
 
 from releasekit.deploy.gateway import Mirror, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway_client import GatewayClient
-from releasekit.deploy.state import read_state
+from releasekit.deploy.state import locked_state, read_state
+from releasekit.promote.deploy import target_for
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.rollout.shadow import compare_shadow, start_shadow, stop_shadow
 
@@ -119,3 +122,41 @@ def test_shadow_comparison_of_a_slow_candidate_blocks_its_promotion(kit: Kit) ->
     gw: Any = read_state(kit.settings.state_dir, "staging").gateway
     with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
         assert c.state().mirror is None
+
+
+def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:
+    """The mirror is recorded with the route table: a gateway that died and is started
+    again (as the next deploy does) copies to the shadow candidate again, and a new table
+    (a promote's switch) ends the mirroring for good."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    cand = kit.build(
+        kit.variant("demo-bf16", "demo-shadow-twin", {"max-num-seqs: 32": "max-num-seqs: 8"}).stem
+    )
+    start_shadow(kit.settings, cand, env="staging", share=1.0, reason="try it")
+    st = read_state(kit.settings.state_dir, "staging")
+    assert st.mirror is not None and st.mirror.route.release_id == cand
+    gw: Any = st.gateway
+    os.killpg(gw.pid, signal.SIGKILL)
+    assert _wait(lambda: not _answers(gw.url))
+    with locked_state(kit.settings.state_dir, "staging") as handle:
+        cfg = kit.settings.environments["staging"]
+        url = target_for(kit.settings, "staging", cfg, handle).ensure_router(handle.state.routes)
+    new: Any = read_state(kit.settings.state_dir, "staging").gateway
+    assert new.pid != gw.pid
+    with GatewayClient(url, admin_token=new.admin_token) as c:
+        assert c.state().mirror == cand
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "p", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-releasekit-release"] == old
+        assert _wait(lambda: c.state().mirrored >= 1)
+    with locked_state(kit.settings.state_dir, "staging") as handle:
+        target_for(kit.settings, "staging", cfg, handle).route(handle.state.routes)
+    assert read_state(kit.settings.state_dir, "staging").mirror is None
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/metrics", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True

@@ -103,7 +103,7 @@ class Gateway:
         self._idle_s = config.stream_idle_timeout_s
         self._retry_queue = str(max(1, math.ceil(config.max_queue_wait_s)))
         self.started_at = time.time()
-        self.set_routes(RouteTable(routes=config.routes))
+        self.set_routes(RouteTable(routes=config.routes, mirror=config.mirror))
 
     # -- routing table
 

@@ -166,6 +166,9 @@ class GatewayConfig(BaseModel):
     ready_file: str | None = Field(None, description="where to write GatewayEndpoint when up")
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     routes: list[Route] = Field(default_factory=list, description="the initial table")
+    mirror: Mirror | None = Field(
+        None, description="the initial mirror (a restarted gateway keeps mirroring)"
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -176,7 +179,7 @@ class GatewayConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_routes(self) -> GatewayConfig:
-        RouteTable(routes=self.routes)
+        RouteTable(routes=self.routes, mirror=self.mirror)
         return self
 
 
