@@ -101,11 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for r in rows:
         lo, hi = r["ci"]
+        base, cand = 100 * (r["baseline_pass_rate"] or 0), 100 * (r["candidate_pass_rate"] or 0)
+        p = f"{r['mcnemar_p']:.4g}" if r["mcnemar_p"] is not None else "-"
         print(
-            f"{r['release']:<12} {r['suite']:<11} {r['n']:>5} "
-            f"{100 * (r['baseline_pass_rate'] or 0):>6.1f}% {100 * (r['candidate_pass_rate'] or 0):>6.1f}% "
+            f"{r['release']:<12} {r['suite']:<11} {r['n']:>5} {base:>6.1f}% {cand:>6.1f}% "
             f"{_pct(r['delta']):>9}  [{_pct(lo)}, {_pct(hi)}]{'':<2} "
-            f"{r['to_fail']:>3}/{r['to_pass']:<3} {r['mcnemar_p'] if r['mcnemar_p'] is not None else '-':>9.4g}  "
+            f"{r['to_fail']:>3}/{r['to_pass']:<3} {p:>9}  "
             f"{r['verdict']} ({100 * r['margin']:g} pts)"
         )
     for name, why in missing.items():
