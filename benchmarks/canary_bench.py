@@ -230,13 +230,13 @@ class SegmentTrace:
 
 def policy(first_weight: float) -> str:
     return (
-        "promotion:\n  canary:\n    interval_s: 2\n    sustain: 2\n    steps:\n"
+        "promotion:\n  canary:\n    interval_s: 2\n    sustain: 4\n    steps:\n"
         f"      - {{weight: {first_weight:g}, min_duration_s: 40, min_requests: 20, "
         "max_duration_s: 240}\n"
         "      - {weight: 50, min_duration_s: 30, min_requests: 20, max_duration_s: 240}\n"
         "      - {weight: 100}\n"
         "    checks:\n"
-        "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.05, min_samples: 10}\n"
+        "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.05, min_samples: 20}\n"
         "      - {metric: tpot_p95_s, tolerance: 0.5, slack: 0.005, min_samples: 10, "
         "required: false}\n"
         "      - {metric: error_rate, tolerance: 0, slack: 0.02, min_samples: 10}\n"
