@@ -50,14 +50,15 @@ def test_cpu_fallback_quantises_evaluates_and_measures(demo_model: Path, tmp_pat
     data = json.loads(out.read_text())
     assert data["device"]["kind"] == "cpu"
     assert data["device"]["fallback"].startswith("--device cpu: everything ran on the CPU")
-    assert data["items_per_suite"] == {"core": 6, "edge": 6, "regression": 6}
+    # every suite of the demo manifest, the fact-heavy one included
+    assert data["items_per_suite"] == {"core": 6, "edge": 6, "regression": 6, "facts": 6}
     (fp8,) = data["schemes"]
     assert "error" not in fp8, fp8
     assert fp8["quantise"]["device"] == "cpu"  # the quantise record says where it ran
     assert fp8["quantise"]["calibration_samples"] == 16
     assert fp8["format"] == "float-quantized"
     assert fp8["weight_bytes"] < data["model"]["weight_bytes"]
-    for suite in ("core", "edge", "regression"):
+    for suite in ("core", "edge", "regression", "facts"):
         cmp = fp8["vs_bf16"][suite]
         assert cmp["n_paired"] == 6
         assert cmp["verdict"] == "insufficient_evidence"  # 6 pairs are too few for a verdict
