@@ -127,6 +127,13 @@ class EnvironmentConfig(BaseModel):
         description="a canary weight the promoting process stops renewing reverts to the "
         "stable release at the gateway after this long",
     )
+    perf_by_canary: bool = Field(
+        False,
+        description="a release promoted here with canary steps has its offline performance "
+        "gates shown as advisory: its canary judges performance on live traffic against the "
+        "stable release and aborts it on a breach (quality, evidence, policy and approval "
+        "gates still block; without canary steps, or with --no-canary, perf gates block)",
+    )
     shadow_max_in_flight: int = Field(
         4, ge=1, description="mirrored requests in flight at most (more are dropped)"
     )

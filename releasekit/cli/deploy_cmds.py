@@ -58,6 +58,13 @@ def _print_gates(report: object, *, explain: bool) -> None:
         )
     elif report.comparison_rule and not report.passed:
         out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
+    if report.advisory_failed:
+        names = ", ".join(g.name for g in report.advisory_failed)
+        out.print(
+            f"[yellow]advisory here:[/yellow] {esc(names)} failed; this environment lets the "
+            "canary steps judge performance on live traffic (perf_by_canary)",
+            highlight=False,
+        )
 
 
 class ForceKind(StrEnum):

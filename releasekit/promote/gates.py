@@ -63,6 +63,16 @@ class GateResult(BaseModel):
     live: float | None = None
     limit: float | None = Field(None, description="the bound the candidate had to meet")
     detail: str = ""
+    advisory: bool = Field(
+        False,
+        description="shown but not blocking: failed, and judged elsewhere (an environment "
+        "whose canary steps judge performance live)",
+    )
+
+    @property
+    def blocks(self) -> bool:
+        """Failed, and not advisory."""
+        return not self.passed and not self.advisory
 
 
 class CurvePoint(BaseModel):
@@ -98,13 +108,30 @@ class GateReport(BaseModel):
 
     @property
     def failed(self) -> list[GateResult]:
-        """The gates that failed."""
-        return [g for g in self.gates if not g.passed]
+        """The gates that failed and block (advisory ones are in `advisory_failed`)."""
+        return [g for g in self.gates if g.blocks]
+
+    @property
+    def advisory_failed(self) -> list[GateResult]:
+        """The gates that failed but are advisory here."""
+        return [g for g in self.gates if not g.passed and g.advisory]
 
     def with_gates(self, extra: list[GateResult]) -> GateReport:
         """This report with `extra` gates first (policy), `passed` recomputed."""
         gates = [*extra, *self.gates]
-        return self.model_copy(update={"gates": gates, "passed": all(g.passed for g in gates)})
+        return self.model_copy(update={"gates": gates, "passed": not any(g.blocks for g in gates)})
+
+    def perf_judged_live(self) -> GateReport:
+        """This report with its failed perf gates advisory: the release's canary steps judge
+        performance on live traffic instead (`perf_by_canary`). `passed` recomputed."""
+        note = "advisory here: the canary steps judge performance on live traffic"
+        gates = [
+            g.model_copy(update={"advisory": True, "detail": f"{g.detail} ({note})"})
+            if g.kind == "perf" and not g.passed
+            else g
+            for g in self.gates
+        ]
+        return self.model_copy(update={"gates": gates, "passed": not any(g.blocks for g in gates)})
 
 
 @dataclass

@@ -199,6 +199,7 @@ def _gate_summary(report: GateReport) -> dict[str, Any]:
         "passed": report.passed,
         "mode": report.mode,
         "failed": [g.name for g in report.failed],
+        "advisory_failed": [g.name for g in report.advisory_failed],
         "against": report.live_release_id,
     }
 
@@ -274,6 +275,11 @@ class PromoteRequest(BaseModel):
         ge=1,
         description="`ray` target: replicas of the release instead of the environment's "
         "count (e.g. the capacity plan's units)",
+    )
+    canary_steps: bool = Field(
+        False,
+        description="the release goes live through its manifest's canary steps (where the "
+        "environment has `perf_by_canary`, its offline perf gates are then advisory)",
     )
 
 
@@ -362,6 +368,10 @@ def run_promotion(
                 report = report.model_copy(
                     update={"passed": all(g.passed for g in report.gates if g.kind == "policy")}
                 )
+    if request.canary_steps and target.live_id is not None and target.cfg.perf_by_canary:
+        # This environment lets the canary judge performance on live traffic (there is a
+        # stable release to judge it against).
+        report = report.perf_judged_live()
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
     result = target.base.model_copy(update={"report": report})

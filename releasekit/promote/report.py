@@ -26,7 +26,7 @@ def gate_rows(report: GateReport) -> list[list[str]]:
         [
             g.name,
             g.kind,
-            "pass" if g.passed else "FAIL",
+            _result(g),
             _num(g.candidate),
             _num(g.live),
             _num(g.limit),
@@ -35,6 +35,13 @@ def gate_rows(report: GateReport) -> list[list[str]]:
         ]
         for g in report.gates
     ]
+
+
+def _result(g: GateResult) -> str:
+    """pass, FAIL, or 'fail (advisory)' for a failed gate that does not block here."""
+    if g.passed:
+        return "pass"
+    return "fail (advisory)" if g.advisory else "FAIL"
 
 
 def report_json(report: GateReport) -> bytes:
@@ -95,11 +102,11 @@ def curve_png(report: GateReport) -> bytes | None:
 
 
 def _row(g: GateResult) -> str:
-    cls = "pass" if g.passed else "fail"
+    cls = "pass" if g.passed else ("advisory" if g.advisory else "fail")
     cells = [
         g.name,
         g.kind,
-        "pass" if g.passed else "FAIL",
+        _result(g),
         _num(g.candidate),
         _num(g.live),
         _num(g.limit),
@@ -144,6 +151,8 @@ def render_html(report: GateReport, *, comparison_href: str | None = None) -> st
     env = html.escape(report.environment)
     when = html.escape(report.created_at.isoformat(timespec="seconds"))
     summary = f"{len(report.failed)} of {len(report.gates)} gates failed"
+    if report.advisory_failed:
+        summary += f" ({len(report.advisory_failed)} more failed, advisory here)"
     rows = "\n".join(_row(g) for g in report.gates)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
@@ -152,6 +161,7 @@ body {{ font-family: sans-serif; margin: 2em; }}
 table {{ border-collapse: collapse; }}
 td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 13px; vertical-align: top; }}
 tr.fail td {{ background: #fde2e2; }} tr.pass td {{ background: #e6f4ea; }}
+tr.advisory td {{ background: #fff4d6; }}
 </style></head><body>
 <h1>{verdict}: {name} {cid} to {env}</h1>
 <p>Against: {live}. Mode: {report.mode}. {summary}. {when}</p>

@@ -363,6 +363,8 @@ def promote_progressive(
     )
     rid = resolve_release(settings, release_ref, ledger=led).release_id
     policy = load_release(settings, rid, ledger=led).lm.manifest.promotion.canary
+    # A dry run reports the gates as the real promotion would apply them.
+    request.canary_steps = policy is not None and not no_canary
     start_step = 0
     notes: list[str] = []
     left = None if dry_run else interrupted_canary(settings, env)

@@ -228,6 +228,86 @@ def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
     assert again.status == "blocked"
 
 
+@pytest.fixture
+def pkit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_template_db: Path,
+    stand_in_model: Any,
+) -> Iterator[Kit]:
+    """The deploy kit where the canary steps judge performance (`perf_by_canary`)."""
+    stand_in_model(project)
+    k = make_kit(
+        project,
+        monkeypatch,
+        mlflow_template_db,
+        toml_lines=[f"canary_lease_s = {LEASE_S}", "perf_by_canary = true"],
+    )
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
+    pkit: Kit,
+) -> None:
+    """Where the environment lets the canary judge performance, a release whose offline perf
+    gates fail is not blocked by them when it goes live through canary steps: they are in
+    the report, failed and advisory, and its canary, slower than stable, is aborted at its
+    first step. Without canary steps (`--no-canary`) the same gates block; a quality
+    failure blocks either way."""
+    old = pkit.build("demo-bf16")
+    assert promote_progressive(pkit.settings, old, env="staging", reason="base").ok
+    steps = (
+        "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
+        "      - {weight: 100}\n"
+    )
+    checks = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+    path = pkit.variant("demo-bf16", "demo-canary-slow", {"max-num-seqs: 32": "max-num-seqs: 1"})
+    text = path.read_text().replace(
+        'VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "1"\n    FAKE_CHUNK_DELAY_S: "0.4"'
+    )
+    path.write_text(text + canary_block(steps, checks))
+    slow = pkit.build("demo-canary-slow", knee_ttft=0.9, knee_goodput=3.0)
+
+    plain = promote_progressive(pkit.settings, slow, env="staging", dry_run=True, no_canary=True)
+    assert plain.report is not None and not plain.report.passed
+    assert {g.kind for g in plain.report.failed} == {"perf"}, plain.report.failed
+    assert plain.report.advisory_failed == []
+
+    dry = promote_progressive(pkit.settings, slow, env="staging", dry_run=True)
+    assert dry.report is not None and dry.report.passed and dry.report.failed == []
+    advisory = dry.report.advisory_failed
+    assert advisory and {g.kind for g in advisory} == {"perf"}
+    assert all("canary steps judge performance" in g.detail for g in advisory)
+
+    with (
+        Streamer(pkit.gateway("staging"), chunks=3) as s1,
+        Streamer(pkit.gateway("staging"), chunks=3) as s2,
+    ):
+        s1.wait_for(2)
+        res = promote_progressive(pkit.settings, slow, env="staging", reason="canary")
+    assert res.status == "canary_aborted", res.deploy
+    assert res.canary is not None and len(res.canary["steps"]) == 1
+    assert s1.failures == [] and s2.failures == []
+    led = _ledger(pkit)
+    [ab] = led.records(environment="staging", types=["canary_aborted"])
+    assert ab.to_release == slow
+    live = led.live_at("staging")
+    assert live is not None and live.to_release == old
+
+    # A quality failure is never advisory.
+    pkit.variant("demo-bf16", "demo-canary-worse", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    bad_path = pkit.manifest("demo-canary-worse")
+    bad_path.write_text(bad_path.read_text() + canary_block(steps, checks))
+    bad = pkit.build("demo-canary-worse", fail={"core": 60}, knee_ttft=0.9, knee_goodput=3.0)
+    blocked = promote_progressive(pkit.settings, bad, env="staging", reason="x")
+    assert blocked.status == "blocked" and blocked.report is not None
+    assert "suite core" in [g.name for g in blocked.report.failed]
+    assert all(g.kind != "perf" for g in blocked.report.failed)
+
+
 def test_no_canary_switches_at_once(ckit: Kit) -> None:
     """`--no-canary` keeps the one switch: no canary step runs, no canary event."""
     old = ckit.build("demo-bf16")
