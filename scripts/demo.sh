@@ -81,9 +81,11 @@ releasekit rollback staging --reason "demo: roll back to the previous release"
 
 # ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
 # Under steady streaming load through staging's gateway: staging (for this block) refuses
-# a release until someone approves it; a healthy release goes to 100% in canary steps; a
-# `max-num-seqs: 1` release is stopped by its gates or its canary; every event reaches a
-# local webhook listener. Release ids come from `lock`, never from this file.
+# a release until someone approves it and lets canary steps judge performance live; a
+# healthy release goes to 100% in canary steps; a `max-num-seqs: 1` release is blocked by
+# its offline perf gates without a canary and aborted by its canary at the first step with
+# one; every event reaches a local webhook listener. Release ids come from `lock`, never
+# from this file.
 release_id() { releasekit lock "$1" --json | python -c 'import json, sys; print(json.load(sys.stdin)["release_id"])'; }
 CANARY_GOOD=manifests/demo-canary-good.yaml
 CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
@@ -107,8 +109,9 @@ trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
 sleep 5
 
 step "approvals: for this block staging takes no release without one"
-# The same as `requires_approval = true` in [environments.staging] of releasekit.toml.
-export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true}}'
+# The same as `requires_approval = true` and `perf_by_canary = true` in
+# [environments.staging] of releasekit.toml: approvals, and canary steps judge performance.
+export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true, "perf_by_canary": true}}'
 expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
 releasekit approve "$CANARY_GOOD" --env staging --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --reason "demo: its gates and canary decide"
@@ -120,12 +123,15 @@ if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps
   echo "(not promoted: its canary_aborted event above names the figures; nothing was forced)"
 fi
 
-step "canary: promote ${SEQS1_ID:0:12} (max-num-seqs 1, queues under load)"
+step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"
+expect_blocked releasekit promote "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
+
+step "max-num-seqs 1 with canary steps: staging lets the canary judge it on live traffic"
 if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
   echo "(unexpected: the max-num-seqs 1 release was promoted)"; exit 1
 fi
-# Either its offline perf gates stopped it before it took any traffic, or its canary was
-# aborted at step 1 on a breach: the ledger says which, and with what figures.
+# Its canary was aborted on a breach (or, if the healthy release above did not get to
+# 100%, its gates stopped it): the ledger says which, with the figures.
 python - "$SEQS1_ID" <<'PY'
 import sys
 from releasekit.config import load_settings
@@ -133,18 +139,11 @@ from releasekit.stores.ledger import open_ledger
 
 led = open_ledger(load_settings(), read_only=True)
 rid = sys.argv[1]
-last = [r for r in led.records(environment="staging") if r.to_release == rid][-1:]
-rec = last[0] if last else None
-if rec is not None and rec.type == "gate_failed":
-    failed = ", ".join((rec.evidence.get("gates") or {}).get("failed") or [])
-    print(f"ledger event {rec.seq} gate_failed: {failed}")
-    print("  its offline perf gates stopped it before it took any traffic; to watch the canary")
-    print("  catch it live instead, promote it with --force perf --reason TEXT (an override,")
-    print("  recorded as one)")
-    sys.exit(0)
 ab = [r for r in led.records(environment="staging", types=["canary_aborted"]) if r.to_release == rid]
 if not ab or not ab[-1].evidence.get("breaches"):
-    sys.exit("demo: stopped, the max-num-seqs 1 release was neither blocked nor aborted on a breach")
+    last = [r for r in led.records(environment="staging") if r.to_release == rid][-1:]
+    what = f"{last[0].type}: {last[0].reason[:200]}" if last else "nothing recorded"
+    sys.exit(f"demo: stopped, the max-num-seqs 1 release's canary was not aborted ({what})")
 rec = ab[-1]
 print(f"ledger event {rec.seq} canary_aborted: {rec.reason[:300]}")
 for b in rec.evidence["breaches"]:

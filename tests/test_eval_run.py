@@ -378,6 +378,36 @@ def test_noise_counts_a_verdict_that_moved_between_runs(tmp_path: Path) -> None:
     assert core.spread == pytest.approx(2 / 6)
 
 
+def test_later_runs_send_an_even_sample_and_noise_is_over_the_items_both_sent(
+    tmp_path: Path,
+) -> None:
+    """With `noise_items=3`, the second run sends 3 of core's 6 items and 3 of edge's 4 (an
+    even spread, the same every time); the noise figures are over the items both runs sent,
+    and the result's items are the whole first run."""
+    sent: list[str] = []
+
+    def counting(body: dict[str, Any]) -> tuple[int, Any, float]:
+        sent.append(question_of(body))
+        if question_of(body) == "capital of A?" and sent.count("capital of A?") > 3:
+            return 200, chat("Gamma"), 0  # c1, c3, c4 ask it; from run 2 on it changes
+        return model_handler(body)
+
+    lm = load_manifest(write_project(tmp_path / "p"), root=tmp_path / "p")
+    with FakeOpenAI(counting) as srv:
+        result = run_eval(
+            srv.base_url, "demo", lm, noise_runs=2, timeout_s=1.0, concurrency=1, noise_items=3
+        )
+    assert result.noise is not None
+    core = result.noise.suites["core"]
+    assert core.compared == 3  # c1, c3, c5: items 0, 2 and 4 of 6
+    assert core.flipped_ids == ["c1"]
+    assert core.flip_rate == pytest.approx(1 / 3)
+    assert core.pass_rates == [pytest.approx(2 / 3), pytest.approx(1 / 3)]  # c1, c3, c5
+    assert result.suites["edge"].n == 4 and result.noise.suites["edge"].compared == 3
+    assert len(result.items) == 14  # the first run, every suite whole
+    assert result.suites["core"].n == 6
+
+
 @pytest.mark.parametrize(
     "suite, line, error",
     [
@@ -644,10 +674,18 @@ def test_cli_reports_an_unreachable_server_in_one_line(cli_env: Path) -> None:
 # ---- slow: the real vLLM demo server -------------------------------------------------------
 
 
+CORE_EDGE = ("core", "edge")
+
+
 @pytest.mark.slow
 def test_demo_core_suite_passes_with_the_good_prompt_and_drops_with_the_damaged_one(
     vllm_server: Any, project: Path
 ) -> None:
+    for name in ("demo-bf16", "demo-damaged-prompt"):  # the suites this test reads
+        path = project / "manifests" / f"{name}.yaml"
+        data = yaml.safe_load(path.read_text())
+        data["eval"]["suites"] = [s for s in data["eval"]["suites"] if s["name"] in CORE_EDGE]
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
     good = load_manifest(project / "manifests" / "demo-bf16.yaml", root=project)
     bad = load_manifest(project / "manifests" / "demo-damaged-prompt.yaml", root=project)
     g = run_eval(vllm_server.base_url, vllm_server.model, good, release_id="good", noise_runs=2)

@@ -91,7 +91,8 @@ class SuiteSummary(_Evidence):
 class SuiteNoise(_Evidence):
     """Run-to-run noise of one suite: the same release, server and items, evaluated
     `runs` times. `flip_rate` is the mean, over pairs of runs, of the share of items
-    (with a verdict in both) whose pass/fail differs; `spread` is max - min pass rate."""
+    (with a verdict in both) whose pass/fail differs; `spread` is max - min pass rate. Every
+    figure is over the items all runs sent (later runs send a sample: `NOISE_ITEMS`)."""
 
     runs: int
     pass_rates: list[float | None]
@@ -164,15 +165,32 @@ def summarise(items: Sequence[ItemResult], ls: LoadedSuite) -> SuiteSummary:
     )
 
 
+NOISE_ITEMS = 256
+"""Runs after the first send at most this many items of each suite (an even spread over the
+suite, the same every time): run-to-run noise is a rate, and a sample estimates it without
+sending a 1,440-item suite twice."""
+
+
+def noise_sample(ls: LoadedSuite, limit: int | None) -> LoadedSuite:
+    """`ls` with at most `limit` of its items, evenly spread (all of them when None or
+    when the suite is no larger)."""
+    n = len(ls.items)
+    if limit is None or n <= limit:
+        return ls
+    picked = [ls.items[(k * n) // limit] for k in range(limit)]
+    return ls.model_copy(update={"items": picked})
+
+
 def measure_noise(runs: Sequence[Sequence[ItemResult]], suites: Sequence[str]) -> Noise:
-    """Compare two or more runs of the same items (see SuiteNoise)."""
+    """Compare two or more runs of the same items (see SuiteNoise); where later runs sent a
+    sample of a suite, every figure is over the items all runs sent."""
     out: dict[str, SuiteNoise] = {}
     for name in suites:
         per_run = [{i.id: i for i in run if i.suite == name} for run in runs]
         ids = sorted(set.intersection(*(set(r) for r in per_run)))
         rates: list[float | None] = []
         for r in per_run:
-            scored = [i for i in r.values() if i.outcome != "error"]
+            scored = [r[i] for i in ids if r[i].outcome != "error"]
             rates.append(sum(i.passed for i in scored) / len(scored) if scored else None)
         known = [x for x in rates if x is not None]
         verdict_ids = [i for i in ids if all(r[i].outcome != "error" for r in per_run)]
@@ -378,6 +396,7 @@ async def run_eval_async(
     concurrency: int = 16,
     timeout_s: float = 120.0,
     api_key: str | None = None,
+    noise_items: int | None = NOISE_ITEMS,
 ) -> EvalResult:
     """Async form of `run_eval`."""
     if noise_runs < 1:
@@ -419,7 +438,8 @@ async def run_eval_async(
                 label = ls.suite.name
                 if noise_runs > 1:
                     label += f" (run {run + 1}/{noise_runs})"
-                items += await runner.run_suite(ls, label=label, progress=progress)
+                sent = ls if run == 0 else noise_sample(ls, noise_items)
+                items += await runner.run_suite(sent, label=label, progress=progress)
             runs.append(items)
     first = runs[0]
     names = [ls.suite.name for ls in suites]
@@ -465,13 +485,15 @@ def run_eval(
     concurrency: int = 16,
     timeout_s: float = 120.0,
     api_key: str | None = None,
+    noise_items: int | None = NOISE_ITEMS,
 ) -> EvalResult:
     """Evaluate a served release on its manifest's suites.
 
     Sends every item to `base_url`'s /v1/chat/completions as `model` at temperature 0, with
     the release's prompts applied, at most `concurrency` requests in flight; scores each
     answer; runs all suites `noise_runs` times (>= 2 measures run-to-run noise; the first
-    run's items are the result). `progress(label, done, total)` is called as items finish.
+    run's items are the result; later runs send at most `noise_items` items of each suite,
+    an even spread, None: all). `progress(label, done, total)` is called as items finish.
 
     Raises EvalError for bad suites or prompts (before any request), ServerUnreachableError
     if the server does not answer.
@@ -487,6 +509,7 @@ def run_eval(
             concurrency=concurrency,
             timeout_s=timeout_s,
             api_key=api_key,
+            noise_items=noise_items,
         )
     )
 
