@@ -33,16 +33,17 @@ LEASE_S = 1.5
 
 @pytest.fixture
 def ckit(
+    request: pytest.FixtureRequest,
     project: Path,
     monkeypatch: pytest.MonkeyPatch,
     mlflow_template_db: Path,
     stand_in_model: Any,
 ) -> Iterator[Kit]:
-    """The deploy kit with a short canary lease."""
+    """The deploy kit with a short canary lease (and, parametrized indirectly, more
+    environment settings)."""
     stand_in_model(project)
-    k = make_kit(
-        project, monkeypatch, mlflow_template_db, toml_lines=[f"canary_lease_s = {LEASE_S}"]
-    )
+    lines = [f"canary_lease_s = {LEASE_S}", *getattr(request, "param", [])]
+    k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=lines)
     try:
         yield k
     finally:
@@ -66,7 +67,9 @@ def canary_block(
     )
 
 
-def candidate(k: Kit, name: str, *, seqs: int, env_line: str = "", promotion: str) -> str:
+def candidate(
+    k: Kit, name: str, *, seqs: int, env_line: str = "", promotion: str, **build: Any
+) -> str:
     path = k.variant("demo-bf16", name, {"max-num-seqs: 32": f"max-num-seqs: {seqs}"})
     text = path.read_text()
     if env_line:
@@ -74,7 +77,32 @@ def candidate(k: Kit, name: str, *, seqs: int, env_line: str = "", promotion: st
             'VLLM_CPU_KVCACHE_SPACE: "1"', f'VLLM_CPU_KVCACHE_SPACE: "1"\n{env_line}'
         )
     path.write_text(text + promotion)
-    return k.build(name)
+    return k.build(name, **build)
+
+
+# One step at 25% that lasts until the canary breaches, judged on TTFT p95.
+SLOW_STEPS = (
+    "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
+    "      - {weight: 100}\n"
+)
+SLOW_CHECKS = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+SLOW_CHUNKS = '    FAKE_CHUNK_DELAY_S: "0.4"'
+
+
+def live_base_and_slow_candidate(k: Kit, **build: Any) -> tuple[str, str]:
+    """demo-bf16 live in staging, and a candidate whose stand-in streams slowly, with the
+    SLOW canary steps (`build`: the candidate's evidence); (base id, candidate id)."""
+    old = k.build("demo-bf16")
+    assert promote_progressive(k.settings, old, env="staging", reason="base").ok
+    slow = candidate(
+        k,
+        "demo-canary-slow",
+        seqs=1,
+        env_line=SLOW_CHUNKS,
+        promotion=canary_block(SLOW_STEPS, SLOW_CHECKS),
+        **build,
+    )
+    return old, slow
 
 
 def _ledger(k: Kit) -> Ledger:
@@ -178,20 +206,7 @@ def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
     """A canary whose TTFT is far above stable's breaches at its first step: all traffic
     goes back to stable, no client stream fails, the canary server stops, and the ledger
     holds a `canary_aborted` event with the breaching windows and a `mark_bad`."""
-    old = ckit.build("demo-bf16")
-    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
-    steps = (
-        "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
-        "      - {weight: 100}\n"
-    )
-    checks = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
-    slow = candidate(
-        ckit,
-        "demo-canary-slow",
-        seqs=1,
-        env_line='    FAKE_CHUNK_DELAY_S: "0.4"',
-        promotion=canary_block(steps, checks),
-    )
+    old, slow = live_base_and_slow_candidate(ckit)
     streamers = [Streamer(ckit.gateway("staging"), chunks=3) for _ in range(3)]
     for s in streamers:
         s.__enter__()
@@ -228,81 +243,55 @@ def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
     assert again.status == "blocked"
 
 
-@pytest.fixture
-def pkit(
-    project: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    mlflow_template_db: Path,
-    stand_in_model: Any,
-) -> Iterator[Kit]:
-    """The deploy kit where the canary steps judge performance (`perf_by_canary`)."""
-    stand_in_model(project)
-    k = make_kit(
-        project,
-        monkeypatch,
-        mlflow_template_db,
-        toml_lines=[f"canary_lease_s = {LEASE_S}", "perf_by_canary = true"],
-    )
-    try:
-        yield k
-    finally:
-        kill_everything(k.settings)
-
-
+@pytest.mark.parametrize("ckit", [["perf_by_canary = true"]], indirect=True)
 def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
-    pkit: Kit,
+    ckit: Kit,
 ) -> None:
     """Where the environment lets the canary judge performance, a release whose offline perf
     gates fail is not blocked by them when it goes live through canary steps: they are in
     the report, failed and advisory, and its canary, slower than stable, is aborted at its
     first step. Without canary steps (`--no-canary`) the same gates block; a quality
     failure blocks either way."""
-    old = pkit.build("demo-bf16")
-    assert promote_progressive(pkit.settings, old, env="staging", reason="base").ok
-    steps = (
-        "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
-        "      - {weight: 100}\n"
-    )
-    checks = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
-    path = pkit.variant("demo-bf16", "demo-canary-slow", {"max-num-seqs: 32": "max-num-seqs: 1"})
-    text = path.read_text().replace(
-        'VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "1"\n    FAKE_CHUNK_DELAY_S: "0.4"'
-    )
-    path.write_text(text + canary_block(steps, checks))
-    slow = pkit.build("demo-canary-slow", knee_ttft=0.9, knee_goodput=3.0)
+    # Its load sweep fails the perf gates at the live knee.
+    old, slow = live_base_and_slow_candidate(ckit, knee_ttft=0.9, knee_goodput=3.0)
 
-    plain = promote_progressive(pkit.settings, slow, env="staging", dry_run=True, no_canary=True)
+    plain = promote_progressive(ckit.settings, slow, env="staging", dry_run=True, no_canary=True)
     assert plain.report is not None and not plain.report.passed
     assert {g.kind for g in plain.report.failed} == {"perf"}, plain.report.failed
     assert plain.report.advisory_failed == []
 
-    dry = promote_progressive(pkit.settings, slow, env="staging", dry_run=True)
+    dry = promote_progressive(ckit.settings, slow, env="staging", dry_run=True)
     assert dry.report is not None and dry.report.passed and dry.report.failed == []
     advisory = dry.report.advisory_failed
     assert advisory and {g.kind for g in advisory} == {"perf"}
     assert all("canary steps judge performance" in g.detail for g in advisory)
 
     with (
-        Streamer(pkit.gateway("staging"), chunks=3) as s1,
-        Streamer(pkit.gateway("staging"), chunks=3) as s2,
+        Streamer(ckit.gateway("staging"), chunks=3) as s1,
+        Streamer(ckit.gateway("staging"), chunks=3) as s2,
     ):
         s1.wait_for(2)
-        res = promote_progressive(pkit.settings, slow, env="staging", reason="canary")
+        res = promote_progressive(ckit.settings, slow, env="staging", reason="canary")
     assert res.status == "canary_aborted", res.deploy
     assert res.canary is not None and len(res.canary["steps"]) == 1
     assert s1.failures == [] and s2.failures == []
-    led = _ledger(pkit)
+    led = _ledger(ckit)
     [ab] = led.records(environment="staging", types=["canary_aborted"])
     assert ab.to_release == slow
     live = led.live_at("staging")
     assert live is not None and live.to_release == old
 
     # A quality failure is never advisory.
-    pkit.variant("demo-bf16", "demo-canary-worse", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    bad_path = pkit.manifest("demo-canary-worse")
-    bad_path.write_text(bad_path.read_text() + canary_block(steps, checks))
-    bad = pkit.build("demo-canary-worse", fail={"core": 60}, knee_ttft=0.9, knee_goodput=3.0)
-    blocked = promote_progressive(pkit.settings, bad, env="staging", reason="x")
+    bad = candidate(
+        ckit,
+        "demo-canary-worse",
+        seqs=16,
+        promotion=canary_block(SLOW_STEPS, SLOW_CHECKS),
+        fail={"core": 60},
+        knee_ttft=0.9,
+        knee_goodput=3.0,
+    )
+    blocked = promote_progressive(ckit.settings, bad, env="staging", reason="x")
     assert blocked.status == "blocked" and blocked.report is not None
     assert "suite core" in [g.name for g in blocked.report.failed]
     assert all(g.kind != "perf" for g in blocked.report.failed)
