@@ -118,7 +118,10 @@ class GateReport(BaseModel):
 
     def with_gates(self, extra: list[GateResult]) -> GateReport:
         """This report with `extra` gates first (policy), `passed` recomputed."""
-        gates = [*extra, *self.gates]
+        return self._with([*extra, *self.gates])
+
+    def _with(self, gates: list[GateResult]) -> GateReport:
+        """This report with `gates` instead, `passed` recomputed from them."""
         return self.model_copy(update={"gates": gates, "passed": not any(g.blocks for g in gates)})
 
     def perf_judged_live(self) -> GateReport:
@@ -131,7 +134,7 @@ class GateReport(BaseModel):
             else g
             for g in self.gates
         ]
-        return self.model_copy(update={"gates": gates, "passed": not any(g.blocks for g in gates)})
+        return self._with(gates)
 
 
 @dataclass

@@ -368,9 +368,10 @@ def run_promotion(
                 report = report.model_copy(
                     update={"passed": all(g.passed for g in report.gates if g.kind == "policy")}
                 )
-    if request.canary_steps and target.live_id is not None and target.cfg.perf_by_canary:
+    cfg = target.cfg
+    if request.canary_steps and target.live_id and cfg.perf_by_canary and cfg.gates_required:
         # This environment lets the canary judge performance on live traffic (there is a
-        # stable release to judge it against).
+        # stable release to judge it against; where gates are advisory anyway, nothing to do).
         report = report.perf_judged_live()
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
