@@ -20,6 +20,7 @@ from releasekit.bench.scrape import (
     Scrape,
     ServerDelta,
     gauge_values,
+    histogram_count_above,
     histogram_quantiles,
     merge_deltas,
     parse_metrics,
@@ -389,6 +390,20 @@ def test_histogram_quantiles_interpolate_within_buckets() -> None:
     # A rank in the +Inf bucket reports the highest finite bound, as Prometheus does.
     assert histogram_quantiles(bounds, [5, 5, 5, 10], [0.9]) == [1.0]
     assert histogram_quantiles(bounds, [0, 0, 0, 0], [0.5]) == [None]
+
+
+def test_count_above_reads_the_buckets_as_the_quantiles_do() -> None:
+    """The value at quantile q has (1 - q) of the observations above it, so a canary judged
+    by its count above a limit and one judged by its quantile agree at the limit."""
+    inf = float("inf")
+    bounds, cum = [0.1, 0.5, 1.0, 2.0, inf], [10, 30, 36, 39, 40]
+    for q in (0.5, 0.8, 0.9, 0.95):
+        (v,) = histogram_quantiles(bounds, cum, [q])
+        assert v is not None
+        assert histogram_count_above(bounds, cum, v) == pytest.approx((1 - q) * 40)
+    assert histogram_count_above(bounds, cum, 0.0) == 40
+    assert histogram_count_above(bounds, cum, 5.0) == 1  # only the +Inf bucket
+    assert histogram_count_above(bounds, [0, 0, 0, 0, 0], 0.3) == 0
 
 
 def _registry() -> tuple[CollectorRegistry, dict[str, Any]]:

@@ -191,6 +191,27 @@ def histogram_quantiles(
     return out
 
 
+def histogram_count_above(bounds: Sequence[float], counts: Sequence[float], x: float) -> float:
+    """How many observations lie above `x`, from cumulative bucket counts (`bounds` are the
+    `le` values, ascending, the last may be +Inf), interpolating linearly within a bucket:
+    the same reading of the buckets as `histogram_quantiles`, so a value at quantile q has
+    (1 - q) of the count above it."""
+    le = np.asarray(bounds, dtype=float)
+    cum = np.maximum.accumulate(np.asarray(counts, dtype=float))
+    if cum.size == 0 or cum[-1] <= 0:
+        return 0.0
+    total = float(cum[-1])
+    finite = np.isfinite(le)
+    xs = np.concatenate(([0.0], le[finite]))
+    ys = np.concatenate(([0.0], cum[finite]))
+    if x <= 0:
+        return total
+    if x >= xs[-1]:
+        return total - float(ys[-1])  # only the +Inf bucket is above the last bound
+    below = float(np.interp(x, xs, ys))
+    return max(0.0, total - below)
+
+
 def _histogram_window(before: Metrics, after: Metrics, family: str) -> HistogramWindow | None:
     count = _counter_delta(before, after, f"{family}_count")
     total = _counter_delta(before, after, f"{family}_sum")

@@ -10,7 +10,8 @@ window starts `settle_s` after its weight was set: a fresh vLLM's first requests
 first seconds after a weight change, are not what the release does in steady state.
 A step passes once it has run `min_duration_s`, the canary
 answered `min_requests` and every required check passes; a check breaches only after
-`sustain` consecutive breaching judgements (each over the whole step so far); without
+`sustain` consecutive breaching judgements (each over the whole step so far, and each a
+figure above its limit by more than sampling noise: `rollout.judge`); without
 enough samples by `max_duration_s` the step ends as insufficient evidence (abort, not a
 verdict on the release).
 """
@@ -480,5 +481,14 @@ def summarise(j: StepJudgement) -> str:
             continue
         cv = "-" if c.canary is None else f"{c.canary:.3g}"
         sv = "-" if c.stable is None else f"{c.stable:.3g}"
-        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}")
+        over = ""
+        # Over its limit: how many observations are, and how unlikely that is by chance.
+        if (
+            c.above is not None
+            and c.canary is not None
+            and c.limit is not None
+            and (c.canary > c.limit)
+        ):
+            over = f" ({c.above:.0f} over {c.limit:.3g}, p={c.p_value:.2g})"
+        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}{over}")
     return "; ".join(parts)

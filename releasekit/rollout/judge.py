@@ -18,11 +18,22 @@ Which figure is trusted (the gates' rule, applied live):
   non-stream request that outlasted its own timeout, 4xx and rate limits never count.
 - negative-feedback rate: the edge's (`POST /v1/feedback`).
 
-A check breaches when the canary's figure is above `stable x (1 + tolerance) + slack`.
+A check breaches when the canary's figure is above its limit, `stable x (1 + tolerance) +
+slack`, by more than sampling noise explains: a p95 over 20-50 requests is their second- or
+third-slowest, and two such figures from the same server differ by half on a busy host. So
+the judge counts the canary's observations above the limit (latency: from its histogram,
+read as its quantiles are; rates: its errors or negative answers) and asks how likely that
+many would be if the canary's figure were at the limit, which allows `1 - q` of them above
+it for a q-quantile, or the limit's rate for a rate. A breach needs that one-sided binomial
+p-value below `1 - confidence` as well as the figure above the limit; a figure above the
+limit by chance is a pass, and the reason says so with the counts. A release that is really
+slower is not slowed down by this: `max-num-seqs: 1` under steady load puts most of its
+requests above the limit (p below 1e-10 at 20 samples).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -33,6 +44,7 @@ from releasekit.watch.windows import Figure, Window
 
 CheckVerdict = Literal["pass", "breach", "wait", "not_measured"]
 BURSTY_DELIVERIES_PER_TOKEN = 0.5
+_QUANTILE_METRIC = re.compile(r"^(?P<short>[a-z0-9]+)_p(?P<q>\d+)_s$")
 
 
 class ReleaseWindows(BaseModel):
@@ -73,6 +85,15 @@ class CheckResult(BaseModel):
     source: str | None = None
     canary_count: float = 0.0
     stable_count: float = 0.0
+    above: float | None = Field(
+        None, description="canary observations above the limit (latency) or counted (rates)"
+    )
+    allowed_share: float | None = Field(
+        None, description="share of them the limit allows: 1 - q for a q-quantile, the rate"
+    )
+    p_value: float | None = Field(
+        None, description="one-sided binomial: that many or more if the canary were at the limit"
+    )
     reason: str
     window_start: float
     window_end: float
@@ -136,7 +157,12 @@ def judge_check(
     fc, fs, cw, source, why = _pick(check, canary, stable)
     start, end = canary.edge.start, canary.edge.end
 
-    def result(verdict: CheckVerdict, reason: str, limit: float | None = None) -> CheckResult:
+    def result(
+        verdict: CheckVerdict,
+        reason: str,
+        limit: float | None = None,
+        evidence: Exceedance | None = None,
+    ) -> CheckResult:
         return CheckResult(
             metric=check.metric,
             verdict=verdict,
@@ -147,6 +173,9 @@ def judge_check(
             source=source,
             canary_count=fc.count,
             stable_count=fs.count,
+            above=evidence.above if evidence else None,
+            allowed_share=evidence.allowed if evidence else None,
+            p_value=evidence.p_value if evidence else None,
             reason=reason,
             window_start=start,
             window_end=end,
@@ -158,6 +187,7 @@ def judge_check(
         n = fs.count if fs.value is not None else 0
         return result("wait", f"stable has {n:g} < {check.min_samples} samples"), None
     limit = fs.value * (1 + check.tolerance) + check.slack
+    evidence = _exceedance(check.metric, fc, cw, limit)
     rule = Rule(
         name=f"canary {check.metric}",
         metric=check.metric,
@@ -169,10 +199,68 @@ def judge_check(
     words = f"{fs.value:.4g} x {1 + check.tolerance:g} + {check.slack:g}"
     if j.verdict == "no_data":
         return result("wait", f"canary: {j.reason}", limit), j
-    verdict: CheckVerdict = "breach" if j.verdict == "breach" else "pass"
-    op = ">" if verdict == "breach" else "<="
     value = fc.value if fc.value is not None else float("nan")
-    return result(verdict, f"{value:.4g} {op} {words} [{source}, {why}]", limit), j
+    alpha = 1 - check.confidence
+    if j.verdict != "breach":
+        return result("pass", f"{value:.4g} <= {words} [{source}, {why}]", limit, evidence), j
+    if evidence is None or evidence.p_value < alpha:
+        more = f"; {evidence.words()} < {alpha:g}" if evidence else ""
+        return result(
+            "breach", f"{value:.4g} > {words}{more} [{source}, {why}]", limit, evidence
+        ), j
+    noise = f"{value:.4g} > {words} within sampling noise: {evidence.words()} >= {alpha:g}"
+    return result("pass", f"{noise} [{source}, {why}]", limit, evidence), j.model_copy(
+        update={"verdict": "pass", "reason": noise}
+    )
+
+
+class Exceedance(BaseModel):
+    """How many of the canary's observations are above the limit, and how likely that many
+    would be if its figure were at the limit (module docstring)."""
+
+    above: float
+    n: float
+    allowed: float
+    p_value: float
+
+    def words(self) -> str:
+        """'14 of 54 above the limit (26%; at most 5% expected), p = 2e-05'."""
+        share = self.above / self.n if self.n else 0.0
+        return (
+            f"{self.above:.0f} of {self.n:.0f} above the limit ({share:.0%}; "
+            f"{self.allowed:.0%} allowed), p = {self.p_value:.2g}"
+        )
+
+
+def _exceedance(metric: str, fig: Figure, window: Window | None, limit: float) -> Exceedance | None:
+    """The canary's count above `limit` and its binomial p-value, or None where the window
+    has no histogram for a latency quantile (then the figure alone decides)."""
+    from scipy.stats import binomtest  # imported here: scipy adds ~0.4 s to CLI start-up
+
+    if window is None or fig.value is None:
+        return None
+    m = _QUANTILE_METRIC.match(metric)
+    if m is not None:
+        hist = window.histograms.get(m["short"])
+        if hist is None or hist.count <= 0:
+            return None
+        n = hist.count
+        above = hist.count_above(limit)
+        allowed = 1 - int(m["q"]) / 100
+    else:  # a rate over `count` requests or answers
+        n = fig.count
+        if n <= 0:
+            return None
+        above = fig.value * n
+        allowed = min(max(limit, 0.0), 1.0)
+    k, trials = round(above), round(n)
+    if allowed >= 1.0 or k <= 0 or trials <= 0:
+        p = 1.0
+    elif allowed <= 0.0:
+        p = 0.0
+    else:
+        p = float(binomtest(min(k, trials), trials, allowed, alternative="greater").pvalue)
+    return Exceedance(above=above, n=n, allowed=allowed, p_value=p)
 
 
 def judge_step(

@@ -156,6 +156,9 @@ def _check_record(c: Any) -> dict[str, Any]:
         "source": c.source,
         "canary_samples": c.canary_count,
         "stable_samples": c.stable_count,
+        "above_limit": c.above,
+        "allowed_share": c.allowed_share,
+        "p_value": c.p_value,
         "reason": c.reason,
     }
 
@@ -196,6 +199,8 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
                     for j in b.judgements
                 ],
                 "stable": [c.stable for c in b.checks],
+                "above_limit": [c.above for c in b.checks],
+                "p_value": [c.p_value for c in b.checks],
             }
             for b in run.breaches
         ]

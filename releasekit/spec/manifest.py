@@ -210,13 +210,22 @@ CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedb
 
 class CanaryCheck(_Strict):
     """One figure a canary step compares with the stable release over the same window: it
-    breaches when the canary's value is above `stable x (1 + tolerance) + slack`. Below
-    `min_samples` (requests, or feedback answers) on either side the check waits."""
+    breaches when the canary's value is above `stable x (1 + tolerance) + slack` by more
+    than sampling noise explains (`confidence`). Below `min_samples` (requests, or feedback
+    answers) on either side the check waits."""
 
     metric: CanaryMetric
     tolerance: float = Field(0.5, ge=0, description="relative to stable's figure")
     slack: float = Field(0.0, ge=0, description="absolute allowance on top (rates: 0.02)")
     min_samples: int = Field(20, ge=1)
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1.0,
+        description="a figure above its limit breaches only when the canary's count above it "
+        "(observations over the limit, errors, negative answers) is this unlikely to be "
+        "sampling noise: one-sided binomial p-value below 1 - confidence",
+    )
     required: bool = Field(
         True,
         description="the step waits for this check's samples; False: judged when it has "

@@ -32,6 +32,7 @@ from releasekit.bench.scrape import (
     REQUEST_SUCCESS,
     RUNNING,
     WAITING,
+    histogram_count_above,
     histogram_quantiles,
 )
 from releasekit.errors import ReleasekitError
@@ -297,6 +298,24 @@ class Figure(BaseModel):
         return self.value is not None
 
 
+class LatencyHistogram(BaseModel):
+    """One latency histogram over a window (the source its quantiles came from): what a
+    judgement needs beyond the quantiles, such as how many observations lie above a limit."""
+
+    source: Source
+    bounds: list[float]
+    cumulative: list[float]
+
+    @property
+    def count(self) -> float:
+        """Observations in the window."""
+        return self.cumulative[-1] if self.cumulative else 0.0
+
+    def count_above(self, x: float) -> float:
+        """Observations above `x` (interpolated within its bucket, as the quantiles are)."""
+        return histogram_count_above(self.bounds, self.cumulative, x)
+
+
 class Window(BaseModel):
     """What happened between two scrapes: per-window figures by metric name (see METRICS)."""
 
@@ -312,6 +331,11 @@ class Window(BaseModel):
     )
     missing: list[str] = Field(default_factory=list, description="families a source lacked")
     figures: dict[str, Figure] = Field(default_factory=dict)
+    histograms: dict[str, LatencyHistogram] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="latency histograms by short name (ttft, tpot, ...), not serialised",
+    )
 
     def figure(self, metric: str) -> Figure:
         """The figure for `metric`, or a no-data figure saying why there is none."""
@@ -409,7 +433,11 @@ def _no_data(reason: str, source: Source | None = None, count: float = 0.0) -> F
 
 
 def _latency_figures(
-    short: str, pairs: Mapping[Source, _Pair | None], out: dict[str, Figure], missing: list[str]
+    short: str,
+    pairs: Mapping[Source, _Pair | None],
+    out: dict[str, Figure],
+    missing: list[str],
+    hists: dict[str, LatencyHistogram],
 ) -> None:
     vllm_family, gw_family = LATENCY_FAMILIES[short]
     chosen: tuple[Source, str, float, float, list[float], list[float]] | None = None
@@ -438,6 +466,7 @@ def _latency_figures(
             out[n] = _no_data("; ".join(why) or "no source")
         return
     source, _family, count, total, bounds, cum = chosen
+    hists[short] = LatencyHistogram(source=source, bounds=bounds, cumulative=cum)
     qs = histogram_quantiles(bounds, cum, list(_QUANTILE_SUFFIX))
     for (_q, sfx), v in zip(_QUANTILE_SUFFIX.items(), qs, strict=True):
         out[f"{short}_{sfx}_s"] = Figure(value=v, source=source, count=count)
@@ -524,7 +553,7 @@ def build_window(
         figs.setdefault(name, _no_data("no requests in the window", count=n_req))
 
     for short in LATENCY_FAMILIES:
-        _latency_figures(short, pairs, figs, missing)
+        _latency_figures(short, pairs, figs, missing, w.histograms)
 
     # vLLM gauges (summed over engines, KV usage: the fullest engine) and counters.
     if vp is not None:

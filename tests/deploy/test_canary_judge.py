@@ -98,6 +98,50 @@ def test_slow_canary_ttft_breaches_against_stable() -> None:
     assert res.source == "gateway" and res.canary is not None and res.canary > res.stable  # type: ignore[operator]
 
 
+def test_a_few_slow_canary_requests_are_sampling_noise_not_a_breach() -> None:
+    """A p95 over 40 requests is their second-slowest: 3 slow answers of 40 put the canary's
+    p95 far above the limit, but 3 above it is what a canary at the limit gives one time in
+    three (5% allowed). The check passes and says why, with the counts; 12 of 40 above it
+    cannot be chance and breach."""
+    stable = [0.2] * 110 + [0.4] * 10
+    gw = gateway_text({
+        "can": {"ttft": [0.2] * 37 + [3.0] * 3, "status": {"200": 40}, "chunks": 400},
+        "stb": {"ttft": stable, "status": {"200": 120}, "chunks": 1200},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    check = CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05)
+    res, _ = judge_check(check, can, stb)
+    assert res.limit is not None and res.canary is not None and res.canary > res.limit
+    assert res.verdict == "pass", res.reason
+    assert "within sampling noise" in res.reason and "3 of 40 above the limit" in res.reason
+    assert res.above == pytest.approx(3.0) and res.allowed_share == pytest.approx(0.05)
+    assert res.p_value is not None and res.p_value > 0.05
+
+    gw = gateway_text({
+        "can": {"ttft": [0.2] * 28 + [3.0] * 12, "status": {"200": 40}, "chunks": 400},
+        "stb": {"ttft": stable, "status": {"200": 120}, "chunks": 1200},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    res, _ = judge_check(check, can, stb)
+    assert res.verdict == "breach", res.reason
+    assert res.above == pytest.approx(12.0) and res.p_value is not None and res.p_value < 1e-4
+    assert "12 of 40 above the limit" in res.reason
+
+
+def test_one_server_error_in_twenty_is_not_yet_a_breach() -> None:
+    """Error rate limit 2% over stable's 0: one 5xx in 20 requests (5%) is what a canary at
+    2% gives one time in three; three in 23 is not."""
+    check = CanaryCheck(metric="error_rate", tolerance=0.0, slack=0.02)
+    gw = gateway_text({"can": {"status": {"200": 19, "502": 1}}, "stb": {"status": {"200": 100}}})
+    can, stb = windows(gw)
+    res, _ = judge_check(check, can, stb)
+    assert res.verdict == "pass" and res.canary == pytest.approx(0.05), res.reason
+    gw = gateway_text({"can": {"status": {"200": 20, "502": 3}}, "stb": {"status": {"200": 100}}})
+    can, stb = windows(gw)
+    res, _ = judge_check(check, can, stb)
+    assert res.verdict == "breach" and res.above == pytest.approx(3.0), res.reason
+
+
 def test_too_few_canary_samples_waits_instead_of_deciding() -> None:
     """Below the check's minimum sample the verdict is `wait`, even when the canary is slow."""
     gw = gateway_text({
