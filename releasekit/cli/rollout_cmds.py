@@ -29,6 +29,15 @@ def _fmt(v: object) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _over(c: dict[str, Any]) -> str:
+    """' (6 of 54 over the limit, p=0.2)' for a figure over its limit, else ''."""
+    value, limit, above = c.get("canary"), c.get("limit"), c.get("above")
+    if value is None or limit is None or above is None or value <= limit:
+        return ""
+    n, p = c.get("canary_count") or 0.0, c.get("p_value")
+    return f" ({above:.0f} of {n:.0f} over the limit, p={p:.2g})" if p is not None else ""
+
+
 def print_canary(canary: dict[str, Any]) -> None:
     """The canary steps as they ran: one row a step, then the breach, if any."""
     rows = []
@@ -36,6 +45,7 @@ def print_canary(canary: dict[str, Any]) -> None:
         j = s.get("judgement") or {}
         checks = "; ".join(
             f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
+            f"{_over(c)}"
             for c in j.get("checks", [])
             if c.get("verdict") != "not_measured"
         )
@@ -130,7 +140,14 @@ def shadow_compare_cmd(
         emit_json(res)
     else:
         rows = [
-            [c.metric, _fmt(c.canary), _fmt(c.stable), _fmt(c.limit), c.source or "-", c.verdict]
+            [
+                c.metric,
+                _fmt(c.canary),
+                _fmt(c.stable),
+                _fmt(c.limit),
+                c.source or "-",
+                c.verdict + _over(c.model_dump()),
+            ]
             for c in res.judgement.checks
         ]
         table(

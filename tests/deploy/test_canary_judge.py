@@ -209,3 +209,27 @@ def test_a_manifest_canary_must_rise_and_name_each_metric_once(tmp_path: Path) -
         with pytest.raises(ManifestError) as e:
             parse_manifest({**data, "promotion": {"canary": canary}}, path=tmp_path / "m.yaml")
         assert "promotion.canary" in str(e.value)
+
+
+def test_the_step_table_says_how_many_are_over_the_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`promote` prints, for a figure over its limit, how many of the canary's answers are
+    over it and how likely that is by chance: what a reader needs to see why it passed."""
+    from releasekit.cli.rollout_cmds import print_canary
+    from releasekit.rollout.canary import CanaryRun, StepReport
+    from releasekit.rollout.judge import judge_step
+
+    gw = gateway_text({
+        "can": {"ttft": [0.2] * 37 + [3.0] * 3, "status": {"200": 40}, "chunks": 400},
+        "stb": {"ttft": [0.2] * 110 + [0.4] * 10, "status": {"200": 120}, "chunks": 1200},
+    })  # fmt: skip
+    can, stb = windows(gw)
+    j = judge_step([CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05)], can, stb)
+    step = StepReport(index=0, weight=25, status="passed", started_at=0, ended_at=40,
+                      canary_requests=40, stable_requests=120, judgement=j)  # fmt: skip
+    run = CanaryRun(env="staging", release_id="can", stable_release_ids=["stb"],
+                    outcome="passed", steps=[step])  # fmt: skip
+    print_canary(run.model_dump(mode="json"))
+    text = capsys.readouterr().out
+    assert "pass (3 of 40 over the limit, p=0.32)" in " ".join(text.split())
