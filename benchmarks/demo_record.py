@@ -1,0 +1,90 @@
+"""What the demo's progressive-delivery block did, from its project's own ledger and state:
+the approval, the shadow comparison, each canary step's judgement (figures, limits, counts
+over the limit, p-values), the abort and what the clients got.
+
+    bash scripts/demo.sh && .venv/bin/python benchmarks/demo_record.py [--project DIR]
+
+`--project` is the checkout the demo ran in (default: this one). Prints one line per event
+and writes benchmarks/results/demo_progressive.json; the README's "In the demo" figures
+point at it. Reads only: the ledger is opened read-only and nothing in the project changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from _results import RESULTS, write_result
+
+BLOCK_TYPES = ("approve", "shadow", "canary_step", "canary_aborted", "mark_bad", "promote")
+
+
+def _checks(ev: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = ev.get("canary", {}).get("steps") or ev.get("steps") or []
+    return [c for s in steps for c in s.get("checks", [])]
+
+
+def collect(project: Path, env: str) -> dict[str, Any]:
+    """The block's events in `env` (from its first approval on), the kept shadow
+    comparisons and the streaming clients' summary."""
+    os.environ["RELEASEKIT_ROOT"] = str(project)
+    from releasekit.config import load_settings
+    from releasekit.stores.ledger import open_ledger
+
+    settings = load_settings()
+    led = open_ledger(settings, read_only=True)
+    recs = led.records(environment=env, types=list(BLOCK_TYPES))
+    first = next((i for i, r in enumerate(recs) if r.type == "approve"), None)
+    if first is None:
+        sys.exit(f"demo_record: no approval in {env}'s ledger: run scripts/demo.sh first")
+    events = [
+        {
+            "seq": r.seq,
+            "type": r.type,
+            "time": r.time.isoformat(),
+            "to_release": r.to_release,
+            "from_release": r.from_release,
+            "reason": r.reason,
+            "evidence": r.evidence,
+        }
+        for r in recs[first:]
+    ]
+    shadow_dir = project / ".releasekit" / "shadow"
+    shadows = [json.loads(p.read_text()) for p in sorted(shadow_dir.glob("*.json")) if p.is_file()]
+    traffic = project / ".releasekit" / "demo-traffic.out"
+    return {
+        "env": env,
+        "events": events,
+        "shadow_comparisons": shadows,
+        "clients": traffic.read_text().strip().splitlines() if traffic.is_file() else [],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--env", default="staging")
+    ap.add_argument("--out", type=Path, default=RESULTS / "demo_progressive.json")
+    args = ap.parse_args()
+    result = collect(args.project.resolve(), args.env)
+    for e in result["events"]:
+        print(f"{e['seq']:>4} {e['type']:<15} {str(e['to_release'])[:12]:<12} {e['reason'][:150]}")
+        for c in _checks(e["evidence"]):
+            if c.get("verdict") in ("pass", "breach"):
+                print(f"       {c['metric']}: {c['reason'][:160]}")
+    for s in result["shadow_comparisons"]:
+        rid, why = str(s.get("release_id"))[:12], str(s.get("reason", ""))[:160]
+        print(f"shadow {rid}: {s.get('verdict')} ({why})")
+    for line in result["clients"]:
+        print(f"clients: {line}")
+    write_result(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
