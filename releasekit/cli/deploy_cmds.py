@@ -34,7 +34,7 @@ def _short(rid: str | None) -> str:
 
 
 def _print_gates(report: object, *, explain: bool) -> None:
-    from releasekit.promote.gates import GateReport
+    from releasekit.promote.gates import PERF_BY_CANARY_NOTE, GateReport
     from releasekit.promote.report import COLUMNS, gate_rows
 
     if not isinstance(report, GateReport):
@@ -60,11 +60,13 @@ def _print_gates(report: object, *, explain: bool) -> None:
         out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
     if report.advisory_failed:
         names = ", ".join(g.name for g in report.advisory_failed)
-        out.print(
-            f"[yellow]advisory here:[/yellow] {esc(names)} failed; this environment lets the "
-            "canary steps judge performance on live traffic (perf_by_canary)",
-            highlight=False,
+        why = (
+            "this environment lets the canary steps judge performance on live traffic "
+            "(perf_by_canary)"
+            if all(g.detail.endswith(f"({PERF_BY_CANARY_NOTE})") for g in report.advisory_failed)
+            else "this environment's gates do not block (gates_required = false)"
         )
+        out.print(f"[yellow]advisory here:[/yellow] {esc(names)} failed; {why}", highlight=False)
 
 
 class ForceKind(StrEnum):

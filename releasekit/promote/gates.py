@@ -29,6 +29,7 @@ set), and the SLOs at its knee.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +50,9 @@ GateKind = Literal["policy", "evidence", "quality", "perf", "approval", "shadow"
 DEFAULT_TOLERANCES: dict[str, float] = {"ttft_p95_s": 0.25, "goodput": 0.10}
 """Relative tolerances at the knee when the manifest names no gate for the metric."""
 
+ALWAYS_BLOCK = frozenset({"policy", "approval"})
+"""Gate kinds that block in every environment: a rolled-back release, a missing approval."""
+PERF_BY_CANARY_NOTE = "advisory here: the canary steps judge performance on live traffic"
 _HIGHER_BETTER = {"goodput", "output_token_throughput", "request_throughput", "load"}
 
 
@@ -124,17 +128,28 @@ class GateReport(BaseModel):
         """This report with `gates` instead, `passed` recomputed from them."""
         return self.model_copy(update={"gates": gates, "passed": not any(g.blocks for g in gates)})
 
-    def perf_judged_live(self) -> GateReport:
-        """This report with its failed perf gates advisory: the release's canary steps judge
-        performance on live traffic instead (`perf_by_canary`). `passed` recomputed."""
-        note = "advisory here: the canary steps judge performance on live traffic"
+    def advisory(self, kinds: Collection[str] | None, note: str) -> GateReport:
+        """This report with its failed gates of `kinds` (None: every kind but policy and
+        approval, which always block) advisory, `note` added to their detail. `passed`
+        recomputed: the one rule for what blocks is `GateResult.blocks`."""
+
+        def here(g: GateResult) -> bool:
+            if g.passed or g.advisory or g.kind in ALWAYS_BLOCK:
+                return False
+            return kinds is None or g.kind in kinds
+
         gates = [
             g.model_copy(update={"advisory": True, "detail": f"{g.detail} ({note})"})
-            if g.kind == "perf" and not g.passed
+            if here(g)
             else g
             for g in self.gates
         ]
         return self._with(gates)
+
+    def perf_judged_live(self) -> GateReport:
+        """This report with its failed perf gates advisory: the release's canary steps judge
+        performance on live traffic instead (`perf_by_canary`)."""
+        return self.advisory(["perf"], PERF_BY_CANARY_NOTE)
 
 
 @dataclass

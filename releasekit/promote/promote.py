@@ -364,10 +364,6 @@ def run_promotion(
         more = extra_gates(rid)
         if more:
             report = report.with_gates(more)
-            if not target.cfg.gates_required:
-                report = report.model_copy(
-                    update={"passed": all(g.passed for g in report.gates if g.kind == "policy")}
-                )
     cfg = target.cfg
     if request.canary_steps and target.live_id and cfg.perf_by_canary and cfg.gates_required:
         # This environment lets the canary judge performance on live traffic (there is a
@@ -375,6 +371,7 @@ def run_promotion(
         report = report.perf_judged_live()
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
+    report = decide_here(report, cfg)
     result = target.base.model_copy(update={"report": report})
     if request.dry_run:
         return result
@@ -464,8 +461,8 @@ def redeploy_record(
 
 def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) -> GateReport:
     """Policy gates plus the evidence gates against the live release (absolute checks when
-    nothing is live; a failed evidence gate when the live release's evidence is unreadable).
-    Where the environment's gates are advisory, only policy gates decide `passed`."""
+    nothing is live; a failed evidence gate when the live release's evidence is unreadable),
+    decided as this environment decides (`decide_here`)."""
     info, env, live_id = target.info, target.base.environment, target.live_id
     policy = policy_gates(settings, info, env=env, ledger=ledger)
     if live_id is None:
@@ -476,11 +473,7 @@ def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) ->
             report = _unreadable_live_report(info, env=env, live_id=live_id, problem=problem)
         else:
             report = evaluate_gates(settings, env=env, candidate=info, live=live_info)
-    report = report.with_gates(policy)
-    if not target.cfg.gates_required:
-        # Advisory: shown, not blocking (policy gates still block).
-        report = report.model_copy(update={"passed": all(g.passed for g in policy)})
-    return report
+    return decide_here(report.with_gates(policy), target.cfg)
 
 
 def _unreadable_live_report(
@@ -505,10 +498,19 @@ def _unreadable_live_report(
     )
 
 
+def decide_here(report: GateReport, cfg: EnvironmentConfig) -> GateReport:
+    """The report as this environment decides it: where its gates are advisory
+    (`gates_required = false`) every failed gate but policy and approval is marked advisory
+    (shown as "fail (advisory)", listed in `advisory_failed`); `passed` is then "no failed
+    gate blocks", the same rule everywhere."""
+    if cfg.gates_required:
+        return report
+    return report.advisory(None, "advisory here: this environment's gates do not block")
+
+
 def blocking_failures(report: GateReport, cfg: EnvironmentConfig) -> list[str]:
-    """The failed gates that block: all of them where gates are required, else policy and
-    approval only."""
-    return [g.name for g in report.failed if cfg.gates_required or g.kind in ("policy", "approval")]
+    """The names of the failed gates that block in this environment."""
+    return [g.name for g in decide_here(report, cfg).failed]
 
 
 def _with_approval(
@@ -533,12 +535,7 @@ def _with_approval(
         rec = wait_for_approval(ledger, rid, env, wait_s=wait_s)
         waited = time.monotonic() - t
     gate = approval_gate(env, rec, waited_s=waited)
-    out = report.with_gates([gate])
-    if not target.cfg.gates_required:
-        out = out.model_copy(
-            update={"passed": all(g.passed for g in out.gates if g.kind in ("policy", "approval"))}
-        )
-    return out
+    return report.with_gates([gate])
 
 
 def record_block(

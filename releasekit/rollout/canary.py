@@ -104,6 +104,41 @@ WARMUP_PROMPT = (
 WARMUP_TOKENS = 16
 WARMUP_TIMEOUT_S = 120.0
 
+
+def warm_up_server(http: httpx.Client, route: Route, n: int) -> tuple[int, float]:
+    """`n` short completions at once straight to `route`'s server (answers discarded): a
+    fresh vLLM's first requests are slower than its steady state, and a judgement should
+    not start on them. Returns (answered, seconds). Best effort."""
+    headers = {"authorization": f"Bearer {route.api_key}"} if route.api_key else {}
+    body = {
+        "model": route.model or "",
+        "prompt": WARMUP_PROMPT,
+        "max_tokens": WARMUP_TOKENS,
+        "temperature": 0,
+    }
+    answered: list[bool] = []
+
+    def one() -> None:
+        try:
+            r = http.post(
+                route.base_url + "/v1/completions",
+                json=body,
+                headers=headers,
+                timeout=WARMUP_TIMEOUT_S,
+            )
+            answered.append(r.status_code == 200)
+        except httpx.HTTPError:
+            answered.append(False)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=WARMUP_TIMEOUT_S + 5)
+    return sum(answered), round(time.time() - t0, 3)
+
+
 Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
 """(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
 
@@ -254,35 +289,7 @@ class CanaryController:
         if n <= 0 or self.shared_server:
             return
         self.say(f"warming up the canary ({n} requests to its server)", 0, 1)
-        headers = {"authorization": f"Bearer {self.canary.api_key}"} if self.canary.api_key else {}
-        body = {
-            "model": self.canary.model or "",
-            "prompt": WARMUP_PROMPT,
-            "max_tokens": WARMUP_TOKENS,
-            "temperature": 0,
-        }
-        answered: list[bool] = []
-
-        def one() -> None:
-            try:
-                r = self._http.post(
-                    self.canary.base_url + "/v1/completions",
-                    json=body,
-                    headers=headers,
-                    timeout=WARMUP_TIMEOUT_S,
-                )
-                answered.append(r.status_code == 200)
-            except httpx.HTTPError:
-                answered.append(False)
-
-        t0 = time.time()
-        threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=WARMUP_TIMEOUT_S + 5)
-        run.warmup_s = round(time.time() - t0, 3)
-        run.warmup_answered = sum(answered)
+        run.warmup_answered, run.warmup_s = warm_up_server(self._http, self.canary, n)
 
     # -- figures
 

@@ -10,7 +10,9 @@ and the gateway's table gets a `mirror` (`deploy.gateway.mirror`): copies take n
 rate-limit token and no in-flight slot, and past the environment's `shadow_max_in_flight`
 they are dropped, never queued, so the live release's users do not wait for them. The
 comparison judges the candidate against stable over the same window with the candidate
-manifest's canary checks (`rollout.judge`) and is kept on disk; `promote` of that release
+manifest's canary checks (`rollout.judge`), as a canary step is judged: after the same
+warm-up burst to the candidate's server and `settle_s`, both servers at the same priority
+and placement (`rollout.placement`) and is kept on disk; `promote` of that release
 to that environment reads it as the "shadow comparison" gate (a breach or too little
 evidence fails it). A promote or rollback replaces the table, which ends the mirroring.
 """
@@ -34,12 +36,13 @@ from releasekit.deploy.state import locked_state, read_state
 from releasekit.deploy.target import ReleaseStartError
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release, release_spec
-from releasekit.promote.deploy import env_config, target_for
+from releasekit.promote.deploy import ShiftContext, env_config, target_for
 from releasekit.promote.gates import GateResult
 from releasekit.releases.resolve import resolve_release
-from releasekit.rollout.canary import Scrape, pair_windows, scrape_pair
+from releasekit.rollout.canary import Scrape, pair_windows, scrape_pair, warm_up_server
 from releasekit.rollout.judge import StepJudgement, judge_step
-from releasekit.spec.manifest import CanaryCheck, default_checks
+from releasekit.rollout.placement import even_out, release
+from releasekit.spec.manifest import Canary, CanaryCheck, default_checks
 from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
 
 ShadowVerdict = Literal["pass", "breach", "insufficient"]
@@ -205,28 +208,53 @@ def compare_shadow(
     if not live:
         raise ShadowError(f"nothing serves {env}")
     stable = max(live, key=lambda r: r.weight)
+    led = ledger or open_ledger(settings, read_only=True)
+    policy = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
     if checks is None:
-        led = ledger or open_ledger(settings, read_only=True)
-        canary = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
-        checks = list(canary.checks) if canary else default_checks()
+        checks = list(policy.checks) if policy else default_checks()
+    fields = Canary.model_fields
+    warmup = policy.warmup_requests if policy else int(fields["warmup_requests"].default)
+    settle = policy.settle_s if policy else float(fields["settle_s"].default)
     shared = stable.base_url == status.base_url
+    candidate = state.mirror.route if state.mirror is not None else None
     gw_url = state.gateway.url
-    with httpx.Client(trust_env=False) as http, _client(settings, env) as c:
-        s0 = c.state()
+    # Judged as a canary is: the same priority and placement for both servers, the
+    # candidate's first requests (a fresh server's) and the first seconds not in the window.
+    held = []
+    if candidate is not None and not shared:
+        held = even_out(
+            settings,
+            ShiftContext(
+                env=env,
+                gateway=state.gateway,
+                canary=candidate,
+                stable=[stable],
+                previous_release_id=None,
+            ),
+        )
+    try:
+        with httpx.Client(trust_env=False) as http, _client(settings, env) as c:
+            if candidate is not None and not shared and warmup > 0:
+                warm_up_server(http, candidate, warmup)
+            if settle > 0:
+                sleep(settle)
+            s0 = c.state()
 
-        def snap() -> Scrape:
-            return scrape_pair(
-                http,
-                gw_url,
-                None if shared else status.base_url,
-                None if shared else stable.base_url,
-                timeout_s=settings.scrape_timeout_s,
-            )
+            def snap() -> Scrape:
+                return scrape_pair(
+                    http,
+                    gw_url,
+                    None if shared else status.base_url,
+                    None if shared else stable.base_url,
+                    timeout_s=settings.scrape_timeout_s,
+                )
 
-        before = snap()
-        sleep(window_s)
-        after = snap()
-        s1 = c.state()
+            before = snap()
+            sleep(window_s)
+            after = snap()
+            s1 = c.state()
+    finally:
+        release(held)
     cw, sw = pair_windows(env, status.release_id, stable.release_id, before, after)
     j = judge_step(checks, cw, sw)
     breached = [x for x in j.checks if x.verdict == "breach"]

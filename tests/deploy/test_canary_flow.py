@@ -296,6 +296,16 @@ def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
     assert "suite core" in [g.name for g in blocked.report.failed]
     assert all(g.kind != "perf" for g in blocked.report.failed)
 
+    # Where an environment's gates do not block (`gates_required = false`), the same failure
+    # is shown and listed as advisory, by the same rule: no failed gate blocks there.
+    envs = dict(ckit.settings.environments)
+    envs["staging"] = envs["staging"].model_copy(update={"gates_required": False})
+    lax = ckit.settings.model_copy(update={"environments": envs})
+    dry = promote_progressive(lax, bad, env="staging", dry_run=True)
+    assert dry.report is not None and dry.report.passed and dry.report.failed == []
+    assert "suite core" in [g.name for g in dry.report.advisory_failed]
+    assert all("gates do not block" in g.detail for g in dry.report.advisory_failed)
+
 
 def test_no_canary_switches_at_once(ckit: Kit) -> None:
     """`--no-canary` keeps the one switch: no canary step runs, no canary event."""
