@@ -324,6 +324,9 @@ class CanaryController:
             outcome="passed",
         )
         self.warm_up(run)
+        # The judge's binomial test needs scipy: import it now, not inside a judged window.
+        import scipy.stats  # noqa: F401
+
         client = self._client()
         served0 = self._served(client)
         try:
