@@ -29,23 +29,16 @@ def _fmt(v: object) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _over(c: dict[str, Any]) -> str:
-    """' (6 of 54 over the limit, p=0.2)' for a figure over its limit, else ''."""
-    value, limit, above = c.get("canary"), c.get("limit"), c.get("above")
-    if value is None or limit is None or above is None or value <= limit:
-        return ""
-    n, p = c.get("canary_count") or 0.0, c.get("p_value")
-    return f" ({above:.0f} of {n:.0f} over the limit, p={p:.2g})" if p is not None else ""
-
-
 def print_canary(canary: dict[str, Any]) -> None:
     """The canary steps as they ran: one row a step, then the breach, if any."""
+    from releasekit.rollout.judge import CheckResult
+
     rows = []
     for s in canary.get("steps", []):
         j = s.get("judgement") or {}
         checks = "; ".join(
             f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
-            f"{_over(c)}"
+            f"{CheckResult.model_validate(c).over_limit()}"
             for c in j.get("checks", [])
             if c.get("verdict") != "not_measured"
         )
@@ -146,7 +139,7 @@ def shadow_compare_cmd(
                 _fmt(c.stable),
                 _fmt(c.limit),
                 c.source or "-",
-                c.verdict + _over(c.model_dump()),
+                c.verdict + c.over_limit(),
             ]
             for c in res.judgement.checks
         ]

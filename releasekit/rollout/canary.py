@@ -491,14 +491,5 @@ def summarise(j: StepJudgement) -> str:
             continue
         cv = "-" if c.canary is None else f"{c.canary:.3g}"
         sv = "-" if c.stable is None else f"{c.stable:.3g}"
-        over = ""
-        # Over its limit: how many observations are, and how unlikely that is by chance.
-        if (
-            c.above is not None
-            and c.canary is not None
-            and c.limit is not None
-            and (c.canary > c.limit)
-        ):
-            over = f" ({c.above:.0f} over {c.limit:.3g}, p={c.p_value:.2g})"
-        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}{over}")
+        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}{c.over_limit()}")
     return "; ".join(parts)

@@ -98,6 +98,16 @@ class CheckResult(BaseModel):
     window_start: float
     window_end: float
 
+    def over_limit(self) -> str:
+        """' (3 of 40 over the limit, p=0.32)' for a figure over its limit, else ''."""
+        if self.above is None or self.canary is None or self.limit is None:
+            return ""
+        if self.canary <= self.limit or self.p_value is None:
+            return ""
+        return (
+            f" ({self.above:.0f} of {self.canary_count:.0f} over the limit, p={self.p_value:.2g})"
+        )
+
 
 class StepJudgement(BaseModel):
     """Every check on one window of one step."""
