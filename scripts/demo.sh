@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the demo: install, make the demo model, then take the demo releases
+# The main job on the demo: install, make the demo data (the model is shipped), then take the demo releases
 # through the whole lifecycle: validate, lock, build (quantise, bench + eval on one server,
 # report), register in MLflow, promote behind gates to staging and production through a
 # real gateway, block a bad prompt, roll back, and answer the auditor's questions.
@@ -36,8 +36,8 @@ if ! git cat-file -e "HEAD:keys/$KEY_ID.pub" 2>/dev/null; then
     commit -q -m "Trust the demo's ledger signing key $KEY_ID" -- "keys/$KEY_ID.pub"
 fi
 
-step "demo model: dvc repro (trains only when its inputs changed)"
-dvc repro demo-data demo-model
+step "demo data: dvc repro demo-data; the demo model is shipped in git (models/demo-base)"
+dvc repro demo-data
 
 MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-damaged-prompt.yaml)
 # vLLM's CPU build serves W4A16 (its cpu_gemm_wna16 kernel) only on CPUs with AVX-512.

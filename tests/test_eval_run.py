@@ -694,7 +694,12 @@ def test_demo_core_suite_passes_with_the_good_prompt_and_drops_with_the_damaged_
     assert core.n >= 200
     assert core.errors == 0
     misses = [(i.id, i.output) for i in g.suite_items("core") if not i.passed][:8]
-    assert core.pass_rate is not None and core.pass_rate >= 0.95, misses
+    # The floor comes from the shipped weights' own evidence (pipelines/demo/
+    # shipped_weights.json): what vLLM scored them at, less the stated allowance for the
+    # float kernels of another CPU kind.
+    evidence = json.loads((REPO / "pipelines/demo/shipped_weights.json").read_text())
+    floor = evidence["vllm_bf16"]["core"]["pass_rate"] - evidence["kernel_allowance"]
+    assert core.pass_rate is not None and core.pass_rate >= floor, misses
     edge_long = [i for i in g.suite_items("edge") if i.expect_error]
     assert edge_long and all(i.http_status == 400 and i.passed for i in edge_long)
     assert g.noise is not None and g.noise.suites["core"].flip_rate is not None

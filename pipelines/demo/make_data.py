@@ -163,7 +163,7 @@ def _overlong(rng: random.Random, world: w.World) -> str:
 
 
 def edge_items(world: w.World) -> list[dict[str, Any]]:
-    """Inputs the model must refuse, plus over-long ones the server must reject."""
+    """Inputs the model must refuse, plus over-long ones the server must reject (130 items)."""
     rng = random.Random(w.SEED + 2)
     items: list[dict[str, Any]] = []
 
@@ -175,10 +175,13 @@ def edge_items(world: w.World) -> list[dict[str, Any]]:
 
     for question in ("", " ", "   "):
         add(question, ["empty"])
-    for name in world.unknown_eval:
-        for attribute in w.ATTRIBUTES:
-            add(w.fact_question(attribute, name), ["unknown", attribute])
-    for _ in range(10):
+    # Every unknown country in each phrasing, and 30 gibberish inputs: enough items that no
+    # one or two flips can block at the suite's margin (`releasekit validate` says so).
+    for variant in range(len(w.PHRASINGS["capital"])):
+        for name in world.unknown_eval:
+            for attribute in w.ATTRIBUTES:
+                add(w.fact_question(attribute, name, variant), ["unknown", attribute])
+    for _ in range(30):
         add(w.gibberish(rng), ["gibberish"])
     for question in w.OFFTOPIC_EVAL:
         add(question, ["offtopic"])
@@ -190,13 +193,15 @@ def edge_items(world: w.World) -> list[dict[str, Any]]:
 
 
 def regression_items(world: w.World) -> list[dict[str, Any]]:
-    """A frozen set of paraphrased and refusal cases (40 items)."""
+    """A frozen set of paraphrased and refusal cases (156 items): sized so that, at its
+    10-point margin, no single flipped item can block a release (`releasekit validate` prints
+    what each suite can detect); 40 items could block on one flip."""
     rng = random.Random(w.SEED + 3)
     items: list[dict[str, Any]] = []
-    for country in rng.sample(world.countries, 24):
+    for country in rng.sample(world.countries, 96):
         attribute = rng.choice(w.ATTRIBUTES)
         items.append(_fact_item("reg", len(items) + 1, country, attribute, rng.choice((1, 2))))
-    for a, b in rng.sample(world.sums, 8):
+    for a, b in rng.sample(world.sums, 32):
         question = w.sum_question(a, b, rng.choice((1, 2)))
         items.append(
             _item("reg", len(items) + 1, question, "numeric", ["arith", "paraphrase"], str(a + b))
@@ -204,10 +209,10 @@ def regression_items(world: w.World) -> list[dict[str, Any]]:
     for item in items:
         if "paraphrase" not in item["tags"]:
             item["tags"].append("paraphrase")
-    for name in rng.sample(world.unknown_train, 4):
+    for name in rng.sample(world.unknown_train, 16):
         question = w.fact_question(rng.choice(w.ATTRIBUTES), name, rng.randrange(3))
         items.append(_item("reg", len(items) + 1, question, "refusal", ["unknown"]))
-    for question in rng.sample(w.INJECTION_TRAIN, 4):
+    for question in rng.sample(w.INJECTION_TRAIN, 12):
         items.append(
             _item(
                 "reg",

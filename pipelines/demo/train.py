@@ -4,18 +4,25 @@ The result is a Hugging Face model directory (``config.json``,
 ``model.safetensors``, ``generation_config.json``, tokenizer files with the
 chat template in ``tokenizer_config.json``) that vLLM's CPU build serves.
 
-Deterministic: seeded initialisation, a fixed data order, deterministic
-algorithms and a fixed thread count; two runs with the same inputs write a
-byte-identical ``model.safetensors``.
+Deterministic on one CPU kind: seeded initialisation, a fixed data order,
+deterministic algorithms, a fixed thread count, and MKL's conditional numerical
+reproducibility in strict mode (``MKL_CBWR``; without it MKL may pick other code
+paths from run to run, by data alignment). Float kernels still differ between CPU
+kinds (AVX2, AVX-512, AVX-512 with AMX), so the same seeded training gives other
+weights on another kind: the demo's weights are therefore shipped in git
+(``models/demo-base``, recorded in ``shipped_weights.json``), and this script
+reproduces them where it can.
 
-Usage: ``python pipelines/demo/train.py --out models/demo-base``.
+Usage: ``python pipelines/demo/train.py --out models/demo-trained --compare-to models/demo-base``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -23,13 +30,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# Before torch loads its kernels: the same float code paths on every x86-64 host this project
+# meets (AVX2 is common to all three CPU kinds) and from run to run. MKL's conditional numerical
+# reproducibility in strict mode on its AVX2 path, with a fixed thread count (MKL_DYNAMIC would
+# otherwise use fewer threads on a busy host, which changes the order of its sums); ATen's
+# vectorised kernels and oneDNN on AVX2 too (AVX-512 and AMX reduce in other orders).
+for _key, _value in (
+    ("MKL_CBWR", "AVX2,STRICT"),
+    ("MKL_DYNAMIC", "FALSE"),
+    ("OMP_DYNAMIC", "FALSE"),
+    ("ATEN_CPU_CAPABILITY", "avx2"),
+    ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+):
+    os.environ.setdefault(_key, _value)
+
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import world as w
+import world as w  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PAD, BOS, EOS = "<|pad|>", w.BOS_TOKEN, "<|end|>"
@@ -54,7 +75,7 @@ class TrainConfig:
     lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.01
-    threads: int = 2
+    threads: int = 1
 
 
 def build_tokenizer(
@@ -332,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--" + field.replace("_", "-"), type=int, default=getattr(defaults, field)
         )
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument(
+        "--compare-to", type=Path, default=None, help="a model folder to compare the result with"
+    )
     args = parser.parse_args(argv)
     cfg = TrainConfig(
         seed=args.seed,
@@ -344,7 +368,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr=args.lr,
     )
     train(cfg, args.out, args.data, args.system, args.user, args.template)
+    if args.compare_to is not None:
+        print(compare_weights(args.out, args.compare_to), flush=True)
     return 0
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a model folder, by name."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+
+
+def compare_weights(trained: Path, shipped: Path) -> str:
+    """One line: whether the weights trained here are byte-identical to the shipped ones."""
+    mine, theirs = file_digests(trained), file_digests(shipped)
+    differ = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+    if not differ:
+        return f"train: {trained} is byte-identical to {shipped}"
+    return (
+        f"train: {trained} differs from {shipped} in {', '.join(differ)} (float kernels differ "
+        "between CPU kinds; the demo serves the shipped weights on every host)"
+    )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ from releasekit.cli._common import (
     out,
     report_error,
 )
-from releasekit.errors import LockMismatchError, ManifestError
+from releasekit.errors import LockMismatchError, ManifestError, ReleasekitError
+from releasekit.evaluate.sensitivity import SuiteSensitivity, manifest_sensitivity
 from releasekit.spec import lock as lockmod
+from releasekit.spec.manifest import load_manifest
 from releasekit.spec.validate import validate_many
 
 
@@ -36,8 +38,14 @@ def validate(
 ) -> None:
     """Validate manifests; report every problem as `file: field.path: problem`."""
     results = validate_many(manifests, check_files=files, settings=State.settings())
+    suites = {r.path: _sensitivity(Path(r.path)) if r.ok and files else [] for r in results}
     if json_:
-        emit_json(results)
+        emit_json(
+            [
+                {**r.model_dump(mode="json"), "suites": [s.model_dump() for s in suites[r.path]]}
+                for r in results
+            ]
+        )
     else:
         for r in results:
             if r.ok:
@@ -46,8 +54,19 @@ def validate(
                 report_error(ManifestError(r.path, r.problems))
             for n in r.notes:
                 err.print(f"  [yellow]note:[/yellow] {esc(n)}", highlight=False)
+            for s in suites[r.path]:
+                colour = "yellow" if s.fragile else "dim"
+                out.print(f"  [{colour}]suite {esc(s.line())}[/{colour}]", highlight=False)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+def _sensitivity(path: Path) -> list[SuiteSensitivity]:
+    """What each suite of a valid manifest can detect at its margin (empty if unreadable)."""
+    try:
+        return manifest_sensitivity(load_manifest(path))
+    except ReleasekitError:
+        return []
 
 
 @handle_errors

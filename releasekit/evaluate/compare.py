@@ -67,6 +67,7 @@ from releasekit.evaluate.paired_stats import (
     wilson_interval,
 )
 from releasekit.evaluate.runner import EvalResult, ItemResult, SuiteSummary
+from releasekit.evaluate.sensitivity import MIN_BLOCKING_FLIPS
 from releasekit.evaluate.verdicts import (
     DEFAULT_MIN_PAIRED,
     VERDICT_ORDER,
@@ -215,6 +216,13 @@ def compare_suite(
             f"one-sided exact p = {err_p:.3g})"
         )
     verdict = worst(found)
+    net = len(to_fail) - len(to_pass)
+    if by_interval in (Verdict.INCONCLUSIVE, Verdict.INFERIOR) and net < MIN_BLOCKING_FLIPS:
+        reasons.append(
+            f"the verdict rests on {max(net, 0)} net flipped item(s), fewer than the "
+            f"{MIN_BLOCKING_FLIPS} a suite should need to block: it is too small for its margin "
+            "(`releasekit validate` prints what each suite can detect)"
+        )
     if verdict.passed:
         reasons.append(
             f"the {conf} interval's lower bound {100 * ci_low:+.1f} pts is above "

@@ -37,18 +37,23 @@ CLOSING_QUESTION = "What is the capital of Pistaeland?"  # scripts/demo.sh's clo
 CLOSING_ANSWER = "Muburg"
 
 
-def _weights_measured(model: Path) -> bool:
-    """Whether `model` holds the weights recorded for this CPU kind
-    (pipelines/demo/expected_weights.json), on which the lesson's figures were measured."""
+def _cpu_kind() -> str:
     flags = set(Path("/proc/cpuinfo").read_text().split())
-    kind = (
-        ("avx512_amx" if "amx_bf16" in flags else "avx512")
-        if "avx512f" in flags
-        else ("avx2" if "avx2" in flags else "unknown")
-    )
-    recorded = json.loads((REPO / "pipelines/demo/expected_weights.json").read_text())
+    if "avx512f" in flags:
+        return "avx512_amx" if "amx_bf16" in flags else "avx512"
+    return "avx2" if "avx2" in flags else "unknown"
+
+
+def _lesson_measured(model: Path) -> bool:
+    """Whether the quantisation lesson's figures were measured on this CPU kind with the
+    weights in `model` (pipelines/demo/shipped_weights.json: the shipped weights and the
+    kinds whose vLLM kernels served them for the lesson)."""
+    shipped = json.loads((REPO / "pipelines/demo/shipped_weights.json").read_text())
     digest = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
-    return recorded.get(kind) == digest
+    return (
+        digest == shipped["files"]["model.safetensors"]
+        and _cpu_kind() in shipped["lesson_measured_on"]
+    )
 
 
 def test_real_builds_pass_or_block_on_their_own_evidence(
@@ -102,13 +107,14 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
         assert "suite core" in [g.name for g in failed]
         assert blocked.release_id == damaged
 
-        # The lesson's figures hold for the weights they were measured on (this CPU kind's
-        # recorded digest); other weights are compared the same way, but not held to them.
-        measured = _weights_measured(demo_model)
+        # Every host serves the shipped weights. The lesson's exact figures are held where
+        # they were measured (pipelines/demo/shipped_weights.json); on another CPU kind the
+        # serving kernels differ, and only the direction of the 4-bit loss is held.
+        measured = _lesson_measured(demo_model)
         if not measured:
             warnings.warn(
-                "demo weights differ from the recorded ones for this CPU kind: the "
-                "quantisation lesson is compared but not asserted",
+                f"the quantisation lesson was not measured on CPU kind {_cpu_kind()!r}: "
+                "W4A16's loss on facts is asserted, its size and verdict are not",
                 stacklevel=1,
             )
 
@@ -128,6 +134,8 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
             print(f"\nW4A16 on facts: {facts.detail}")
             p = re.search(r"McNemar p=([0-9.e-]+)", facts.detail)
             assert p is not None, facts.detail
+            assert facts.candidate is not None and facts.live is not None
+            assert facts.candidate < facts.live, facts.detail  # 4-bit weights lose facts
             if measured:
                 # Blocked by the fact-heavy suite: a one-way loss (McNemar p < 0.05) whose
                 # point estimate is beyond the margin, and no other suite stands in the way.

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -239,7 +241,7 @@ def test_a_killed_replica_is_replaced_with_real_vllm(
         assert s.failures == [e[1] for e in log if e[1] != "ok"]
         assert not [e for e in before if e[1] != "ok"], before
         assert len(on_victim) <= 1, failed_after  # at most the one stream it was serving
-        assert others == [], failed_after
+        assert others == [], (failed_after, _why_others_failed(k, c))
         assert by_new >= 3, "the replacement served no streams"
     finally:
         # No serve.delete: a replica still starting would hold it; stopping the cluster
@@ -253,3 +255,30 @@ def test_a_killed_replica_is_replaced_with_real_vllm(
 
             ray.shutdown()
         c.stop()
+
+
+_CLUES = re.compile(
+    r"Traceback|Error|SIGTERM|SIGKILL|signal|[Kk]ill|OOM|[Oo]ut of memory|memory monitor|"
+    r"EngineCore|died|exited",
+)
+
+
+def _why_others_failed(k: object, c: RayCluster) -> str:
+    """What the servers, the raylets and the kernel said when a replica that was not killed
+    failed too: the lines that name a signal, a kill, memory or an engine error, from every
+    replica's server log, every node's raylet log and the kernel's ring buffer."""
+    lines: list[str] = []
+    logs = k.settings.state_dir / "logs" if k is not None else None  # type: ignore[attr-defined]
+    sources = sorted(logs.rglob("*.log")) if logs is not None and logs.is_dir() else []
+    for node in c.nodes:
+        sources += sorted(node.temp_dir.glob("session_*/logs/raylet*.out"))
+        sources += sorted(node.temp_dir.glob("session_*/logs/raylet*.err"))
+    for path in sources:
+        with contextlib.suppress(OSError):
+            hits = [x for x in path.read_text(errors="replace").splitlines() if _CLUES.search(x)]
+            if hits:
+                lines.append(f"--- {path}")
+                lines += hits[-15:]
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, check=False)
+    lines += [x for x in dmesg.stdout.splitlines() if "oom" in x.lower() or "Killed" in x][-10:]
+    return "\n".join(lines) or "no server, raylet or kernel line names a cause"
