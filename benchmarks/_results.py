@@ -2,12 +2,16 @@
 way they are written.
 
 `write_result(path, result)` writes `result` as JSON under benchmarks/results/ with a `run`
-block: the UTC date, the host (CPU cores, model and flags, memory, load average, platform),
-Python, the releasekit commit and whether the tree had uncommitted changes (results
-aside), and the exact
-command (with the RELEASEKIT_* variables it ran under, secrets left out) so that running
-that command again rewrites the same file. Results are committed: the README's benchmark
-figures link to them.
+block: the UTC date, the host (CPU cores, model and flags, its kind -- avx2, avx512 or
+avx512_amx, the families whose kernels and so figures differ -- memory, load average,
+platform), Python, the releasekit commit and whether the tree had uncommitted changes
+(results aside), and the exact command (with the RELEASEKIT_* variables it ran under,
+secrets left out) so that running that command again rewrites the same file. Results are
+committed: the README's benchmark figures link to them, each with its host kind and date.
+
+Every file under benchmarks/results/ carries the RUN_FIELDS (tests/test_result_files.py);
+a field a file was written without says "unknown" (UNKNOWN), never a guess, and such a
+file's `run.in_git` gives the commits that added and last changed it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 """Where benchmarks write their JSON (each script's --out defaults to a file here)."""
+
+UNKNOWN = "unknown"
+"""The value of a run field that was not recorded when the file was written."""
+CPU_KINDS = ("avx2", "avx512", "avx512_amx")
+RUN_FIELDS = (
+    "date",
+    "command",
+    "host.cpu_model",
+    "host.kind",
+    "releasekit_commit",
+    "uncommitted_changes",
+)
+"""What every result file's `run` block holds (dotted: inside `run.host`)."""
 
 _SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET")
 _ENV_AT_START = dict(os.environ)  # imported before a benchmark sets its own variables
@@ -47,6 +64,15 @@ def _cpuinfo() -> dict[str, Any]:
         if "model" in info and "flags" in info:
             break
     return info
+
+
+def cpu_kind(flags: list[str] | set[str]) -> str:
+    """avx512_amx, avx512 or avx2 (UNKNOWN without either): the CPU families whose float
+    kernels, and so weights, answers and timings, differ."""
+    have = set(flags)
+    if "avx512f" in have:
+        return "avx512_amx" if "amx_bf16" in have else "avx512"
+    return "avx2" if "avx2" in have else UNKNOWN
 
 
 def _memory_gib() -> float | None:
@@ -91,20 +117,22 @@ def run_info(argv: list[str] | None = None) -> dict[str, Any]:
     """The `run` block: when, where and how this benchmark ran."""
     cpu = _cpuinfo()
     status = _git("status", "--porcelain", "--", ".", ":!benchmarks/results")
+    commit = _git("rev-parse", "HEAD")
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command_line(argv),
         "host": {
             "cores": os.cpu_count(),
-            "cpu_model": cpu.get("model") or platform.processor() or None,
+            "cpu_model": cpu.get("model") or platform.processor() or UNKNOWN,
+            "kind": cpu_kind(cpu.get("flags", [])),
             "cpu_flags": cpu.get("flags", []),
             "memory_gib": _memory_gib(),
             "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "platform": platform.platform(),
         },
         "python": platform.python_version(),
-        "releasekit_commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": None if status is None else bool(status),
+        "releasekit_commit": commit or UNKNOWN,
+        "uncommitted_changes": UNKNOWN if status is None else bool(status),
     }
 
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
 import secrets
 import select
 import signal
@@ -50,6 +48,9 @@ from releasekit.deploy.gateway import GatewayConfig, PromptTemplate, Route  # no
 from releasekit.deploy.gateway_client import GatewayClient, launch_gateway  # noqa: E402
 from releasekit.watch.windows import Snapshot, build_window, parse_exposition  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _results import RESULTS, write_result  # noqa: E402
+
 KEY_A, KEY_B = "abuse-key-a-" + secrets.token_hex(8), "abuse-key-b-" + secrets.token_hex(8)
 PLAIN = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 STREAM = {**PLAIN, "stream": True}
@@ -73,16 +74,6 @@ def reset_peak(pid: int) -> None:
     """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs)."""
     with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
-def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
 
 
 class FakeUpstream:
@@ -674,7 +665,7 @@ def ledger_attacks(tmp: Path, out: Callable[[str, dict[str, Any], int | None], N
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/abuse.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "abuse.json")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
     results: dict[str, Any] = {}
@@ -739,21 +730,8 @@ def main() -> int:
         ledger_attacks(tmp, record)
     server.should_exit = True
     held = all(r["held"] for r in results.values())
-    doc = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["benchmarks/abuse_bench.py", *sys.argv[1:]]),
-        "host": {
-            "cores": os.cpu_count(),
-            "cpu_flags": cpu_flags(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "gateway_rss_at_start_mib": gateway_start,
-        "all_held": held,
-        "attacks": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    doc = {"gateway_rss_at_start_mib": gateway_start, "all_held": held, "attacks": results}
+    write_result(args.out, doc)
     print(f"{'all held' if held else 'SOME FAILED'}; wrote {args.out}")
     return 0 if held else 1
 

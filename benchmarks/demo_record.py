@@ -1,6 +1,8 @@
 """What the demo's progressive-delivery block did, from its project's own ledger and state:
-the approval, the shadow comparison, each canary step's judgement (figures, limits, counts
-over the limit, p-values), the abort and what the clients got.
+the approval and the refusal before it, the shadow comparison, each canary step's judgement
+(figures, limits, counts over the limit, p-values), every promotion a gate refused (the
+`gate_failed` events: the approval gate, the perf gates of a `--no-canary` promotion), the
+abort and what the clients got.
 
     bash scripts/demo.sh && .venv/bin/python benchmarks/demo_record.py [--project DIR]
 
@@ -20,7 +22,15 @@ from typing import Any
 
 from _results import RESULTS, write_result
 
-BLOCK_TYPES = ("approve", "shadow", "canary_step", "canary_aborted", "mark_bad", "promote")
+BLOCK_TYPES = (
+    "approve",
+    "gate_failed",
+    "shadow",
+    "canary_step",
+    "canary_aborted",
+    "mark_bad",
+    "promote",
+)
 
 
 def _checks(ev: dict[str, Any]) -> list[dict[str, Any]]:
@@ -29,8 +39,9 @@ def _checks(ev: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def collect(project: Path, env: str) -> dict[str, Any]:
-    """The block's events in `env` (from its first approval on), the kept shadow
-    comparisons and the streaming clients' summary."""
+    """The block's events in `env` (from its first approval on, with the refusals of the
+    approved releases just before it), the kept shadow comparisons and the streaming
+    clients' summary."""
     os.environ["RELEASEKIT_ROOT"] = str(project)
     from releasekit.config import load_settings
     from releasekit.stores.ledger import open_ledger
@@ -41,6 +52,13 @@ def collect(project: Path, env: str) -> dict[str, Any]:
     first = next((i for i, r in enumerate(recs) if r.type == "approve"), None)
     if first is None:
         sys.exit(f"demo_record: no approval in {env}'s ledger: run scripts/demo.sh first")
+    approved = {r.to_release for r in recs[first:] if r.type == "approve"}
+    while (
+        first > 0
+        and recs[first - 1].type == "gate_failed"
+        and recs[first - 1].to_release in approved
+    ):
+        first -= 1  # the promotion the approval gate refused, before anyone approved
     events = [
         {
             "seq": r.seq,

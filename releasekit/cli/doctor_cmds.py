@@ -17,8 +17,11 @@ def _gib(v: int | None) -> str:
     return "?" if v is None else f"{v / 2**30:.1f} GiB"
 
 
-def _yes(v: bool | None) -> str:
-    return {True: "yes", False: "no", None: "not checked"}[v]
+def _status(status: str | None, servable: bool | None) -> str:
+    """yes / no / not verified (a kernel path never seen serving) / not checked."""
+    if status == "not verified":
+        return status
+    return {True: "yes", False: "no", None: "not checked"}[servable]
 
 
 def _render(r: DoctorReport) -> None:
@@ -51,11 +54,12 @@ def _render(r: DoctorReport) -> None:
     )
     out.print("schemes this host's vLLM can serve:", highlight=False)
     for sc in r.schemes:
-        out.print(f"  {sc.scheme:<12} {_yes(sc.servable):<4} {esc(sc.how)}", highlight=False)
+        shown = _status(sc.status, sc.servable)
+        out.print(f"  {sc.scheme:<12} {shown:<4} {esc(sc.how)}", highlight=False)
     table(
         "manifests",
         ["manifest", "scheme", "servable"],
-        [(m.path, m.scheme or "-", _yes(m.servable)) for m in r.manifests],
+        [(m.path, m.scheme or "-", _status(m.status, m.servable)) for m in r.manifests],
     )
     for line in r.summary:
         out.print(f"- {esc(line)}", highlight=False)

@@ -17,6 +17,7 @@ from releasekit.spec.hostcaps import (
     GpuFacts,
     HostFacts,
     MemoryFacts,
+    SchemeStatus,
     SchemeSupport,
     VllmFacts,
     host_facts,
@@ -34,6 +35,7 @@ class ManifestVerdict(BaseModel):
     name: str | None = None
     scheme: str | None = None
     servable: bool | None = None
+    status: SchemeStatus | None = None
     how: str
 
 
@@ -78,7 +80,12 @@ def _manifest_verdicts(root: Path, support: dict[Scheme, SchemeSupport]) -> list
         s = support[m.quantisation.scheme]
         out.append(
             ManifestVerdict(
-                path=rel, name=m.name, scheme=m.quantisation.scheme, servable=s.servable, how=s.how
+                path=rel,
+                name=m.name,
+                scheme=m.quantisation.scheme,
+                servable=s.servable,
+                status=s.status,
+                how=s.how,
             )
         )
     return out
@@ -101,6 +108,9 @@ def _summary(facts: HostFacts, schemes: list[SchemeSupport], quantise_device: st
         lines.append(f"servable here: {', '.join(yes)}")
     if no:
         lines.append(f"not servable here: {', '.join(s.scheme for s in no)} (reasons above)")
+    unseen = [s.scheme for s in schemes if s.status == "not verified"]
+    if unseen:
+        lines.append(f"not verified here: {', '.join(unseen)} (never seen serving; see above)")
     lines.append(f"quantisation (llm-compressor) runs on {quantise_device}")
     if not facts.gpus:
         lines.append(

@@ -14,7 +14,9 @@ kernels each platform lists), checked on the installed package:
   without AMX. Static FP8 (per-tensor activation scales) needs the static FP8 quantisation
   op, a stub in the CPU build (`static_scaled_fp8_quant() -> ()`), so the engine fails at
   start (seen on that host); vLLM's only other path is its AMX kernel, for CPUs with AMX and
-  a library with `fp8_scaled_mm_cpu` (not seen running).
+  a library with `fp8_scaled_mm_cpu`. That path has never been seen serving (no committed
+  result shows it), so it is reported "not verified", not servable: `validate` lets such a
+  manifest through with a note and `doctor` lists it apart.
 - CUDA build (`vllm`): every quantised scheme needs compute capability 7.5 (Turing) or
   newer; FP8 with activations needs 8.9 (Ada, Hopper), and on 7.5-8.9 vLLM serves FP8
   weights only (Marlin W8A16), computing in bf16.
@@ -31,7 +33,7 @@ import subprocess
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from releasekit.spec.manifest import LoadedManifest, Scheme
 
@@ -115,13 +117,33 @@ class HostFacts(BaseModel):
     vllm: VllmFacts
 
 
+SchemeStatus = Literal["servable", "not verified", "not servable", "not checked"]
+"""servable: vLLM's kernel selection takes a path here; not verified: it would take a path
+that has never been seen serving; not servable: it cannot; not checked: no vLLM to ask."""
+
+
 class SchemeSupport(BaseModel):
     """Whether this host's vLLM can serve one quantisation scheme, and how or why not.
-    `servable` is None when there is no vLLM to ask."""
+    `servable` is True or False where the rules decide it, None where they cannot: no vLLM
+    to ask (`status` "not checked") or a kernel path never seen serving ("not verified")."""
 
     scheme: Scheme
     servable: bool | None
+    status: SchemeStatus = Field(
+        "servable", description="as given, else servable / not servable / not checked"
+    )
     how: str = Field(description="the kernel path vLLM takes, or the reason it cannot")
+
+    @model_validator(mode="after")
+    def _status_from_servable(self) -> SchemeSupport:
+        if "status" not in self.model_fields_set:
+            by_servable: dict[bool | None, SchemeStatus] = {
+                True: "servable",
+                False: "not servable",
+                None: "not checked",
+            }
+            self.status = by_servable[self.servable]
+        return self
 
 
 def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuFacts:
@@ -288,17 +310,23 @@ def _cpu_support(scheme: Scheme, facts: HostFacts) -> SchemeSupport:
             how="FP8 weights per channel, activations per token, through torch._scaled_mm "
             f"(vLLM's channel-wise Torch FP8 kernel; its speed not measured here){checked}",
         )
-    # static FP8
+    # static FP8: both paths below are vLLM's kernel selection, neither has been seen serving
     if cpu.has("amx_tile") and v.ops.get("fp8_scaled_mm_cpu", False):
         return SchemeSupport(
             scheme=scheme,
-            servable=True,
-            how=f"FP8 weights through vLLM's AMX kernel fp8_scaled_mm_cpu ({lib}), activations "
-            "in bf16; not yet seen running",
+            servable=None,
+            status="not verified",
+            how=f"vLLM would take its AMX kernel fp8_scaled_mm_cpu ({lib}, FP8 weights, "
+            "activations in bf16), a path never seen serving: no committed result shows a "
+            "static FP8 release answering; FP8_DYNAMIC is the verified FP8 scheme on the CPU",
         )
     if v.ops.get("static_scaled_fp8_quant", False):
         return SchemeSupport(
-            scheme=scheme, servable=True, how=f"static FP8 quantisation op in {lib}"
+            scheme=scheme,
+            servable=None,
+            status="not verified",
+            how=f"{lib} implements static_scaled_fp8_quant (a stub in the builds seen so far), "
+            "a path never seen serving",
         )
     return SchemeSupport(
         scheme=scheme,
@@ -384,6 +412,8 @@ def check_scheme(lm: LoadedManifest, *, python: Path | str) -> SchemeCheck:
     if scheme == "none":
         return SchemeCheck()
     support = scheme_support(scheme, host_facts(python, with_torch=needs_torch(scheme)))
+    if support.status == "not verified":
+        return SchemeCheck(notes=[f"quantisation.scheme {scheme}: not verified: {support.how}"])
     if support.servable is None:
         return SchemeCheck(notes=[f"quantisation.scheme {scheme}: {support.how}"])
     if support.servable is False:

@@ -1,6 +1,7 @@
 """`releasekit diagnose`: synthetic windows from real prometheus_client exposition (the
 simulated vLLM + gateway of tests/watch/watchkit.py) through the real windowing, judged against
-a real bench knee and a real ledger; and the command through CliRunner against a local
+a bench knee the real bench code computed from synthetic request records (capacity/conftest.py)
+and a real ledger; and the command through CliRunner against a local
 server that serves fixed exposition text, a different text for each scrape."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Fixtures for the promote, rollback, gate and target tests: a throwaway project whose
-releases have real evidence (written by the real writers from BenchResult, EvalResult and
-Comparison models) and are registered in a real embedded MLflow store, environments on
+releases have synthetic evidence (eval outcomes and load-sweep points the kit makes up, no
+model served or evaluated, written to disk by the real writers from BenchResult, EvalResult
+and Comparison models) and are registered in a real embedded MLflow store, environments on
 ports 25000-25999 (these tests' range, see CONTRIBUTING.md), and a stand-in vLLM
 (promote_fake_vllm.py) behind real gateway processes.
 

@@ -1,5 +1,7 @@
-"""Promotion gates over real evidence files: quality per suite against the live release,
-perf at the knee, and missing or mismatched evidence as failures, never passes."""
+"""Promotion gates over synthetic evidence files (promote_kit's made-up eval outcomes and
+load-sweep points, written by the real writers): quality per suite against the live release,
+perf at the knee, and missing or mismatched evidence as failures, never passes. The gates on
+evidence from real builds are in test_gates_real_vllm.py."""
 
 from __future__ import annotations
 
