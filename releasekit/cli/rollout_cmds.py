@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out, table
 
 shadow_app = typer.Typer(
     help="Mirror a share of an environment's requests to a candidate (answers discarded).",
@@ -101,6 +101,8 @@ def approve_cmd(
         f"{esc(signed)} (ledger event {res.record.seq}){esc(note)}",
         highlight=False,
     )
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
 
 
 @shadow_app.command("start")

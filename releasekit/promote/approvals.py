@@ -41,7 +41,7 @@ from releasekit.stores.ledger import (
     record_hash,
 )
 from releasekit.stores.ledger.schema import _evidence_text, format_time
-from releasekit.stores.signing import ApproverSet, verify_signature
+from releasekit.stores.signing import ApproverSet, find_signer, verify_signature
 
 APPROVAL_GATE_PREFIX = "approved for "
 
@@ -66,6 +66,7 @@ class ApprovalResult(BaseModel):
     reason: str
     required: bool
     record: LedgerRecord
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ApprovalCheck(BaseModel):
@@ -92,6 +93,10 @@ def approve(
     cfg = env_config(settings, env)
     if not reason.strip():
         raise ApprovalError("an approval needs --reason: say why the release may go")
+    try:  # the key promote signs with here, to warn about a self-approval
+        own = find_signer(settings.root, path=settings.signing_key)
+    except ReleasekitError:
+        own = None
     if ledger is None:
         if key is not None:
             settings = settings.model_copy(update={"signing_key": key})
@@ -117,6 +122,12 @@ def approve(
             actor=actor,
         )
     )
+    warnings = []
+    if own is not None and kid == own.key_id:
+        warnings.append(
+            f"signed with {kid}, the key promote signs with here: a promotion signed with it "
+            "does not count this approval (nobody approves their own promotion)"
+        )
     return ApprovalResult(
         release_id=rid,
         environment=env,
@@ -125,6 +136,7 @@ def approve(
         reason=reason,
         required=cfg.requires_approval,
         record=rec,
+        warnings=warnings,
     )
 
 
@@ -267,4 +279,3 @@ def approval_gate_for(ledger: Ledger, release_id: str, env: str) -> GateResult:
     """The "approved for ENV" gate from the ledger as it is now (shadow start uses it)."""
     found = check_approval(ledger, release_id, env)
     return approval_gate(env, found.record, rejected=found.rejected)
-

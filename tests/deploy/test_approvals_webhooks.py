@@ -360,6 +360,7 @@ def test_an_approval_counts_only_from_a_named_approver_other_than_the_promoter(
     _approvers(akit, keys.approver.key_id, keys.project.key_id)
     mine = approve(akit.settings, rid, env="staging", reason="mine", key=keys.project.private_path)
     assert mine.key_id == keys.project.key_id
+    assert "the key promote signs with here" in mine.warnings[0]
     res = promote(akit.settings, rid, env="staging", reason="self-approved")
     assert res.status == "blocked" and res.report is not None
     assert [g.kind for g in res.report.failed] == ["approval"]

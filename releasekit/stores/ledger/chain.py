@@ -206,8 +206,9 @@ class LedgerVerification:
                         sig_bad = (
                             seq,
                             f"record {seq} is signed by key {got[0]}, but the repository "
-                            f"trusts no key ({trusted_from or 'no keys/*.pub'} holds none): "
-                            "nothing can be verified",
+                            "trusts no key"
+                            + (f" ({trusted_from} holds no .pub)" if trusted_from else "")
+                            + ": nothing can be verified",
                             m["event_id"],
                         )
                     elif trusted is not None and sig_bad is None:
