@@ -121,6 +121,12 @@ class EnvironmentConfig(BaseModel):
     approval_wait_s: float = Field(
         0.0, ge=0, description="how long promote waits for a missing approval (0: refuse)"
     )
+    approvers: list[str] = Field(
+        default_factory=list,
+        description="who may approve a release for this environment: key ids (or "
+        "keys/<key id>.pub) of public keys committed under keys/ at trusted_keys_rev; an "
+        "approval counts only when signed with one of them, and not with the promoter's key",
+    )
     canary_lease_s: float = Field(
         10.0,
         gt=0,
@@ -136,6 +142,12 @@ class EnvironmentConfig(BaseModel):
     )
     shadow_max_in_flight: int = Field(
         4, ge=1, description="mirrored requests in flight at most (more are dropped)"
+    )
+    shadow_max_age_s: float = Field(
+        3600.0,
+        gt=0,
+        description="once a candidate was shadowed here, promote needs a passing shadow "
+        "comparison against the current stable release at most this old",
     )
     ray: RayTargetConfig | None = Field(None, description="the `ray` target's cluster")
 

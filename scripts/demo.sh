@@ -114,13 +114,41 @@ step "approvals: for this block staging takes no release without one"
 # [environments.staging] of releasekit.toml: approvals, and canary steps judge performance.
 export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true, "perf_by_canary": true}}'
 expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
-releasekit approve "$CANARY_GOOD" --env staging --reason "demo: reviewed its build report"
-releasekit approve "$CANARY_SEQS1" --env staging --reason "demo: its gates and canary decide"
+# An approval counts only when signed with the key of one of staging's `approvers` (named in
+# the committed releasekit.toml, public key committed under keys/), never with the key
+# promote signs with: the demo's approver has a key of their own, made once and committed.
+APPROVER_KEY=.releasekit/approver/approver.pem
+if [ ! -f "$APPROVER_KEY" ]; then
+  releasekit ledger keygen --private "$APPROVER_KEY" >/dev/null
+fi
+APPROVER_ID=$(python -c 'import sys; from pathlib import Path; from releasekit.stores.signing import load_private_key; print(load_private_key(Path(sys.argv[1])).key_id)' "$APPROVER_KEY")
+python - "$APPROVER_ID" <<'PY'
+import re, sys
+from pathlib import Path
+kid, toml = sys.argv[1], Path("releasekit.toml")
+text = toml.read_text()
+start = re.search(r"(?m)^\[environments\.staging\]\n", text).end()
+end = text.find("\n[", start)
+end = len(text) if end < 0 else end + 1
+section = text[start:end]
+line = f'approvers = ["{kid}"]  # the demo approver: keys/{kid}.pub\n'
+if line not in section:
+    section = line + re.sub(r"(?m)^approvers\s*=.*\n", "", section)
+    toml.write_text(text[:start] + section + text[end:])
+PY
+if ! git diff --quiet HEAD -- releasekit.toml || ! git cat-file -e "HEAD:keys/$APPROVER_ID.pub" 2>/dev/null; then
+  git add "keys/$APPROVER_ID.pub" releasekit.toml
+  git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
+    commit -q -m "Name the demo's approver $APPROVER_ID for staging" -- "keys/$APPROVER_ID.pub" releasekit.toml
+fi
+releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
+releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
 
 step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (answers discarded), compare it with stable"
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
 # 25% of admitted requests to it (no client waits for a copy), and `compare` judges it with
-# its canary checks over 40 s. The comparison is kept: promote reads it as a gate.
+# its canary checks over 40 s. The comparison is a signed ledger event bound to the stable
+# release: promote reads it as a gate.
 releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
 releasekit shadow compare --env staging --window 40 || echo "(the shadow comparison breached: its promotion below is blocked by it)"
 releasekit shadow stop --env staging

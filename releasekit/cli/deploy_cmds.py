@@ -164,6 +164,7 @@ def promote_cmd(
             err.print(
                 f"  [dim]hint: it needs an approval: releasekit approve "
                 f"{esc(_short(res.release_id))} --env {esc(res.environment)} --reason TEXT "
+                "--key APPROVER.pem, signed by one of its approvers other than the promoter "
                 "(no --force carries it)[/dim]"
             )
         if kinds:
@@ -221,8 +222,9 @@ def rollback_cmd(
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Move ENV back to the release live before the current one (or --to), no gates; the
-    release rolled back from is marked bad."""
+    """Move ENV back to the release live before the current one (or --to: one that was
+    live in ENV, is not marked bad and may go there; anything else goes through
+    `promote`), no gates; the release rolled back from is marked bad."""
     from releasekit.promote.rollback import rollback
 
     res = rollback(State.settings(), env, to=to, reason=reason)

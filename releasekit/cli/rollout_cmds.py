@@ -3,11 +3,12 @@ rendering of canary steps that `promote` prints."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out, table
 
 shadow_app = typer.Typer(
     help="Mirror a share of an environment's requests to a candidate (answers discarded).",
@@ -74,22 +75,34 @@ def approve_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
     env: Annotated[str, typer.Option("--env", help="environment the approval is for")],
     reason: Annotated[str, typer.Option("--reason", "-r", help="why it may go (recorded)")],
+    key: Annotated[
+        Path | None,
+        typer.Option(
+            "--key",
+            help="your approver private key (PEM) to sign the approval with; default: the "
+            "configured signing key",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Approve RELEASE for an environment (an `approve` ledger event naming you); an
-    environment with `requires_approval` takes no release without one."""
+    """Approve RELEASE for an environment: an `approve` ledger event signed with your key.
+    An environment with `requires_approval` takes no release without one signed by one of
+    its `approvers` (and not with the promoter's own key)."""
     from releasekit.promote.approvals import approve
 
-    res = approve(State.settings(), release, env=env, reason=reason)
+    res = approve(State.settings(), release, env=env, reason=reason, key=key)
     if json_:
         emit_json(res)
         return
     note = "" if res.required else f" ({env} does not require approvals)"
+    signed = f", key {res.key_id}" if res.key_id else ", unsigned"
     out.print(
-        f"approved {_short(res.release_id)} for {esc(env)} by {esc(res.approver)} "
-        f"(ledger event {res.record.seq}){esc(note)}",
+        f"approved {_short(res.release_id)} for {esc(env)} by {esc(res.approver)}"
+        f"{esc(signed)} (ledger event {res.record.seq}){esc(note)}",
         highlight=False,
     )
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
 
 
 @shadow_app.command("start")

@@ -348,6 +348,7 @@ def run_promotion(
     if request.force and not request.reason.strip():
         raise PromoteError("--force needs --reason: an override must say why")
     led = ledger or _open_ledger(settings, read_only=request.dry_run)
+    led.verified()  # what is live, mark_bad, approvals: decided on verified records only
     target = resolve_target(settings, request, cfg=cfg, ledger=led)
     rid = target.info.release_id
     if target.live_id == rid:

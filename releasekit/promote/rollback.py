@@ -2,6 +2,11 @@
 named one), recorded as a new `rollback` event; the release rolled back from gets a
 `mark_bad` event, so promote refuses it unless forced.
 
+A rollback goes back, never forward: `--to` names a release that was live in that
+environment before, is not marked bad, and whose manifest still lists the environment;
+anything else is refused (`promote` takes it, through its gates). The ledger records it
+decides on (what is live, what was, what is marked bad) are verified first.
+
 With the previous release's server still warm the gateway switches 0.1-0.2 s after the call
 (in process; through `releasekit rollback`, whose start alone takes about 1.6 s, the old
 release answered 1.8 s after the command started and the command returned after 7.9 s:
@@ -28,9 +33,9 @@ from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
 from releasekit.errors import ReleasekitError
-from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
-from releasekit.promote.promote import RecordMove, marked_bad, move_record
+from releasekit.promote.promote import RecordMove, marked_bad, move_record, was_live_in
 from releasekit.releases.prompt_alias import PromptAliasResult
 from releasekit.releases.resolve import resolve_release
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
@@ -39,10 +44,14 @@ RollbackStatus = Literal["rolled_back", "not_live", "failed"]
 
 
 class RollbackError(ReleasekitError):
-    """Raised when there is nothing to roll back (nothing live in the environment) or no
-    earlier release to roll back to that is not itself marked bad."""
+    """Raised when there is nothing to roll back (nothing live in the environment), no
+    earlier release to roll back to that is not itself marked bad, or `--to` names a
+    release that was never live there, is marked bad, or may not go there."""
 
     remedy = "name the release with --to, or promote one"
+
+
+_USE_PROMOTE = "use `releasekit promote` (its gates, approvals and smoke suite decide)"
 
 
 class RollbackResult(BaseModel):
@@ -80,6 +89,28 @@ def previous_good_release(ledger: Ledger, env: str) -> str | None:
     return None
 
 
+def _check_going_back(ledger: Ledger, info: ReleaseInfo, *, env: str) -> None:
+    """RollbackError unless `info` was live in `env`, is not marked bad, and its manifest
+    lists `env`: a rollback only goes back to what this environment already ran."""
+    short = info.release_id[:12]
+    if not was_live_in(ledger, info.release_id, env):
+        raise RollbackError(
+            f"{short} was never live in {env}: a rollback only goes back", remedy=_USE_PROMOTE
+        )
+    bad = marked_bad(ledger, info.release_id)
+    if bad is not None:
+        raise RollbackError(
+            f"{short} is marked bad (record {bad.seq}, {bad.environment}: {bad.reason})",
+            remedy=_USE_PROMOTE + "; `--force policy` overrides the mark there",
+        )
+    allowed = [e.name for e in info.lm.manifest.environments]
+    if env not in allowed:
+        raise RollbackError(
+            f"{short} may not go to {env}: its manifest lists {', '.join(allowed) or 'none'}",
+            remedy=_USE_PROMOTE,
+        )
+
+
 def rollback(
     settings: Settings,
     env: str,
@@ -105,6 +136,7 @@ def rollback(
     if not reason.strip():
         raise RollbackError("a rollback needs a reason", remedy="pass --reason TEXT")
     led = ledger or open_ledger(settings)
+    led.verified()  # what is live, what was, what is marked bad: verified records only
     cur = led.live_at(env)
     current = cur.to_release if cur else None
     if current is None:
@@ -124,6 +156,7 @@ def rollback(
     if target == current:
         raise RollbackError(f"{target[:12]} is already live in {env}")
     info = load_release(settings, target, ledger=led)
+    _check_going_back(led, info, env=env)
     spec = release_spec(settings, info, ledger=led)
     moved: list[RecordMove] = []
     bad: list[LedgerRecord] = []

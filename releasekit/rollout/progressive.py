@@ -324,7 +324,7 @@ def promote_progressive(
             notes.append(f"an interrupted canary was recorded as aborted (event {rec.seq})")
 
     def gates(release_id: str) -> list[GateResult]:
-        g = shadow_gate(settings, env=env, release_id=release_id)
+        g = shadow_gate(settings, env=env, release_id=release_id, ledger=led)
         return [g] if g is not None else []
 
     if policy is None or no_canary or dry_run:

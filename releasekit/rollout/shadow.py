@@ -12,15 +12,28 @@ they are dropped, never queued, so the live release's users do not wait for them
 comparison judges the candidate against stable over the same window with the candidate
 manifest's canary checks (`rollout.judge`), as a canary step is judged: after the same
 warm-up burst to the candidate's server and `settle_s`, both servers at the same priority
-and placement (`rollout.placement`) and is kept on disk; `promote` of that release
-to that environment reads it as the "shadow comparison" gate (a breach or too little
-evidence fails it). A promote or rollback replaces the table, which ends the mirroring.
+and placement (`rollout.placement`). A promote or rollback replaces the table, which ends
+the mirroring.
+
+What the shadow may do and what it proves:
+- `start_shadow` copies users' requests to a candidate only if `promote` would consider it
+  for that environment: registered, its manifest lists the environment, not marked bad,
+  live first where the policy `requires` it, and approved where approval is required
+  (ledger records verified first); otherwise nothing is mirrored.
+- every comparison is a signed `shadow` ledger event (`action: compare`) bound to the
+  stable release it was judged against. Once a candidate was shadowed in an environment
+  (a `shadow` start event), `promote` of it there passes the "shadow comparison" gate only
+  with a passing comparison against the release live now, at most `shadow_max_age_s` old;
+  none, an expired one, or one against another stable release fails it. The gate reads the
+  ledger: the local JSON copy of a comparison decides nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -35,9 +48,11 @@ from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.deploy.target import ReleaseStartError
 from releasekit.errors import ReleasekitError
-from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.approvals import approval_gate_for
+from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import ShiftContext, env_config, target_for
 from releasekit.promote.gates import GateResult
+from releasekit.promote.promote import policy_gates
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import Scrape, pair_windows, scrape_pair, warm_up_server
 from releasekit.rollout.judge import StepJudgement, judge_step
@@ -80,6 +95,7 @@ class ShadowComparison(BaseModel):
     mirrored: int = Field(0, description="copies sent in the window")
     dropped: int = Field(0, description="copies dropped in the window (mirror at its cap)")
     reason: str = ""
+    seq: int | None = Field(None, description="the ledger record of this comparison")
 
 
 def _dir(settings: Settings) -> Path:
@@ -127,8 +143,17 @@ def start_shadow(
         raise ShadowError(f"--share must be in (0, 1], got {share:g}")
     cfg = env_config(settings, env)
     led = ledger or open_ledger(settings)
+    led.verified()
     rid = resolve_release(settings, release_ref, ledger=led).release_id
     info = load_release(settings, rid, ledger=led)
+    failed = shadow_admission(settings, info, env=env, ledger=led)
+    if failed:
+        raise ShadowError(
+            f"{info.short_id} may not be shadowed in {env}: "
+            + "; ".join(f"{g.name}: {g.detail}" for g in failed),
+            remedy="shadow only what promote would consider: register it, list the "
+            "environment in its manifest, promote it where it must go first, approve it",
+        )
     spec = release_spec(settings, info, ledger=led)
     live = led.live_at(env)
     with locked_state(settings.state_dir, env) as handle:
@@ -187,6 +212,41 @@ def start_shadow(
     return status
 
 
+def shadow_admission(
+    settings: Settings, info: ReleaseInfo, *, env: str, ledger: Ledger
+) -> list[GateResult]:
+    """The checks promote makes before it considers `info` for `env` that fail: the
+    manifest lists the environment, the release is registered, not marked bad, live first
+    where required, and approved where the environment requires approval."""
+    cfg = env_config(settings, env)
+    gates: list[GateResult] = []
+    allowed = [e.name for e in info.lm.manifest.environments]
+    gates.append(
+        GateResult(
+            name=f"may go to {env}",
+            kind="policy",
+            passed=env in allowed,
+            rule="the release's manifest lists the environment",
+            detail="ok" if env in allowed else f"its manifest lists {', '.join(allowed)}",
+        )
+    )
+    regs = ledger.records(release=info.release_id, types=[EventType.REGISTER.value])
+    registered = any(r.to_release == info.release_id for r in regs)
+    gates.append(
+        GateResult(
+            name="registered",
+            kind="policy",
+            passed=registered,
+            rule="the release is registered (`releasekit register`)",
+            detail="ok" if registered else "no register event in the ledger",
+        )
+    )
+    gates += policy_gates(settings, info, env=env, ledger=ledger)
+    if cfg.requires_approval:
+        gates.append(approval_gate_for(ledger, info.release_id, env))
+    return [g for g in gates if not g.passed]
+
+
 def compare_shadow(
     settings: Settings,
     *,
@@ -208,7 +268,7 @@ def compare_shadow(
     if not live:
         raise ShadowError(f"nothing serves {env}")
     stable = max(live, key=lambda r: r.weight)
-    led = ledger or open_ledger(settings, read_only=True)
+    led = ledger or open_ledger(settings)
     policy = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
     if checks is None:
         checks = list(policy.checks) if policy else default_checks()
@@ -275,8 +335,38 @@ def compare_shadow(
         else s1.mirror_dropped,
         reason=reason[:2000],
     )
+    rec = led.append(
+        Event(
+            type=EventType.SHADOW,
+            environment=env,
+            from_release=stable.release_id,
+            to_release=status.release_id,
+            reason=f"shadow comparison: {verdict} over {window_s:g} s",
+            evidence={
+                "action": "compare",
+                "verdict": verdict,
+                "stable_release_id": stable.release_id,
+                "window_s": window_s,
+                "mirrored": cmp.mirrored,
+                "dropped": cmp.dropped,
+                "checks": [
+                    {
+                        "metric": x.metric,
+                        "verdict": x.verdict,
+                        "candidate": x.canary,
+                        "stable": x.stable,
+                        "limit": x.limit,
+                    }
+                    for x in j.checks
+                ],
+                "detail": reason[:1000],
+            },
+            live=False,
+        )
+    )
+    cmp = cmp.model_copy(update={"seq": rec.seq})
     path = _dir(settings) / f"{env}-{status.release_id[:16]}.comparison.json"
-    write_atomic(path, cmp.model_dump_json(indent=2).encode())
+    write_atomic(path, cmp.model_dump_json(indent=2).encode())  # a copy; the ledger decides
     return cmp
 
 
@@ -328,17 +418,70 @@ def stop_shadow(
     return status
 
 
-def shadow_gate(settings: Settings, *, env: str, release_id: str) -> GateResult | None:
-    """The "shadow comparison" gate from the latest comparison of `release_id` in `env`
-    (None when it was never shadowed there)."""
-    cmp = read_comparison(settings, env, release_id)
-    if cmp is None:
+def shadow_gate(
+    settings: Settings,
+    *,
+    env: str,
+    release_id: str,
+    ledger: Ledger | None = None,
+    now: dt.datetime | None = None,
+) -> GateResult | None:
+    """The "shadow comparison" gate of `release_id` in `env`, from the ledger: None when it
+    was never shadowed there; once it was (a `shadow` start event), it passes only with a
+    passing comparison against the release live now, at most `shadow_max_age_s` old."""
+    led = ledger or open_ledger(settings, read_only=True)
+    recs = [
+        r
+        for r in led.records(environment=env, release=release_id, types=[EventType.SHADOW.value])
+        if r.to_release == release_id
+    ]
+    starts = [r for r in recs if r.evidence.get("action") == "start"]
+    if not starts:
         return None
-    age = time.time() - cmp.at
+    compares = [r for r in recs if r.evidence.get("action") == "compare"]
+    live = led.live_at(env)
+    stable = live.to_release if live else None
+    max_age = env_config(settings, env).shadow_max_age_s
+    rule = (
+        "once shadowed, the candidate is no worse than the stable release live now on "
+        f"mirrored traffic (canary checks), judged at most {max_age:g} s ago"
+    )
+    if not compares:
+        return GateResult(
+            name="shadow comparison",
+            kind="shadow",
+            passed=False,
+            rule=rule,
+            detail=f"shadowed in {env} (record {starts[-1].seq}) but no comparison is "
+            f"recorded; run `releasekit shadow compare --env {env}`",
+        )
+    last = compares[-1]
+    t = now or dt.datetime.now(dt.UTC)
+    age = (t - last.time).total_seconds()
+    tally = ", ".join(
+        f"{n} {v}" for v, n in Counter(str(r.evidence.get("verdict")) for r in compares).items()
+    )
+    seen = f"(record {last.seq}; {len(compares)} comparisons: {tally})"
+    verdict = str(last.evidence.get("verdict"))
+    if last.from_release != stable:
+        passed = False
+        detail = (
+            f"the last comparison was against {(last.from_release or '-')[:12]}, but "
+            f"{(stable or 'nothing')[:12]} is live in {env} now {seen}; compare again"
+        )
+    elif age > max_age:
+        passed = False
+        detail = f"the last comparison is {age:.0f} s old, over {max_age:g} s {seen}; compare again"
+    else:
+        passed = verdict == "pass"
+        detail = (
+            f"{verdict} over {last.evidence.get('window_s', 0):g} s, {age:.0f} s ago "
+            f"{seen}: {last.evidence.get('detail', '')}"
+        )
     return GateResult(
         name="shadow comparison",
         kind="shadow",
-        passed=cmp.verdict == "pass",
-        rule="on mirrored live traffic the candidate is no worse than stable (canary checks)",
-        detail=f"{cmp.verdict} over {cmp.window_s:g} s, {age:.0f} s ago: {cmp.reason}"[:2000],
+        passed=passed,
+        rule=rule,
+        detail=detail[:2000],
     )

@@ -341,6 +341,13 @@ def fetch_remote(repo: Path, remote: str) -> tuple[str, str | None]:
     return ref, head if proc.returncode == 0 else None
 
 
+def revision_exists(repo: Path, rev: str) -> bool:
+    """True when `rev` names a commit in the git repository `repo` (False outside one)."""
+    if not repo.is_dir() or git_dir(repo) is None:
+        return False
+    return _resolve(repo, rev) is not None
+
+
 def read_tree_files(repo: Path, rev: str, folder: str) -> dict[str, bytes] | None:
     """The files directly in `folder` at the committed revision `rev`, by name: {} when
     `rev` does not resolve (no commit yet), None when `repo` is not a git repository. What

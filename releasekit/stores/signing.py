@@ -31,7 +31,7 @@ import base64
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from releasekit.errors import LedgerError, SignatureError, SigningKeyError
-from releasekit.stores.anchor import read_tree_files
+from releasekit.stores.anchor import read_tree_files, revision_exists
 
 SIGNING_KEY_ENV = "RELEASEKIT_SIGNING_KEY"
 PRIVATE_KEYS_DIR = Path(".releasekit") / "keys"  # relative to the project root, git-ignored
@@ -241,6 +241,20 @@ def trusted_keys(
     """
     if public_dir is None:
         committed = read_tree_files(root, rev or TRUSTED_REV, str(PUBLIC_KEYS_DIR))
+        want = rev or TRUSTED_REV
+        # A revision that names nothing trusts nothing, and an unsigned replacement ledger
+        # would then verify: refuse, unless the repository has no commit at all yet.
+        if (
+            committed == {}
+            and not revision_exists(root, want)
+            and (want != TRUSTED_REV or revision_exists(root, TRUSTED_REV))
+        ):
+            raise SigningKeyError(
+                f"trusted_keys_rev {want!r} does not name a commit in {root}: no key could "
+                "be trusted",
+                remedy="fetch that revision (e.g. `git fetch origin`), or set "
+                "trusted_keys_rev to one that exists (default HEAD)",
+            )
         if committed is not None:
             files = {name: data for name, data in committed.items() if name.endswith(".pub")}
             return dict(_keys_of(files, f"{rev or TRUSTED_REV}:{PUBLIC_KEYS_DIR}"))
@@ -288,3 +302,63 @@ def _public_key(data: bytes, path: str) -> Ed25519PublicKey:
 def is_key_id(text: str) -> bool:
     """True for a well-formed key id (16 lowercase hex digits)."""
     return bool(_KEY_ID.match(text))
+
+
+def approver_key_id(entry: str) -> str | None:
+    """The key id an `approvers` entry names: a key id, or `keys/<key id>.pub`; None when
+    the entry is neither."""
+    text = entry.strip()
+    prefix = f"{PUBLIC_KEYS_DIR}/"
+    if text.startswith(prefix):
+        text = text[len(prefix) :]
+    text = text.removesuffix(".pub")
+    return text if is_key_id(text) else None
+
+
+@dataclass(frozen=True)
+class ApproverSet:
+    """Who may approve releases for one environment: the public keys its `approvers` name,
+    each one committed under keys/ at the trusted revision (the same keys the ledger
+    trusts), and what could not be resolved (an entry naming no committed key)."""
+
+    environment: str
+    required: bool
+    keys: Mapping[str, Ed25519PublicKey]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def key_ids(self) -> list[str]:
+        """The approvers' key ids, sorted."""
+        return sorted(self.keys)
+
+
+def approver_set(
+    environment: str,
+    entries: Sequence[str],
+    trusted: Mapping[str, Ed25519PublicKey],
+    *,
+    required: bool,
+    where: str = f"{TRUSTED_REV}:{PUBLIC_KEYS_DIR}",
+) -> ApproverSet:
+    """Resolve an environment's `approvers` entries against the trusted keys: an entry
+    that is not a key id (or keys/<key id>.pub), or names a key not committed at the
+    trusted revision, approves nothing and is listed in `problems`."""
+    keys: dict[str, Ed25519PublicKey] = {}
+    problems: list[str] = []
+    for entry in entries:
+        kid = approver_key_id(entry)
+        if kid is None:
+            problems.append(
+                f"approver {entry!r} of {environment} is not a key id or {PUBLIC_KEYS_DIR}/"
+                "<key id>.pub"
+            )
+        elif kid not in trusted:
+            problems.append(
+                f"approver key {kid} of {environment} is not committed at {where} (no "
+                f"{PUBLIC_KEYS_DIR}/{kid}.pub there)"
+            )
+        else:
+            keys[kid] = trusted[kid]
+    return ApproverSet(
+        environment=environment, required=required, keys=keys, problems=tuple(problems)
+    )

@@ -47,7 +47,7 @@ from releasekit.promote.rollback import RollbackError, RollbackResult, previous_
 from releasekit.releases.queries import status
 from releasekit.spec.loadprofile import SLO, load_profile
 from releasekit.stores.evidence import BenchPoint, BenchSummary, Percentiles
-from releasekit.stores.ledger import EventType, Ledger, open_ledger
+from releasekit.stores.ledger import DecisionRecordsError, EventType, Ledger, open_ledger
 from releasekit.stores.results import ReleasePaths
 from releasekit.watch.alertrules import (
     AlertmanagerSnippet,
@@ -331,6 +331,15 @@ def rollback_adapter(
         }
         if req.alert is not None:
             evidence["alert"] = req.alert
+        try:  # act only on verified records (what is live, what is marked bad)
+            ledger.verified()
+        except DecisionRecordsError as exc:
+            return RollbackOutcome(
+                status="failed",
+                env=req.env,
+                from_release=req.from_release,
+                message=f"{exc.message} ({exc.remedy})",
+            )
         if ledger.live_at(req.env) is None:
             return RollbackOutcome(
                 status="not_live",

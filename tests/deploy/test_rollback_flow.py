@@ -11,11 +11,14 @@ from typing import Any
 import httpx
 import pytest
 from promote_kit import Kit, Streamer, kill_everything, kit, make_kit, mlflow_template_db
+from sqlalchemy import create_engine, select
+from typer.testing import CliRunner
 
+from releasekit.cli import app
 from releasekit.deploy.state import read_state
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import RollbackError, previous_good_release, rollback
-from releasekit.stores.ledger import Ledger
+from releasekit.stores.ledger import DecisionRecordsError, Ledger, events_table, head_table
 from releasekit.stores.mlflow import alias_version, client_for
 
 __all__ = ["kit", "mlflow_template_db"]
@@ -126,5 +129,59 @@ def test_rollback_guards(kit: Kit) -> None:
     assert previous_good_release(led, "staging") is None
     with pytest.raises(RollbackError, match="no earlier release"):
         rollback(kit.settings, "staging", reason="again")
-    back = rollback(kit.settings, "staging", to=new, reason="by name")
-    assert back.status == "rolled_back" and back.to_release == new
+    # --to a release marked bad: a rollback never goes back to it; promote decides that.
+    with pytest.raises(RollbackError, match="is marked bad") as info:
+        rollback(kit.settings, "staging", to=new, reason="by name")
+    assert "releasekit promote" in info.value.remedy
+    live = led.live_at("staging")
+    assert live is not None and live.to_release == old
+
+
+def test_rollback_to_only_goes_back_to_what_was_live_there(kit: Kit) -> None:
+    """`rollback --to` a registered release that was never live in staging (no gates, no
+    smoke, no approval would stand in its way otherwise) is refused with one line telling
+    the user to promote it; nothing moves or starts."""
+    old, new = _two_releases(kit)
+    kit.variant("demo-bf16", "demo-never", {"max-num-seqs: 32": "max-num-seqs: 8"})
+    never = kit.build("demo-never")
+    servers = read_state(kit.settings.state_dir, "staging").servers
+    with pytest.raises(RollbackError, match="was never live in staging") as info:
+        rollback(kit.settings, "staging", to=never, reason="sneak it in")
+    assert "releasekit promote" in info.value.remedy
+    cli = CliRunner().invoke(
+        app, ["rollback", "staging", "--to", never[:12], "-r", "x"], env={"COLUMNS": "300"}
+    )
+    assert cli.exit_code == 1
+    assert f"{never[:12]} was never live in staging" in cli.output
+    assert "releasekit promote" in cli.output
+    live = Ledger(kit.settings.ledger_url or "").live_at("staging")
+    assert live is not None and live.to_release == new
+    now = read_state(kit.settings.state_dir, "staging").servers
+    assert {x.release_id for x in now} == {x.release_id for x in servers} and old in {
+        x.release_id for x in now
+    }
+
+
+def test_a_deleted_mark_bad_record_stops_the_next_promote(kit: Kit) -> None:
+    """Someone who can write the ledger database deletes the `mark_bad` record a rollback
+    wrote (and points the head back, so the chain itself is consistent): the next promote
+    of that release refuses to act on the ledger, naming what failed, instead of finding
+    the release no longer marked bad; nothing is deployed."""
+    _old, new = _two_releases(kit)
+    res = rollback(kit.settings, "staging", reason="bad answers")
+    assert res.marked_bad is not None
+    seq = res.marked_bad.seq
+    url = kit.settings.ledger_url or ""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(events_table.delete().where(events_table.c.seq == seq))
+        prev = conn.execute(select(events_table).where(events_table.c.seq == seq - 1)).one()
+        conn.execute(head_table.update().values(seq=prev.seq, hash=prev.hash))
+    engine.dispose()
+    with pytest.raises(DecisionRecordsError, match="refusing to act on ledger") as info:
+        promote(kit.settings, new, env="staging", reason="it is fine now")
+    assert f"record {seq}" in info.value.message or "anchor" in info.value.message
+    with pytest.raises(DecisionRecordsError):
+        rollback(kit.settings, "staging", reason="again")
+    live = Ledger(url).live_at("staging")
+    assert live is not None and live.to_release == res.to_release

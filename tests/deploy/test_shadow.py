@@ -4,6 +4,7 @@ local target the candidate's live comparison with stable is a promote gate."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import time
@@ -11,15 +12,34 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
 from promote_kit import Kit, Streamer, kit, mlflow_template_db
+from sqlalchemy import create_engine, select
 
 from releasekit.deploy.gateway import Mirror, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.promote.deploy import target_for
+from releasekit.promote.rollback import rollback
 from releasekit.rollout.progressive import promote_progressive
-from releasekit.rollout.shadow import compare_shadow, start_shadow, stop_shadow
+from releasekit.rollout.shadow import (
+    ShadowError,
+    compare_shadow,
+    shadow_gate,
+    start_shadow,
+    stop_shadow,
+)
+from releasekit.stores.ledger import (
+    GENESIS,
+    DecisionRecordsError,
+    Event,
+    EventType,
+    Ledger,
+    events_table,
+    head_table,
+    record_hash,
+)
 
 __all__ = [
     "admin_token",
@@ -122,6 +142,97 @@ def test_shadow_comparison_of_a_slow_candidate_blocks_its_promotion(kit: Kit) ->
     gw: Any = read_state(kit.settings.state_dir, "staging").gateway
     with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
         assert c.state().mirror is None
+    # The comparison is a ledger event bound to the stable release it was judged against.
+    [rec] = [
+        r
+        for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])
+        if r.evidence.get("action") == "compare"
+    ]
+    assert (rec.from_release, rec.to_release, rec.evidence["verdict"]) == (old, slow, "breach")
+    assert cmp.seq == rec.seq
+    # Deleting the local copy of the comparison removes no gate: promote reads the ledger.
+    for f in (kit.settings.state_dir / "shadow").glob("*.comparison.json"):
+        f.unlink()
+    res = promote_progressive(kit.settings, slow, env="staging", reason="file deleted")
+    assert res.status == "blocked" and res.report is not None
+    assert [g.name for g in res.report.failed] == ["shadow comparison"]
+    # Deleting its ledger record (the chain recomputed after it): promote refuses to act.
+    _delete_record(kit.settings.ledger_url or "", rec.seq)
+    with pytest.raises(DecisionRecordsError, match="refusing to act on ledger"):
+        promote_progressive(kit.settings, slow, env="staging", reason="row deleted")
+
+
+def _delete_record(url: str, seq: int) -> None:
+    """What someone who can write the ledger database can do: delete a record, renumber
+    and re-hash every later one and move the head, so the chain itself is consistent."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(select(events_table).order_by("seq"))]
+        rows = [r for r in rows if r["seq"] != seq]
+        prev = GENESIS
+        for i, r in enumerate(rows, start=1):
+            r["seq"], r["prev_hash"] = i, prev
+            r["hash"] = record_hash(r)
+            prev = r["hash"]
+        conn.execute(events_table.delete())
+        conn.execute(events_table.insert(), rows)
+        conn.execute(head_table.update().values(seq=len(rows), hash=prev))
+    engine.dispose()
+
+
+def test_shadow_starts_only_for_what_promote_would_consider(kit: Kit) -> None:
+    """`shadow start` of a release marked bad, or of one never live in staging into
+    production (which requires it), is refused before any request is copied; once a
+    candidate was shadowed, its promotion fails the "shadow comparison" gate until a
+    passing comparison against the release live now, at most `shadow_max_age_s` old, is
+    in the ledger."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    bad = kit.build("demo-v2")
+    assert promote_progressive(kit.settings, bad, env="staging", reason="v2").ok
+    rollback(kit.settings, "staging", reason="bad answers")
+    with pytest.raises(ShadowError, match="not marked bad"):
+        start_shadow(kit.settings, bad, env="staging", share=1.0)
+    twin = kit.build(
+        kit.variant("demo-bf16", "demo-shadow-twin", {"max-num-seqs: 32": "max-num-seqs: 8"}).stem
+    )
+    with pytest.raises(ShadowError, match="live in staging first"):
+        start_shadow(kit.settings, twin, env="production", share=1.0)
+    st = read_state(kit.settings.state_dir, "staging")
+    assert st.mirror is None and {s.role for s in st.servers} <= {"live", "warm"}
+
+    start_shadow(kit.settings, twin, env="staging", share=1.0, reason="try it")
+    stop_shadow(kit.settings, env="staging")
+    res = promote_progressive(kit.settings, twin, env="staging", reason="never compared")
+    assert res.status == "blocked" and res.report is not None
+    [gate] = res.report.failed
+    assert gate.name == "shadow comparison" and "no comparison is recorded" in gate.detail
+
+    led = Ledger(kit.settings.ledger_url or "")
+
+    def compared(stable: str, verdict: str = "pass") -> None:
+        led.append(
+            Event(
+                type=EventType.SHADOW,
+                environment="staging",
+                from_release=stable,
+                to_release=twin,
+                reason="shadow comparison",
+                evidence={"action": "compare", "verdict": verdict, "window_s": 30.0},
+            )
+        )
+
+    compared(bad)  # against a release that is not live now
+    g = shadow_gate(kit.settings, env="staging", release_id=twin, ledger=led)
+    assert g is not None and not g.passed and "compare again" in g.detail
+    compared(old)
+    g = shadow_gate(kit.settings, env="staging", release_id=twin, ledger=led)
+    assert g is not None and g.passed, g.detail
+    assert "2 comparisons" in g.detail
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    g = shadow_gate(kit.settings, env="staging", release_id=twin, ledger=led, now=later)
+    assert g is not None and not g.passed and "s old, over 3600 s" in g.detail
 
 
 def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:

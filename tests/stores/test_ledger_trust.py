@@ -16,17 +16,20 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from releasekit.config import load_settings
 from releasekit.errors import SigningRequiredError
 from releasekit.stores import anchor as anc
 from releasekit.stores import signing
 from releasekit.stores.ledger import (
     GENESIS,
+    DecisionRecordsError,
     Event,
     EventType,
     Ledger,
     LedgerNotFoundError,
     events_table,
     head_table,
+    open_ledger,
     record_hash,
     signatures_table,
 )
@@ -463,3 +466,45 @@ def test_verify_against_a_remote_without_an_anchor_fails(
     fill(led, 1)
     res = led.verify(remote="origin")
     assert not res.ok and "git push origin refs/releasekit/ledger" in (res.problem or "")
+
+
+def test_no_trusted_key_while_records_are_signed_fails_verify(tmp_path: Path, repo: Path) -> None:
+    """Signed records checked against an empty set of trusted keys (the keys were deleted
+    from the trusted revision) fail verify, naming the first signed record; a
+    `trusted_keys_rev` that names no commit trusts nothing and is refused outright, so a
+    swapped, unsigned and re-anchored ledger can no longer verify against no key at all."""
+    url = f"sqlite:///{tmp_path / 'signed.db'}"
+    led = open_signed(url, repo)
+    fill(led)
+    git(repo, "rm", "-q", "-r", "keys")
+    git(repo, "commit", "-q", "-m", "trust nobody")
+    assert signing.trusted_keys(repo) == {}
+    res = Ledger(url, anchor_repo=repo, trusted={}).verify()
+    assert not res.ok and res.first_bad_seq == 1
+    assert "trusts no key" in (res.problem or "")
+    # The swap: chain recomputed, signatures deleted, anchor re-made; a revision that does
+    # not resolve (a branch not fetched here) used to trust nothing, and this then passed.
+    strip_and_rechain(url)
+    reanchor(url, repo)
+    with pytest.raises(signing.SigningKeyError, match="does not name a commit"):
+        signing.trusted_keys(repo, rev="origin/main")
+    settings = load_settings(root=repo, ledger_url=url, trusted_keys_rev="origin/main")
+    with pytest.raises(signing.SigningKeyError, match="trusted_keys_rev 'origin/main'"):
+        open_ledger(settings, read_only=True)
+
+
+def test_a_decision_refuses_an_unverified_ledger_with_one_line(tmp_path: Path, repo: Path) -> None:
+    """`verified()` (what promote, rollback, shadow and the watcher call before they read
+    the records they decide on) raises DecisionRecordsError naming the first bad record
+    and saying what to do; a ledger that verifies passes, and a forger who rewrites the
+    chain and its head is caught by the next check."""
+    url = f"sqlite:///{tmp_path / 'decide.db'}"
+    led = open_signed(url, repo)
+    fill(led, 3)
+    led.verified()
+    led.verified()  # the head it verified: not read again
+    forge(url, 2, "edited")
+    with pytest.raises(DecisionRecordsError) as info:
+        led.verified()
+    assert info.value.seq == 2 and "refusing to act on ledger" in info.value.message
+    assert "\n" not in info.value.message and "ledger verify" in info.value.remedy

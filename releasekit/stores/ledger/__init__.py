@@ -26,7 +26,7 @@ Modules: `schema` (event types, the stored record, the tables, the record hash),
 from __future__ import annotations
 
 from releasekit.errors import LedgerNotFoundError
-from releasekit.stores.ledger.chain import VerifyResult
+from releasekit.stores.ledger.chain import DecisionRecordsError, VerifyResult
 from releasekit.stores.ledger.schema import (
     GENESIS,
     HASH_VERSION,
@@ -51,6 +51,7 @@ from releasekit.stores.ledger.store import (
 __all__ = [
     "GENESIS",
     "HASH_VERSION",
+    "DecisionRecordsError",
     "Event",
     "EventType",
     "Ledger",

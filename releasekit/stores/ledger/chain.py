@@ -20,7 +20,7 @@ from releasekit.stores.ledger.schema import (
     record_hash,
     signatures_table,
 )
-from releasekit.stores.signing import trusted_keys, verify_signature
+from releasekit.stores.signing import ApproverSet, trusted_keys, verify_signature
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -49,7 +49,32 @@ class VerifyResult(BaseModel):
     anchoring: str = "not checked"
     anchors: int = 0
     anchored_seq: int | None = None
+    approvals: str = Field(
+        "not checked",
+        description="'checked': every release put live in an environment that requires an "
+        "approval had one signed by an approver other than the promoter; 'not checked': no "
+        "approval policy known",
+    )
+    unapproved: list[int] = Field(
+        default_factory=list, description="records that put a release live without it"
+    )
     notes: list[str] = Field(default_factory=list)
+
+
+class DecisionRecordsError(LedgerIntegrityError):
+    """Raised before promote, rollback, shadow or the watcher acts, when the ledger records
+    the decision rests on (approvals, mark_bad, what is live) do not verify: a broken
+    chain, a record unsigned or signed by an untrusted key, a ledger behind its git anchor,
+    or signed records while no key is trusted. `seq` is the first bad record."""
+
+    remedy = (
+        "run `releasekit ledger verify` for the details; restore the ledger from a backup, or "
+        "commit the signer's keys/<key id>.pub if it is a legitimate key; nothing was changed"
+    )
+
+
+# Live events that put a release in place by a decision (not by going back: rollback).
+_PROMOTIONS = frozenset({"promote", "override", "assign", "deploy"})
 
 
 class LedgerVerification:
@@ -59,11 +84,31 @@ class LedgerVerification:
     trusted: Mapping[str, Ed25519PublicKey] | None
     trusted_from: str | None
     anchor_repo: Path | None
+    approvers: dict[str, ApproverSet]
     _has_sigs: bool
+    _verified: tuple[int, str] | None
 
     if TYPE_CHECKING:
 
         def _read(self) -> AbstractContextManager[Connection]: ...
+
+        def head(self) -> tuple[int, str] | None: ...
+
+    def verified(self) -> None:
+        """Check the whole ledger (chain, signatures against the trusted keys, git anchors)
+        before a decision reads it; raise DecisionRecordsError naming what failed. A head
+        already verified by this ledger object is not checked again (the ledgers are small:
+        one pass per command)."""
+        head = self.head()
+        if head is not None and head == self._verified:
+            return
+        res = self.verify(audit=False)
+        if not res.ok:
+            raise DecisionRecordsError(
+                f"refusing to act on ledger {res.url}: {res.problem}", seq=res.first_bad_seq
+            )
+        if res.head_seq is not None and res.head_hash is not None:
+            self._verified = (res.head_seq, res.head_hash)
 
     def verify(
         self,
@@ -71,6 +116,7 @@ class LedgerVerification:
         trusted: Mapping[str, Ed25519PublicKey] | None = None,
         anchor_repo: Path | None = None,
         remote: str | None = None,
+        audit: bool = True,
     ) -> VerifyResult:
         """Check the whole ledger; name the first record that was edited, deleted, reordered,
         re-signed or rewritten behind a git anchor.
@@ -86,6 +132,15 @@ class LedgerVerification:
         there and the remote's default branch: the ledger must extend that anchor, and the
         keys trusted are the ones committed on that branch, so neither a re-anchored local
         ref nor a locally committed key can vouch for a replaced ledger.
+
+        With `audit` and an approval policy (`approvers`, set by `open_ledger` from the
+        settings), every record that put a release live (promote, override, assign, deploy)
+        in an environment that requires an approval must follow an `approve` record of that
+        release for that environment signed by one of its approvers with a key other than
+        the record's own; those that do not are listed in `unapproved` and fail.
+
+        An empty set of trusted keys while records (or the git anchors) are signed fails:
+        nothing could be checked, and an unsigned replacement ledger would pass.
 
         Returns a result (ok or not) rather than raising, so a caller can report it; use
         `check()` to raise instead.
@@ -115,6 +170,9 @@ class LedgerVerification:
         signed = unsigned = 0
         first_signed: int | None = None
         key_ids: set[str] = set()
+        # (seq, environment, release, key id) of approvals and of live promotions.
+        approved: list[tuple[int, str | None, str | None, str | None]] = []
+        promoted: list[tuple[int, str, str | None, str | None, str | None]] = []
 
         with self._read() as conn:
             head = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
@@ -135,11 +193,25 @@ class LedgerVerification:
                     prev_hash = m["hash"]
                     expected_seq = seq + 1
                 got = sigs.get(seq)
+                kid = got[0] if got is not None else None
+                if m["type"] == "approve":
+                    approved.append((seq, m["environment"], m["to_release"], kid))
+                elif m["type"] in _PROMOTIONS and m["live"]:
+                    promoted.append((seq, m["type"], m["environment"], m["to_release"], kid))
                 if got is not None:
                     signed += 1
                     key_ids.add(got[0])
                     first_signed = first_signed or seq
-                    if trusted is not None and sig_bad is None:
+                    if trusted is not None and not trusted and sig_bad is None:
+                        sig_bad = (
+                            seq,
+                            f"record {seq} is signed by key {got[0]}, but the repository "
+                            "trusts no key"
+                            + (f" ({trusted_from} holds no .pub)" if trusted_from else "")
+                            + ": nothing can be verified",
+                            m["event_id"],
+                        )
+                    elif trusted is not None and sig_bad is None:
                         try:
                             verify_signature(
                                 trusted,
@@ -219,6 +291,17 @@ class LedgerVerification:
                 for a in found:  # the signer an anchor saw must still be there
                     if a.key_id is None:
                         continue
+                    if trusted is not None and not trusted:
+                        cand = (
+                            a.seq,
+                            f"{a.ref} anchored record {a.seq} signed by key {a.key_id}, but "
+                            "the repository trusts no key: a ledger checked against no key "
+                            "proves nothing",
+                            None,
+                        )
+                        if anchor_bad is None or cand[0] < anchor_bad[0]:
+                            anchor_bad = cand
+                        break
                     now = sigs.get(a.seq)
                     if now is None or now[0] != a.key_id:
                         what = "unsigned" if now is None else f"signed by key {now[0]}"
@@ -245,7 +328,41 @@ class LedgerVerification:
             notes.append(f"records 1..{first_signed - 1} predate signing (unsigned)")
         if trusted_from:
             notes.append(f"trusted keys: {trusted_from}")
-        problems = [p for p in (chain_bad, sig_bad, anchor_bad, remote_bad) if p is not None]
+        approvals = "not checked"
+        unapproved: list[int] = []
+        approval_bad: tuple[int, str, str | None] | None = None
+        policy = getattr(self, "approvers", None) or {}
+        if audit and policy:
+            approvals = "checked"
+            for seq, etype, env, rid, kid in promoted:
+                aset = policy.get(env)
+                if aset is None or not aset.required:
+                    continue
+                ok = [
+                    a_seq
+                    for a_seq, a_env, a_rid, a_kid in approved
+                    if a_seq < seq and (a_env, a_rid) == (env, rid)
+                    if a_kid is not None and a_kid in aset.keys and a_kid != kid
+                ]
+                if ok:
+                    continue
+                unapproved.append(seq)
+                if approval_bad is None:
+                    approval_bad = (
+                        seq,
+                        f"record {seq} ({etype}) put {(rid or '-')[:12]} live in {env}, which "
+                        f"requires an approval, without one signed by an approver of {env} "
+                        "other than the promoter's key",
+                        None,
+                    )
+            if len(unapproved) > 1:
+                notes.append(
+                    "put live without a distinct approver: records "
+                    + ", ".join(str(q) for q in unapproved)
+                )
+        problems = [
+            p for p in (chain_bad, sig_bad, anchor_bad, remote_bad, approval_bad) if p is not None
+        ]
         base = {
             "url": url,
             "records": n,
@@ -256,6 +373,8 @@ class LedgerVerification:
             "anchoring": anchoring,
             "anchors": n_anchors,
             "anchored_seq": anchored_seq,
+            "approvals": approvals,
+            "unapproved": unapproved,
         }
         if problems:
             first = min(problems, key=lambda p: p[0])  # stable: chain, then signature, anchor

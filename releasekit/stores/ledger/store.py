@@ -38,6 +38,7 @@ from releasekit.errors import (
     LedgerIntegrityError,
     LedgerNotFoundError,
     NotAProjectError,
+    ReleasekitError,
     SigningRequiredError,
 )
 from releasekit.notify import notifier_for
@@ -60,8 +61,10 @@ from releasekit.stores.ledger.schema import (
     signatures_table,
 )
 from releasekit.stores.signing import (
+    ApproverSet,
     KeyPair,
     Signer,
+    approver_set,
     find_signer,
     generate_keypair,
     trusted_keys,
@@ -124,6 +127,13 @@ class Ledger(LedgerQueries, LedgerVerification):
         """Where `trusted` was read (a git revision), for verify's report."""
         self.warnings: list[str] = []
         """Problems that did not stop an append (an anchor that could not be written)."""
+        self.approvers: dict[str, ApproverSet] = {}
+        """Per environment, who may approve a release for it (from the settings, keys from
+        the trusted revision); empty: no approval policy known (a bare ledger)."""
+        self.acting_key_id: str | None = signer.key_id if signer is not None else None
+        """The key this process acts (promotes) with, even when opened read-only: an
+        approval signed with it is a self-approval and does not count."""
+        self._verified: tuple[int, str] | None = None
         self._engine = self._make_engine(url, timeout_s, create=create)
         self._has_sigs = True
         self._ensure_schema(create=create)
@@ -527,6 +537,7 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
     url = settings.ledger_url or ""
     signer = None if read_only else find_signer(settings.root, path=settings.signing_key)
     rev = settings.trusted_keys_rev
+    trusted = trusted_keys(settings.root, rev=rev)
     try:
         led = Ledger(
             url,
@@ -534,7 +545,7 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
             create=not read_only,
             signer=signer,
             anchor_repo=settings.root,
-            trusted=trusted_keys(settings.root, rev=rev),
+            trusted=trusted,
         )
     except LedgerNotFoundError as exc:
         held = _anchored_seq(settings.root)
@@ -550,6 +561,19 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
         if anchors.git_dir(settings.root) is not None
         else "keys/ in the working tree (not a git repository)"
     )
+    where = f"{rev}:keys" if anchors.git_dir(settings.root) is not None else "keys/"
+    led.approvers = {
+        name: approver_set(
+            name, cfg.approvers, trusted, required=cfg.requires_approval, where=where
+        )
+        for name, cfg in settings.environments.items()
+    }
+    if read_only:
+        try:  # who would act: a self-approval is refused in a dry run too
+            acting = find_signer(settings.root, path=settings.signing_key)
+        except ReleasekitError:
+            acting = None
+        led.acting_key_id = acting.key_id if acting is not None else None
     if not read_only:
         notifier = notifier_for(settings)
         if notifier is not None:
