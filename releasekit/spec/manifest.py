@@ -206,6 +206,8 @@ class WatchRule(_Strict):
 
 
 CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]
+LATENCY_CHECKS = frozenset({"ttft_p95_s", "tpot_p95_s"})
+"""The canary checks that judge latency (quantiles); the others judge rates."""
 
 
 class CanaryCheck(_Strict):
@@ -295,6 +297,15 @@ class Canary(_Strict):
         if dupes:
             raise ValueError(f"canary checks name a metric twice: {', '.join(dupes)}")
         return self
+
+    @property
+    def judges_latency(self) -> bool:
+        """True when these steps can stand in for the offline perf comparison with the live
+        release: some step below 100% is judged, and a latency quantile check
+        (`ttft_p95_s` or `tpot_p95_s`) is required there. A canary of `[{weight: 100}]`
+        (never judged), `checks: []` or only rate checks judges no latency."""
+        judged = any(s.weight < 100 for s in self.steps)
+        return judged and any(c.required and c.metric in LATENCY_CHECKS for c in self.checks)
 
 
 class Promotion(_Strict):
