@@ -60,6 +60,13 @@ for m in "${MANIFESTS[@]}"; do
   releasekit build "$m"
 done
 
+step "approvals: staging takes no release without one (requires_approval in the committed releasekit.toml)"
+# An approval lets a release be judged, not pass: the damaged prompt is approved too, and
+# its quality gates still block it below.
+for m in "${MANIFESTS[@]}"; do
+  releasekit approve "$m" --env staging --reason "demo: reviewed its build report"
+done
+
 step "promote bf16 to staging, then on to production (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
 promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
@@ -80,8 +87,10 @@ step "roll staging back to the release live before (the one rolled back from is 
 releasekit rollback staging --reason "demo: roll back to the previous release"
 
 # ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
-# Under steady streaming load through staging's gateway: staging (for this block) refuses
-# a release until someone approves it and lets canary steps judge performance live; a
+# Under steady streaming load through staging's gateway: staging refuses a release until
+# someone approves it, and lets canary steps that judge latency below 100% judge
+# performance live (`requires_approval` and `perf_by_canary` in the committed
+# releasekit.toml; nothing here changes policy); a
 # healthy release is mirrored a share of live requests (shadow) and compared with stable,
 # then goes to 100% in canary steps; a `max-num-seqs: 1` release is blocked by
 # its offline perf gates without a canary and aborted by its canary at the first step with
@@ -109,10 +118,7 @@ TRAFFIC=$!
 trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
 sleep 5
 
-step "approvals: for this block staging takes no release without one"
-# The same as `requires_approval = true` and `perf_by_canary = true` in
-# [environments.staging] of releasekit.toml: approvals, and canary steps judge performance.
-export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true, "perf_by_canary": true}}'
+step "approvals: staging takes no release without one"
 expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
 releasekit approve "$CANARY_GOOD" --env staging --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --reason "demo: its gates and canary decide"
@@ -168,7 +174,6 @@ echo "the streaming clients through staging's gateway during both promotions:"
 cat .releasekit/demo-traffic.out
 
 releasekit history --env staging --type approve --limit 2
-unset RELEASEKIT_ENVIRONMENTS
 
 sleep 2   # the last deliveries
 kill "$LISTENER" 2>/dev/null || true
