@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from promote_kit import Kit, commit_config, kit, mlflow_template_db
+from promote_kit import Kit, commit_config, kill_everything, kit, make_kit, mlflow_template_db
 from typer.testing import CliRunner
 
 from releasekit._support.digests import digest_obj
@@ -23,8 +25,9 @@ from releasekit.config import EnvironmentConfig, load_settings
 from releasekit.promote.context import load_release
 from releasekit.promote.gates import GateReport, evaluate_gates
 from releasekit.promote.policy import PolicyError, read_policy
-from releasekit.promote.promote import promote
+from releasekit.promote.promote import PERF_BY_CANARY_UNUSED, promote
 from releasekit.promote.rollback import rollback
+from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
@@ -315,3 +318,93 @@ def test_the_candidates_own_spread_never_widens_its_tolerance(kit: Kit) -> None:
     tight = policy.model_copy(update={"max_perf_spread": 0.2})
     g = _gate(_gates(kit, "demo-v2", "demo-bf16", tight), "goodput at the knee")
     assert g.kind == "evidence" and not g.passed and "live spread 0.25 > 0.2" in g.detail
+
+
+# -- perf_by_canary: only a canary that judges latency, only comparisons with live -------
+
+
+@pytest.fixture
+def pkit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_template_db: Path,
+    stand_in_model: Any,
+) -> Iterator[Kit]:
+    """The deploy kit with staging's committed `perf_by_canary = true`."""
+    stand_in_model(project)
+    k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=["perf_by_canary = true"])
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+STEPS_25 = "      - {weight: 25, min_duration_s: 5}\n      - {weight: 100}\n"
+TTFT = "      - {metric: ttft_p95_s, min_samples: 10}\n"
+
+
+def _canary_candidate(k: Kit, name: str, steps: str, checks: str, **build: Any) -> str:
+    path = k.variant("demo-bf16", name)
+    path.write_text(
+        path.read_text() + f"promotion:\n  canary:\n    steps:\n{steps}    checks:\n{checks}"
+    )
+    return k.build(name, **build)
+
+
+def test_perf_by_canary_needs_a_judged_step_below_100_with_a_required_latency_check(
+    pkit: Kit,
+) -> None:
+    """A canary of `[{weight: 100}]` (never judged), `checks: []`, only `error_rate`, or a
+    latency check that is not required cannot stand in for the offline perf gates: they
+    still block, and promote says why perf_by_canary did not apply."""
+    old = pkit.build("demo-bf16")
+    assert promote(pkit.settings, old, env="staging", reason="base").status == "promoted"
+    cases = {
+        "demo-c100": ("      - {weight: 100}\n", TTFT),
+        "demo-cnone": (STEPS_25, "      []\n"),
+        "demo-cerr": (STEPS_25, "      - {metric: error_rate}\n"),
+        "demo-copt": (STEPS_25, "      - {metric: ttft_p95_s, required: false}\n"),
+    }
+    for name, (steps, checks) in cases.items():
+        rid = _canary_candidate(pkit, name, steps, checks, knee_ttft=0.9, knee_goodput=3.0)
+        res = promote_progressive(pkit.settings, rid, env="staging", dry_run=True)
+        assert res.report is not None and not res.report.passed, name
+        assert {g.kind for g in res.report.failed} == {"perf"}, name
+        assert res.report.advisory_failed == [], name
+        assert PERF_BY_CANARY_UNUSED in res.warnings, name
+
+
+def test_perf_by_canary_never_excuses_the_candidates_own_knee_or_a_manifest_threshold(
+    pkit: Kit,
+) -> None:
+    """With a canary that does judge latency at 25%, the comparisons with live are advisory,
+    but the SLOs at the candidate's own knee and a manifest threshold still block."""
+    old = pkit.build("demo-bf16")
+    assert promote(pkit.settings, old, env="staging", reason="base").status == "promoted"
+    good = _canary_candidate(pkit, "demo-cgood", STEPS_25, TTFT, knee_ttft=0.9, knee_goodput=3.0)
+    res = promote_progressive(pkit.settings, good, env="staging", dry_run=True)
+    assert res.report is not None and res.report.passed
+    assert {g.name for g in res.report.advisory_failed} == {
+        "ttft_p95_s at the knee",
+        "goodput at the knee",
+    }
+    assert PERF_BY_CANARY_UNUSED not in res.warnings
+
+    flagged = _canary_candidate(
+        pkit, "demo-cflag", STEPS_25, TTFT, knee_ttft=0.9, knee_goodput=3.0, flagged_knee=True
+    )
+    res = promote_progressive(pkit.settings, flagged, env="staging", dry_run=True)
+    assert res.report is not None and not res.report.passed
+    assert "SLOs hold at the knee (candidate)" in [g.name for g in res.report.failed]
+
+    path = pkit.variant("demo-bf16", "demo-cmax")
+    path.write_text(
+        path.read_text().replace(
+            "gates:\n", "gates:\n  - {metric: bench.knee.ttft_p95_s, kind: max, threshold: 0.5}\n"
+        )
+        + f"promotion:\n  canary:\n    steps:\n{STEPS_25}    checks:\n{TTFT}"
+    )
+    capped = pkit.build("demo-cmax", knee_ttft=0.9, knee_goodput=3.0)
+    res = promote_progressive(pkit.settings, capped, env="staging", dry_run=True)
+    assert res.report is not None and not res.report.passed
+    assert [g.name for g in res.report.failed] == ["bench.knee.ttft_p95_s"]
