@@ -124,6 +124,9 @@ class GateReport(BaseModel):
     live_curve: list[CurvePoint] = Field(default_factory=list)
     candidate_knee: float | None = None
     live_knee: float | None = None
+    policy_source: str | None = Field(
+        None, description="where the environment's policy came from (revision, commit, digest)"
+    )
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property

@@ -3,6 +3,10 @@ evidence against the live release, then a blue/green deploy and the record.
 
     result = promote(settings, "manifests/demo-w8a8.yaml", env="staging", reason="...")
 
+The environment's policy is the committed one (`releasekit.promote.policy`): a policy that
+differs for this command is refused (PolicyError) before anything else; the gates are
+judged under it, and every event records it with its source.
+
 Outcomes (`PromoteResult.status`):
 - `dry_run`: the gate report only; no ledger event, no process, no file;
 - `blocked`: a gate failed; a `gate_failed` event names the failed gates and the report;
@@ -394,6 +398,10 @@ def run_promotion(
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
     report = decide_here(report, cfg)
+    if target.policy is not None:
+        pol = target.policy
+        source = f"{pol.where}, digest {pol.source.digest[:12]}"
+        report = report.model_copy(update={"policy_source": source})
     result = target.base.model_copy(update={"report": report, "warnings": notes})
     if request.dry_run:
         return result

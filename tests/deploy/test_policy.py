@@ -168,6 +168,13 @@ def test_promote_gate_failed_and_rollback_events_record_the_policy_and_its_sourc
 
     committed = kit.settings.environments["staging"].policy()
     head = _head(kit)
+    assert blocked.report is not None and blocked.report_html is not None
+    assert blocked.report.policy_source == (
+        f"releasekit.toml at HEAD ({head[:12]}), digest {digest_obj(committed)[:12]}"
+    )
+    assert (
+        "Environment policy:</b> releasekit.toml at HEAD" in Path(blocked.report_html).read_text()
+    )
     events = led.records(environment="staging")
     by_type = {e.type: e for e in events}
     for kind in ("promote", "gate_failed", "override", "rollback"):
