@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -96,6 +103,31 @@ class RayTargetConfig(BaseModel):
         return self.address.rsplit(":", 1)[0]
 
 
+DEFAULT_MAX_MARGIN = 0.10
+"""The ceiling on a suite's non-inferiority margin where the environment names none."""
+DEFAULT_MAX_PERF_TOLERANCE: dict[str, float] = {"ttft_p95_s": 0.5, "goodput": 0.25, "*": 0.5}
+"""Ceilings on the perf tolerances at the knee where the environment names none."""
+DEFAULT_MAX_PERF_SPREAD = 0.25
+"""How far the live release's run-to-run spread may widen a perf tolerance by default."""
+
+POLICY_FIELDS: tuple[str, ...] = (
+    "gates_required",
+    "requires",
+    "requires_approval",
+    "perf_by_canary",
+    "smoke",
+    "min_pass_rate",
+    "max_margin",
+    "max_perf_tolerance",
+    "max_perf_spread",
+    "approvers",
+    "shadow_max_age_s",
+)
+"""The fields of `[environments.NAME]` that decide what may go live there: read from a
+committed revision of releasekit.toml (`releasekit.promote.policy`), recorded with every
+promote and rollback, and never changed for one command."""
+
+
 class EnvironmentConfig(BaseModel):
     """Where and how one environment runs (`[environments.NAME]` in releasekit.toml); the
     manifest's `environments` list says which environments a release may go to."""
@@ -149,13 +181,66 @@ class EnvironmentConfig(BaseModel):
         description="once a candidate was shadowed here, promote needs a passing shadow "
         "comparison against the current stable release at most this old",
     )
+    min_pass_rate: dict[str, float] = Field(
+        default_factory=dict,
+        description="quality floors on a first promotion (nothing live to compare with): "
+        'suite name -> lowest pass rate, "*" for every other suite; a manifest\'s '
+        "`min_pass_rate` may only raise a floor",
+    )
+    max_margin: dict[str, float] = Field(
+        default_factory=dict,
+        description="ceilings on the non-inferiority margins the manifest's suites set: suite "
+        f'name -> largest margin, "*" for every other suite (default {DEFAULT_MAX_MARGIN:g}); '
+        "a larger margin is clamped to the ceiling",
+    )
+    max_perf_tolerance: dict[str, float] = Field(
+        default_factory=dict,
+        description="ceilings on the perf tolerances the manifest sets at the knee: "
+        'bench.knee metric -> largest tolerance, "*" for the rest (defaults: '
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_PERF_TOLERANCE.items())
+        + "); a wider tolerance is clamped to the ceiling",
+    )
+    max_perf_spread: float = Field(
+        DEFAULT_MAX_PERF_SPREAD,
+        ge=0,
+        le=1,
+        description="the perf gates widen their tolerance to the live release's run-to-run "
+        "spread at its knee ((max - min) / median) up to this much; a spread above it on "
+        "either release fails as an evidence gate (too noisy to judge: rerun)",
+    )
     ray: RayTargetConfig | None = Field(None, description="the `ray` target's cluster")
+
+    @field_validator("min_pass_rate", "max_margin", "max_perf_tolerance")
+    @classmethod
+    def _fractions(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(k for k, x in v.items() if not 0 <= x <= 1)
+        if bad:
+            raise ValueError(f"values must be between 0 and 1 (not {', '.join(bad)})")
+        return v
 
     @model_validator(mode="after")
     def _target_settings(self) -> EnvironmentConfig:
         if self.target == "ray" and self.ray is None:
             raise ValueError('target "ray" needs a [environments.NAME.ray] table with address')
         return self
+
+    def floor_for(self, suite: str) -> float | None:
+        """The environment's lowest pass rate for `suite` on a first promotion (None: none)."""
+        return self.min_pass_rate.get(suite, self.min_pass_rate.get("*"))
+
+    def margin_ceiling(self, suite: str) -> float:
+        """The largest non-inferiority margin `suite` may be judged with here."""
+        return self.max_margin.get(suite, self.max_margin.get("*", DEFAULT_MAX_MARGIN))
+
+    def tolerance_ceiling(self, metric: str) -> float:
+        """The largest relative tolerance a `bench.knee.<metric>` gate may have here."""
+        default = DEFAULT_MAX_PERF_TOLERANCE.get(metric, DEFAULT_MAX_PERF_TOLERANCE["*"])
+        return self.max_perf_tolerance.get(metric, self.max_perf_tolerance.get("*", default))
+
+    def policy(self) -> dict[str, Any]:
+        """The environment's policy fields (`POLICY_FIELDS`) as JSON-ready values: what a
+        promotion or rollback here is decided by, and what the ledger records."""
+        return self.model_dump(mode="json", include=set(POLICY_FIELDS))
 
     @property
     def url(self) -> str:

@@ -2,6 +2,8 @@
 
 ReleasekitError                 root; the CLI prints `error: <message>` + remedy, exit 1
 ├── ConfigError                 releasekit.toml / RELEASEKIT_* settings are invalid
+│   └── PolicyError             an environment's policy differs from the committed one
+│                               (releasekit.promote.policy)
 ├── ManifestError               a manifest is unreadable or invalid (all problems at once)
 ├── InputMissingError           a file the manifest names does not exist
 ├── PromptError                 a prompt template cannot be rendered (placeholder without value)

@@ -60,60 +60,7 @@ for m in "${MANIFESTS[@]}"; do
   releasekit build "$m"
 done
 
-step "promote bf16 to staging, then on to production (through every gate)"
-promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
-promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
-
-step "promote W8A8 over bf16: staging, then production (compared with what is live)"
-promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
-promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
-
-step "try the damaged prompt: the quality gate blocks it"
-expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
-
-if [[ $W4 == yes ]]; then
-  step "try W4A16: 4-bit weights lose facts; the facts suite's gate should block it (the report shows the drop)"
-  either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
-fi
-
-step "roll staging back to the release live before (the one rolled back from is marked bad)"
-releasekit rollback staging --reason "demo: roll back to the previous release"
-
-# ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
-# Under steady streaming load through staging's gateway: staging (for this block) refuses
-# a release until someone approves it and lets canary steps judge performance live; a
-# healthy release is mirrored a share of live requests (shadow) and compared with stable,
-# then goes to 100% in canary steps; a `max-num-seqs: 1` release is blocked by
-# its offline perf gates without a canary and aborted by its canary at the first step with
-# one; every event reaches a local webhook listener. Release ids come from `lock`, never
-# from this file.
-release_id() { releasekit lock "$1" --json | python -c 'import json, sys; print(json.load(sys.stdin)["release_id"])'; }
-CANARY_GOOD=manifests/demo-canary-good.yaml
-CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
-GOOD_ID=$(release_id "$CANARY_GOOD")
-SEQS1_ID=$(release_id "$CANARY_SEQS1")
-step "canary releases: build them (their gates are as real as every other release's)"
-releasekit build "$CANARY_GOOD" "$CANARY_SEQS1"
-
-step "webhooks: a local listener, subscribed for the rest of the demo"
-HOOKS_LOG=.releasekit/demo-webhooks.jsonl
-rm -f "$HOOKS_LOG"
-HOOK_PORT=${DEMO_HOOK_PORT:-8790}
-python scripts/webhook_listener.py --port "$HOOK_PORT" --out "$HOOKS_LOG" >.releasekit/demo-webhooks.out 2>&1 &
-LISTENER=$!
-# The same as a [[webhooks]] entry with this url in releasekit.toml.
-export RELEASEKIT_WEBHOOKS="[{\"url\": \"http://127.0.0.1:$HOOK_PORT/hook\"}]"
-STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
-python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 >.releasekit/demo-traffic.out 2>&1 &
-TRAFFIC=$!
-trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
-sleep 5
-
-step "approvals: for this block staging takes no release without one"
-# The same as `requires_approval = true` and `perf_by_canary = true` in
-# [environments.staging] of releasekit.toml: approvals, and canary steps judge performance.
-export RELEASEKIT_ENVIRONMENTS='{"staging": {"requires_approval": true, "perf_by_canary": true}}'
-expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
+step "approvals: staging takes no release without one (requires_approval in the committed releasekit.toml)"
 # An approval counts only when signed with the key of one of staging's `approvers` (named in
 # the committed releasekit.toml, public key committed under keys/), never with the key
 # promote signs with: the demo's approver has a key of their own, made once and committed.
@@ -141,6 +88,65 @@ if ! git diff --quiet HEAD -- releasekit.toml || ! git cat-file -e "HEAD:keys/$A
   git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
     commit -q -m "Name the demo's approver $APPROVER_ID for staging" -- "keys/$APPROVER_ID.pub" releasekit.toml
 fi
+# An approval lets a release be judged, not pass: the damaged prompt is approved too, and
+# its quality gates still block it below.
+for m in "${MANIFESTS[@]}"; do
+  releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
+done
+
+step "promote bf16 to staging, then on to production (through every gate)"
+promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
+promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
+
+step "promote W8A8 over bf16: staging, then production (compared with what is live)"
+promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
+promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
+
+step "try the damaged prompt: the quality gate blocks it"
+expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
+
+if [[ $W4 == yes ]]; then
+  step "try W4A16: 4-bit weights lose facts; the facts suite's gate should block it (the report shows the drop)"
+  either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
+fi
+
+step "roll staging back to the release live before (the one rolled back from is marked bad)"
+releasekit rollback staging --reason "demo: roll back to the previous release"
+
+# ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
+# Under steady streaming load through staging's gateway: staging refuses a release until
+# someone approves it, and lets canary steps that judge latency below 100% judge
+# performance live (`requires_approval` and `perf_by_canary` in the committed
+# releasekit.toml; nothing here changes policy); a
+# healthy release is mirrored a share of live requests (shadow) and compared with stable,
+# then goes to 100% in canary steps; a `max-num-seqs: 1` release is blocked by
+# its offline perf gates without a canary and aborted by its canary at the first step with
+# one; every event reaches a local webhook listener. Release ids come from `lock`, never
+# from this file.
+release_id() { releasekit lock "$1" --json | python -c 'import json, sys; print(json.load(sys.stdin)["release_id"])'; }
+CANARY_GOOD=manifests/demo-canary-good.yaml
+CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
+GOOD_ID=$(release_id "$CANARY_GOOD")
+SEQS1_ID=$(release_id "$CANARY_SEQS1")
+step "canary releases: build them (their gates are as real as every other release's)"
+releasekit build "$CANARY_GOOD" "$CANARY_SEQS1"
+
+step "webhooks: a local listener, subscribed for the rest of the demo"
+HOOKS_LOG=.releasekit/demo-webhooks.jsonl
+rm -f "$HOOKS_LOG"
+HOOK_PORT=${DEMO_HOOK_PORT:-8790}
+python scripts/webhook_listener.py --port "$HOOK_PORT" --out "$HOOKS_LOG" >.releasekit/demo-webhooks.out 2>&1 &
+LISTENER=$!
+# The same as a [[webhooks]] entry with this url in releasekit.toml.
+export RELEASEKIT_WEBHOOKS="[{\"url\": \"http://127.0.0.1:$HOOK_PORT/hook\"}]"
+STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 >.releasekit/demo-traffic.out 2>&1 &
+TRAFFIC=$!
+trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
+sleep 5
+
+step "approvals: staging takes no release without one"
+expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
 releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
 
@@ -196,7 +202,6 @@ echo "the streaming clients through staging's gateway during both promotions:"
 cat .releasekit/demo-traffic.out
 
 releasekit history --env staging --type approve --limit 2
-unset RELEASEKIT_ENVIRONMENTS
 
 sleep 2   # the last deliveries
 kill "$LISTENER" 2>/dev/null || true

@@ -69,3 +69,28 @@ def test_malformed_toml_is_a_config_error(clean_env: Path) -> None:
 def test_cli_version_and_unknown_error_path() -> None:
     res = CliRunner().invoke(app, ["--version"])
     assert res.exit_code == 0 and res.output.startswith("releasekit ")
+
+
+def test_environment_policy_defaults_and_bounds(clean_env: Path) -> None:
+    """The embedded policy defaults hold where an environment names none (a table that
+    names some suites keeps the defaults for the rest); a floor or ceiling outside 0..1 is
+    a settings error naming the field."""
+    (clean_env / "releasekit.toml").write_text(
+        "[environments.staging]\nport = 8780\n"
+        'min_pass_rate = { core = 0.9, "*" = 0.5 }\nmax_margin = { facts = 0.01 }\n'
+        "max_perf_tolerance = { goodput = 0.05 }\n"
+    )
+    cfg = load_settings().environments["staging"]
+    assert (cfg.floor_for("core"), cfg.floor_for("edge")) == (0.9, 0.5)
+    assert (cfg.margin_ceiling("facts"), cfg.margin_ceiling("core")) == (0.01, 0.10)
+    assert cfg.tolerance_ceiling("goodput") == 0.05
+    assert (cfg.tolerance_ceiling("ttft_p95_s"), cfg.tolerance_ceiling("tpot_p95_s")) == (0.5, 0.5)
+    assert cfg.max_perf_spread == 0.25 and set(cfg.policy()) >= {"min_pass_rate", "perf_by_canary"}
+    bare = load_settings(environments={"production": {"port": 8781}}).environments["production"]
+    assert bare.floor_for("core") is None and bare.margin_ceiling("core") == 0.10
+
+    (clean_env / "releasekit.toml").write_text(
+        "[environments.staging]\nport = 8780\nmax_margin = { core = 1.5 }\n"
+    )
+    with pytest.raises(ConfigError, match=r"environments\.staging\.max_margin"):
+        load_settings()

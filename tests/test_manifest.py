@@ -124,3 +124,69 @@ def test_defaults_fill_what_users_expect(tmp_path: Path) -> None:
     assert m.quantisation.scheme == "none"
     assert [e.name for e in m.environments] == ["staging", "production"]
     assert m.served_name == "demo"
+
+
+def _gate_problems(tmp_path: Path, gates: list[dict]) -> list[str]:
+    from releasekit.spec.manifest import check_gates
+
+    data = _demo_data()
+    data["gates"] = gates
+    return check_gates(load_manifest(_write(tmp_path, data), root=REPO).manifest)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_demo_manifests_have_no_gate_line_that_decides_nothing(path: Path) -> None:
+    from releasekit.spec.manifest import check_gates
+
+    assert check_gates(load_manifest(path, root=REPO).manifest) == []
+
+
+def test_gate_lines_that_decide_nothing_are_rejected_naming_the_field_that_decides(
+    tmp_path: Path,
+) -> None:
+    """A relative line on an eval suite is never read (the suite's margin decides); a
+    min/max line without a threshold does nothing; a field the kind ignores, an unknown
+    metric, a suite the manifest lacks and a repeated line are each one problem."""
+    problems = _gate_problems(
+        tmp_path,
+        [
+            {"metric": "eval.core.pass_rate", "kind": "non_inferior"},
+            {"metric": "eval.edge.pass_rate", "kind": "min"},
+            {"metric": "bench.knee.ttft_p95_s", "kind": "max"},
+            {"metric": "bench.knee.goodput", "kind": "non_inferior", "threshold": 3.0},
+            {"metric": "eval.core.pass_rate", "kind": "min", "threshold": 0.9, "margin": 0.1},
+            {"metric": "eval.nosuch.pass_rate", "kind": "min", "threshold": 0.9},
+            {"metric": "latency.p95", "kind": "max", "threshold": 1.0},
+            {"metric": "bench.knee.ttft_p95_s", "kind": "max_increase", "margin": 0.2},
+            {"metric": "bench.knee.ttft_p95_s", "kind": "non_inferior", "margin": 0.9},
+        ],
+    )
+    by_index = {int(p.split("]")[0].removeprefix("gates[")): p for p in problems}
+    assert sorted(by_index) == [0, 1, 2, 3, 4, 5, 6, 8], problems  # 7 is the one that decides
+    assert "never read" in by_index[0] and "eval.suites[0].margin" in by_index[0]
+    assert "max_margin" in by_index[0] and "min_pass_rate" in by_index[0]
+    assert "does nothing without a threshold" in by_index[1]
+    assert "does nothing without a threshold" in by_index[2]
+    assert "reads margin" in by_index[3] and "not threshold" in by_index[3]
+    assert "reads threshold, not margin" in by_index[4]
+    assert "'nosuch'" in by_index[5]
+    assert "never read" in by_index[6]
+    assert "gates[7] already sets" in by_index[8]
+
+
+def test_validate_rejects_a_gate_line_that_decides_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`validate` reports the gate lines with the manifest's other problems (the engine
+    argument check, which imports vLLM, is not what this test is about)."""
+    from releasekit.spec import validate as validate_mod
+    from releasekit.spec.engine_args import ServingArgCheck
+
+    monkeypatch.setattr(validate_mod, "check_serving_args", lambda lm, settings: ServingArgCheck())
+    data = _demo_data()
+    data["gates"] = [{"metric": "eval.core.pass_rate", "kind": "non_inferior"}]
+    res = validate_mod.validate_one(_write(tmp_path, data), check_files_exist=False)
+    assert not res.ok
+    assert res.problems[0].startswith(
+        "gates[0]: {metric: eval.core.pass_rate, kind: non_inferior} is never read"
+    )

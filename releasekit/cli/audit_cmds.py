@@ -17,7 +17,7 @@ from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_e
 from releasekit.cli._common import table as common_table
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
-from releasekit.releases.queries import at, diff, history, show
+from releasekit.releases.queries import at, diff, event_gates, history, show
 from releasekit.releases.reconcile import checked_status, reconcile
 from releasekit.releases.resolve import parse_time
 from releasekit.stores.ledger import Ledger, LedgerRecord, keygen, open_ledger
@@ -232,6 +232,20 @@ def _approved(e: LedgerRecord) -> str:
     return ""
 
 
+def _gate_notes(e: LedgerRecord) -> str:
+    """The advisory and overridden gates (and a policy that was not the committed one),
+    printed beside the event."""
+    g = event_gates(e.evidence if isinstance(e.evidence, dict) else {})
+    parts = []
+    if g.advisory:
+        parts.append(f"advisory: {', '.join(g.advisory)}")
+    if g.overridden:
+        parts.append(f"overridden: {', '.join(g.overridden)}")
+    if g.policy:
+        parts.append(f"policy {g.policy}")
+    return f" [{'; '.join(parts)}]" if parts else ""
+
+
 def _events_table(title: str, events: list[LedgerRecord]) -> None:
     table(
         title,
@@ -245,7 +259,7 @@ def _events_table(title: str, events: list[LedgerRecord]) -> None:
                 _short(e.from_release) if e.from_release else "",
                 _short(e.to_release) if e.to_release else "",
                 _who(e.actor),
-                e.reason + _approved(e),
+                e.reason + _approved(e) + _gate_notes(e),
             )
             for e in events
         ],

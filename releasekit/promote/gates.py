@@ -8,22 +8,31 @@ Gates, each with its numbers and its rule in words (`GateResult`):
   release, both must share every suite file (same sha256) and the load profile (same
   digest). Missing, stale or mismatched evidence fails, never passes.
 - quality (one per suite): the paired comparison candidate vs the LIVE release
-  (releasekit.evaluate.compare) with the candidate manifest's margins; only `non_inferior`
-  and `superior` pass. The candidate's report/compare.json is used when it is against the
-  live release; otherwise the comparison is computed from both releases' eval results.
+  (releasekit.evaluate.compare) with the candidate manifest's margins, each capped by the
+  environment's ceiling (`max_margin`: a release may set a stricter bar, never a looser
+  one); only `non_inferior` and `superior` pass. The candidate's report/compare.json is used
+  when it is against the live release with the same margins; otherwise the comparison is
+  computed from both releases' eval results.
 - perf: the profile's SLOs hold at the candidate's knee (and the knee carries no
   reliability flag and, when the bench recorded it, is stable across repetitions); against
   a live release, at the live release's knee load the candidate's SLOs hold, TTFT p95 is
   at most live x (1 + tolerance) and goodput at least live x (1 - tolerance). Tolerances
   come from the manifest's gates on `bench.knee.ttft_p95_s` / `bench.knee.goodput`
-  (`margin`, a fraction of the live value), else DEFAULT_TOLERANCES.
+  (`margin`, a fraction of the live value), else DEFAULT_TOLERANCES, never wider than the
+  environment's ceiling (`max_perf_tolerance`). A tolerance widens to the LIVE release's
+  run-to-run spread at that load, up to the environment's `max_perf_spread`; a spread above
+  it on either release fails the comparison as an evidence gate ("too noisy to judge here:
+  rerun"), never passes it.
 - manifest gates with `kind: min | max` (a threshold) on any `eval.<suite>.pass_rate` or
   `bench.knee.<metric>`, and `max_increase` / `non_inferior` on other `bench.knee.*`
   metrics (relative to the live value).
 
 With nothing live in the environment (`mode: absolute`), the candidate's own evidence must
-hold: each suite evaluated on its locked file with pass rate >= its `min_pass_rate` (when
-set), and the SLOs at its knee.
+hold: each suite evaluated on its locked file with pass rate >= its floor (the
+environment's `min_pass_rate`, raised by the suite's own when set), and the SLOs at its knee.
+
+The environment's policy (`releasekit.config.EnvironmentConfig`) is passed in; promote reads
+it from a committed revision (`releasekit.promote.policy`).
 """
 
 from __future__ import annotations
@@ -38,11 +47,12 @@ from pydantic import BaseModel, Field
 from releasekit._support.digests import digest_obj
 from releasekit.bench.runner import BenchResult, load_bench
 from releasekit.bench.stats import PointResult
-from releasekit.config import Settings
+from releasekit.config import EnvironmentConfig, Settings
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.compare import Comparison, compare, load_comparison
 from releasekit.evaluate.runner import EvalResult, load_result
 from releasekit.promote.context import ReleaseInfo
+from releasekit.spec.manifest import LoadedManifest, Suite
 from releasekit.stores.results import ReleasePaths
 
 GateKind = Literal["policy", "evidence", "quality", "perf", "approval", "shadow"]
@@ -71,6 +81,12 @@ class GateResult(BaseModel):
         False,
         description="shown but not blocking: failed, and judged elsewhere (an environment "
         "whose canary steps judge performance live)",
+    )
+    against_live: bool = Field(
+        False,
+        description="a perf comparison with the live release at its knee load: the kind a "
+        "canary judges on live traffic (`perf_by_canary`); the candidate's own knee and the "
+        "manifest's thresholds are not",
     )
 
     @property
@@ -108,6 +124,9 @@ class GateReport(BaseModel):
     live_curve: list[CurvePoint] = Field(default_factory=list)
     candidate_knee: float | None = None
     live_knee: float | None = None
+    policy_source: str | None = Field(
+        None, description="where the environment's policy came from (revision, commit, digest)"
+    )
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property
@@ -147,9 +166,17 @@ class GateReport(BaseModel):
         return self._with(gates)
 
     def perf_judged_live(self) -> GateReport:
-        """This report with its failed perf gates advisory: the release's canary steps judge
-        performance on live traffic instead (`perf_by_canary`)."""
-        return self.advisory(["perf"], PERF_BY_CANARY_NOTE)
+        """This report with its failed perf comparisons with the live release advisory
+        (`against_live`): the release's canary steps judge them on live traffic instead
+        (`perf_by_canary`). The SLOs at the candidate's own knee and the manifest's
+        thresholds still block."""
+        gates = [
+            g.model_copy(update={"advisory": True, "detail": f"{g.detail} ({PERF_BY_CANARY_NOTE})"})
+            if g.kind == "perf" and g.against_live and not g.passed and not g.advisory
+            else g
+            for g in self.gates
+        ]
+        return self._with(gates)
 
 
 @dataclass
@@ -290,16 +317,43 @@ def run_spread(p: PointResult, metric: str) -> float:
     return (s.max - s.min) / abs(s.median)
 
 
-def _tolerance(info: ReleaseInfo, metric: str) -> tuple[float, str]:
+def _tolerance(info: ReleaseInfo, metric: str, policy: EnvironmentConfig) -> tuple[float, str]:
+    """The relative tolerance of a `bench.knee.<metric>` comparison and where it came from:
+    the manifest's margin (or the default), never wider than the environment's ceiling."""
+    tol, source = DEFAULT_TOLERANCES.get(metric, 0.0), "default"
     for g in info.lm.manifest.gates:
         if g.metric == f"bench.knee.{metric}" and g.kind in ("max_increase", "non_inferior"):
-            return (
-                g.margin if g.margin is not None else DEFAULT_TOLERANCES.get(metric, 0.0)
-            ), "manifest"
-    return DEFAULT_TOLERANCES.get(metric, 0.0), "default"
+            if g.margin is not None:
+                tol, source = g.margin, "manifest"
+            break
+    ceiling = policy.tolerance_ceiling(metric)
+    if tol > ceiling:
+        return ceiling, f"{source} tolerance {tol:g} clamped to the environment's ceiling"
+    return tol, f"{source} tolerance"
 
 
-def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
+def _too_noisy(metric: str, spreads: dict[str, float], cap: float) -> GateResult | None:
+    """An evidence failure when either release's runs at the live knee spread wider than
+    the environment's cap: the difference cannot be told from the host's noise there."""
+    over = {side: v for side, v in spreads.items() if v > cap}
+    if not over:
+        return None
+    return GateResult(
+        name=f"{metric} at the knee",
+        kind="evidence",
+        passed=False,
+        rule=f"each release's run-to-run spread of {metric} at the live knee load "
+        f"((max - min) / median of its runs) at most {cap:g} (max_perf_spread)",
+        limit=cap,
+        live=spreads.get("live"),
+        candidate=spreads.get("candidate"),
+        detail="too noisy to judge here: rerun the load test ("
+        + ", ".join(f"{side} spread {v:.2f}" for side, v in over.items())
+        + f" > {cap:g})",
+    )
+
+
+def _relative_perf(cand: Evidence, live: Evidence, policy: EnvironmentConfig) -> list[GateResult]:
     assert cand.bench is not None and live.bench is not None
     gates: list[GateResult] = []
     lk = live.bench.knee
@@ -320,6 +374,7 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
         GateResult(
             name=f"SLOs hold at the live knee (load {lk.load:g})",
             kind="perf",
+            against_live=True,
             passed=at is not None and at.holds,
             rule="at the live release's knee load the candidate holds under the same rule: "
             + (cand.bench.knee_rule or "SLOs met, unflagged, in every run"),
@@ -342,20 +397,28 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
         and g.kind in ("max_increase", "non_inferior")
         and g.metric.removeprefix("bench.knee.") not in ("ttft_p95_s", "goodput")
     ]
+    cap = policy.max_perf_spread
     for metric in dict.fromkeys(metrics):
-        tol, source = _tolerance(cand.info, metric)
+        tol, how = _tolerance(cand.info, metric, policy)
         c = point_metric(at, metric) if at else None
         v = point_metric(lk, metric)
         higher = metric in _HIGHER_BETTER
-        # A difference smaller than the run-to-run spread of either release at this load
-        # is the host's noise, not a regression: the tolerance is at least that spread.
-        noise = max(run_spread(at, metric) if at else 0.0, run_spread(lk, metric))
-        eff = max(tol, noise)
+        c_spread = run_spread(at, metric) if at else 0.0
+        l_spread = run_spread(lk, metric)
+        noisy = _too_noisy(metric, {"candidate": c_spread, "live": l_spread}, cap)
+        if noisy is not None:
+            gates.append(noisy)
+            continue
+        # A difference within the live release's own run-to-run spread at this load is the
+        # host's noise, not a regression: the tolerance widens to that spread (at most the
+        # cap, above which the gate fails as evidence). The candidate's own erratic runs
+        # never widen the tolerance on its regression.
+        eff = max(tol, l_spread)
         limit = None if v is None else (v * (1 - eff) if higher else v * (1 + eff))
         ok = c is not None and limit is not None and (c >= limit if higher else c <= limit)
-        how = f"{source} tolerance {tol:g}"
-        if noise > tol:
-            how += f", widened to the releases' run-to-run spread {noise:.2f}"
+        how = f"{how} {tol:g}"
+        if l_spread > tol:
+            how += f", widened to the live release's run-to-run spread {l_spread:.2f}"
         rule = (
             f"{metric} at the live knee load >= live x (1 - {eff:.2f}) ({how})"
             if higher
@@ -365,6 +428,7 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
             GateResult(
                 name=f"{metric} at the knee",
                 kind="perf",
+                against_live=True,
                 passed=ok,
                 rule=rule,
                 candidate=c,
@@ -372,8 +436,8 @@ def _relative_perf(cand: Evidence, live: Evidence) -> list[GateResult]:
                 limit=limit,
                 detail="missing figure"
                 if c is None or v is None
-                else f"run-to-run spread: candidate {run_spread(at, metric) if at else 0:.2f}, "
-                f"live {run_spread(lk, metric):.2f} ((max - min) / median of its runs)",
+                else f"run-to-run spread: candidate {c_spread:.2f}, live {l_spread:.2f} "
+                f"((max - min) / median of its runs; at most {cap:g})",
             )
         )
     return gates
@@ -409,7 +473,30 @@ def _threshold_gates(cand: Evidence) -> list[GateResult]:
     return gates
 
 
-def _comparison(settings: Settings, cand: Evidence, live: Evidence) -> tuple[Comparison, str]:
+def margins_here(info: ReleaseInfo, policy: EnvironmentConfig) -> dict[str, tuple[float, float]]:
+    """Per suite of the candidate's manifest: (the margin it is judged with here, the
+    manifest's own). The environment's ceiling (`max_margin`) caps the manifest's margin:
+    a release may make its quality bar stricter, never looser."""
+    return {
+        s.name: (min(s.margin, policy.margin_ceiling(s.name)), s.margin)
+        for s in info.lm.manifest.eval.suites
+    }
+
+
+def _clamped(info: ReleaseInfo, margins: dict[str, tuple[float, float]]) -> LoadedManifest:
+    """The candidate's loaded manifest with each suite's margin as judged here."""
+    m = info.lm.manifest
+    suites = [s.model_copy(update={"margin": margins[s.name][0]}) for s in m.eval.suites]
+    ev = m.eval.model_copy(update={"suites": suites})
+    return info.lm.model_copy(update={"manifest": m.model_copy(update={"eval": ev})})
+
+
+def _comparison(
+    settings: Settings,
+    cand: Evidence,
+    live: Evidence,
+    margins: dict[str, tuple[float, float]],
+) -> tuple[Comparison, str]:
     assert cand.eval is not None and live.eval is not None
     path = ReleasePaths.of(settings, cand.info.release_id).compare
     if path.is_file():
@@ -421,12 +508,18 @@ def _comparison(settings: Settings, cand: Evidence, live: Evidence) -> tuple[Com
             stored is not None
             and stored.baseline_release_id == live.info.release_id
             and stored.candidate_release_id == cand.info.release_id
+            and all(
+                name in stored.suites and stored.suites[name].margin == here
+                for name, (here, _) in margins.items()
+            )
         ):
             return stored, "report"
-    return compare(cand.eval, live.eval, cand.info.lm), "computed"
+    return compare(cand.eval, live.eval, _clamped(cand.info, margins)), "computed"
 
 
-def _quality_relative(cmp: Comparison, cand: Evidence) -> list[GateResult]:
+def _quality_relative(
+    cmp: Comparison, cand: Evidence, margins: dict[str, tuple[float, float]]
+) -> list[GateResult]:
     gates: list[GateResult] = []
     conf = f"{100 * cmp.confidence:g}%"
     for name in [s.name for s in cand.info.lm.manifest.eval.suites] + [
@@ -469,18 +562,36 @@ def _quality_relative(cmp: Comparison, cand: Evidence) -> list[GateResult]:
                 live=sc.baseline_pass_rate,
                 limit=-sc.margin,
                 detail=f"{sc.verdict.value}: {ci}{flips}n={sc.n_paired}"
-                + (f"; {'; '.join(sc.reasons)}" if sc.reasons else ""),
+                + (f"; {'; '.join(sc.reasons)}" if sc.reasons else "")
+                + _clamp_note(margins.get(name)),
             )
         )
     return gates
 
 
-def _quality_absolute(cand: Evidence) -> list[GateResult]:
+def _clamp_note(margin: tuple[float, float] | None) -> str:
+    if margin is None or margin[0] == margin[1]:
+        return ""
+    return f"; the manifest's margin {margin[1]:g} is clamped to the environment's ceiling"
+
+
+def _floor(s: Suite, policy: EnvironmentConfig) -> tuple[float | None, str]:
+    """A suite's lowest pass rate on a first promotion: the environment's floor, raised
+    (never lowered) by the manifest's `min_pass_rate`; and where it came from."""
+    env_floor, own = policy.floor_for(s.name), s.min_pass_rate
+    if env_floor is None and own is None:
+        return None, ""
+    if own is None or (env_floor is not None and env_floor >= own):
+        return env_floor, "the environment's min_pass_rate"
+    return own, "the manifest's min_pass_rate, stricter than the environment's"
+
+
+def _quality_absolute(cand: Evidence, policy: EnvironmentConfig) -> list[GateResult]:
     gates: list[GateResult] = []
     for s in cand.info.lm.manifest.eval.suites:
         got = cand.eval.suites.get(s.name) if cand.eval else None
         rate = got.pass_rate if got else None
-        need = s.min_pass_rate
+        need, source = _floor(s, policy)
         ok = got is not None and rate is not None and (need is None or rate >= need)
         gates.append(
             GateResult(
@@ -488,7 +599,7 @@ def _quality_absolute(cand: Evidence) -> list[GateResult]:
                 kind="quality",
                 passed=ok and not cand.eval_problems,
                 rule=(
-                    f"pass rate >= {need:g} (suite min_pass_rate; nothing live to compare with)"
+                    f"pass rate >= {need:g} ({source}; nothing live to compare with)"
                     if need is not None
                     else "evaluated on the locked suite (no min_pass_rate set; nothing live)"
                 ),
@@ -508,9 +619,13 @@ def evaluate_gates(
     env: str,
     candidate: ReleaseInfo,
     live: ReleaseInfo | None,
+    policy: EnvironmentConfig | None = None,
 ) -> GateReport:
     """Every evidence, quality and perf gate of promoting `candidate` over `live` (None:
-    nothing live, absolute checks). Reads only; writes nothing."""
+    nothing live, absolute checks), under the environment's `policy` (default: the
+    settings' `[environments.ENV]`, else the embedded defaults). Reads only; writes
+    nothing."""
+    policy = policy or settings.environments.get(env) or EnvironmentConfig(port=1)
     cand = read_release_evidence(settings, candidate)
     gates: list[GateResult] = [
         _evidence_gate("eval evidence (candidate)", cand.eval_problems, "eval results"),
@@ -519,7 +634,7 @@ def evaluate_gates(
     report_kw: dict[str, object] = {}
     lev: Evidence | None = None
     if live is None:
-        gates += _quality_absolute(cand)
+        gates += _quality_absolute(cand, policy)
         if cand.bench is not None:
             gates += _knee_gates("candidate", cand.bench)
     else:
@@ -544,12 +659,13 @@ def evaluate_gates(
                     detail=(f"missing or mismatched evidence: {', '.join(diff)}" if diff else "ok"),
                 )
             )
-            cmp, source = _comparison(settings, cand, lev)
+            margins = margins_here(candidate, policy)
+            cmp, source = _comparison(settings, cand, lev, margins)
             report_kw.update(
                 comparison_source=source,
                 comparison_rule=cmp.rule,
             )
-            gates += _quality_relative(cmp, cand)
+            gates += _quality_relative(cmp, cand, margins)
         else:
             gates.append(
                 GateResult(
@@ -573,7 +689,7 @@ def evaluate_gates(
             )
             gates += _knee_gates("candidate", cand.bench)
             if same:
-                gates += _relative_perf(cand, lev)
+                gates += _relative_perf(cand, lev, policy)
         else:
             gates.append(
                 GateResult(

@@ -3,6 +3,10 @@ evidence against the live release, then a blue/green deploy and the record.
 
     result = promote(settings, "manifests/demo-w8a8.yaml", env="staging", reason="...")
 
+The environment's policy is the committed one (`releasekit.promote.policy`): a policy that
+differs for this command is refused (PolicyError) before anything else; the gates are
+judged under it, and every event records it with its source.
+
 Outcomes (`PromoteResult.status`):
 - `dry_run`: the gate report only; no ledger event, no process, no file;
 - `blocked`: a gate failed; a `gate_failed` event names the failed gates and the report;
@@ -49,6 +53,7 @@ from releasekit.promote.deploy import (
     env_config,
 )
 from releasekit.promote.gates import GateKind, GateReport, GateResult, evaluate_gates
+from releasekit.promote.policy import EnvironmentPolicy, environment_policy, read_policy
 from releasekit.promote.report import write_report
 from releasekit.releases.assign import AssignResult, assign
 from releasekit.releases.prompt_alias import PromptAliasResult, move_prompt_alias
@@ -204,6 +209,12 @@ def _gate_summary(report: GateReport) -> dict[str, Any]:
     }
 
 
+PERF_BY_CANARY_UNUSED = (
+    "perf_by_canary does not apply: the release's canary has no judged step below 100% "
+    "with a required latency check (ttft_p95_s or tpot_p95_s), so its perf gates block"
+)
+
+
 class RecordMove(BaseModel):
     """What moving the record did: the ledger event (with the MLflow model alias, via
     `assign`) and the prompt alias."""
@@ -227,7 +238,13 @@ def move_record(
 ) -> RecordMove:
     """The one place promote and rollback move an environment's record: a live ledger
     event and the MLflow model alias (`releases.assign.assign`, both or neither), then the
-    prompt alias (a failure there is a warning: the record already moved)."""
+    prompt alias (a failure there is a warning: the record already moved). The event
+    carries the environment's policy and its source (`evidence["policy"]`; read here when
+    the caller did not: a rollback records it without refusing, a way back must work)."""
+    if "policy" not in evidence:
+        cfg = settings.environments.get(env)
+        if cfg is not None:
+            evidence = {**evidence, "policy": read_policy(settings, env, cfg).evidence()}
     res = assign(
         settings,
         release_id,
@@ -292,6 +309,7 @@ class PromoteTarget:
     cfg: EnvironmentConfig
     live_id: str | None
     base: PromoteResult
+    policy: EnvironmentPolicy | None = None
 
 
 def promote(
@@ -347,9 +365,11 @@ def run_promotion(
         )
     if request.force and not request.reason.strip():
         raise PromoteError("--force needs --reason: an override must say why")
+    # The environment's policy is the committed one; a one-command change is refused.
+    policy = environment_policy(settings, request.env, cfg)
     led = ledger or _open_ledger(settings, read_only=request.dry_run)
     led.verified()  # what is live, mark_bad, approvals: decided on verified records only
-    target = resolve_target(settings, request, cfg=cfg, ledger=led)
+    target = resolve_target(settings, request, cfg=cfg, ledger=led, policy=policy)
     rid = target.info.release_id
     if target.live_id == rid:
         if _running(settings, request.env, rid):
@@ -366,14 +386,24 @@ def run_promotion(
         if more:
             report = report.with_gates(more)
     cfg = target.cfg
+    notes: list[str] = []
     if request.canary_steps and target.live_id and cfg.perf_by_canary and cfg.gates_required:
         # This environment lets the canary judge performance on live traffic (there is a
-        # stable release to judge it against; where gates are advisory anyway, nothing to do).
-        report = report.perf_judged_live()
+        # stable release to judge it against; where gates are advisory anyway, nothing to
+        # do), when the canary does judge latency at a step below 100%.
+        canary = target.info.lm.manifest.promotion.canary
+        if canary is not None and canary.judges_latency:
+            report = report.perf_judged_live()
+        else:
+            notes.append(PERF_BY_CANARY_UNUSED)
     if target.cfg.requires_approval:
         report = _with_approval(request, target, report, ledger=led, say=say)
     report = decide_here(report, cfg)
-    result = target.base.model_copy(update={"report": report})
+    if target.policy is not None:
+        pol = target.policy
+        source = f"{pol.where}, digest {pol.source.digest[:12]}"
+        report = report.model_copy(update={"policy_source": source})
+    result = target.base.model_copy(update={"report": report, "warnings": notes})
     if request.dry_run:
         return result
 
@@ -398,7 +428,12 @@ def run_promotion(
 
 
 def resolve_target(
-    settings: Settings, request: PromoteRequest, *, cfg: EnvironmentConfig, ledger: Ledger
+    settings: Settings,
+    request: PromoteRequest,
+    *,
+    cfg: EnvironmentConfig,
+    ledger: Ledger,
+    policy: EnvironmentPolicy | None = None,
 ) -> PromoteTarget:
     """Resolve the release, check its manifest allows the environment, and read what is
     live there (PromoteError when the manifest does not list the environment)."""
@@ -415,7 +450,7 @@ def resolve_target(
         live_release_id=live_id,
         forced=bool(request.force),
     )
-    return PromoteTarget(info=info, cfg=cfg, live_id=live_id, base=base)
+    return PromoteTarget(info=info, cfg=cfg, live_id=live_id, base=base, policy=policy)
 
 
 def redeploy_record(
@@ -467,13 +502,15 @@ def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) ->
     info, env, live_id = target.info, target.base.environment, target.live_id
     policy = policy_gates(settings, info, env=env, ledger=ledger)
     if live_id is None:
-        report = evaluate_gates(settings, env=env, candidate=info, live=None)
+        report = evaluate_gates(settings, env=env, candidate=info, live=None, policy=target.cfg)
     else:
         live_info, problem = _live_info(settings, live_id, ledger)
         if live_info is None:
             report = _unreadable_live_report(info, env=env, live_id=live_id, problem=problem)
         else:
-            report = evaluate_gates(settings, env=env, candidate=info, live=live_info)
+            report = evaluate_gates(
+                settings, env=env, candidate=info, live=live_info, policy=target.cfg
+            )
     return decide_here(report.with_gates(policy), target.cfg)
 
 
@@ -539,6 +576,11 @@ def _with_approval(
     return report.with_gates([gate])
 
 
+def _policy_evidence(target: PromoteTarget) -> dict[str, Any]:
+    """The policy the promotion was decided by, with its source, for its ledger event."""
+    return {"policy": target.policy.evidence()} if target.policy is not None else {}
+
+
 def record_block(
     request: PromoteRequest,
     target: PromoteTarget,
@@ -557,7 +599,11 @@ def record_block(
             from_release=target.live_id,
             to_release=target.info.release_id,
             reason=request.reason or f"blocked: {', '.join(failed)}",
-            evidence={"gates": _gate_summary(report), "report": result.report_json},
+            evidence={
+                "gates": _gate_summary(report),
+                "report": result.report_json,
+                **_policy_evidence(target),
+            },
             live=False,
             actor=request.actor,
         )
@@ -600,6 +646,7 @@ def deploy_and_record(
             "gate_report": result.report_json,
             "gateway": url,
             "serving_key": spec.serving_key,
+            **_policy_evidence(target),
         }
         if failed:
             evidence["overrode"] = failed
@@ -645,7 +692,11 @@ def deploy_and_record(
             "deploy": outcome,
             "record": move.assign.record if move else outcome.failure_event,
             "prompt_alias": move.prompt_alias if move else None,
-            "warnings": [*(move.assign.warnings if move else []), *(move.warnings if move else [])],
+            "warnings": [
+                *result.warnings,
+                *(move.assign.warnings if move else []),
+                *(move.warnings if move else []),
+            ],
             "gateway_url": outcome.gateway_url,
         }
     )

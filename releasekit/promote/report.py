@@ -154,6 +154,11 @@ def render_html(report: GateReport, *, comparison_href: str | None = None) -> st
     if report.advisory_failed:
         summary += f" ({len(report.advisory_failed)} more failed, advisory here)"
     rows = "\n".join(_row(g) for g in report.gates)
+    policy = (
+        f"<p><b>Environment policy:</b> {html.escape(report.policy_source)}</p>\n"
+        if report.policy_source
+        else ""
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
 <style>
@@ -165,7 +170,7 @@ tr.advisory td {{ background: #fff4d6; }}
 </style></head><body>
 <h1>{verdict}: {name} {cid} to {env}</h1>
 <p>Against: {live}. Mode: {report.mode}. {summary}. {when}</p>
-<table><tr>{head}</tr>
+{policy}<table><tr>{head}</tr>
 {rows}
 </table>
 {rule}

@@ -121,6 +121,46 @@ class HistoryReport(BaseModel):
         return buf.getvalue()
 
 
+class EventGates(BaseModel):
+    """What decided a promotion event beyond its passed gates, read from its evidence: the
+    failed gates that were advisory there, the failed gates an override carried, and the
+    environment policy's source when it was not the committed one."""
+
+    advisory: list[str] = Field(default_factory=list)
+    overridden: list[str] = Field(default_factory=list)
+    policy: str | None = Field(
+        None, description="the policy's source when not committed, or the fields that differed"
+    )
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to show beside the event."""
+        return not (self.advisory or self.overridden or self.policy)
+
+
+def event_gates(evidence: dict[str, Any]) -> EventGates:
+    """The advisory and overridden gates and the policy source of one event's evidence."""
+    gates = evidence.get("gates")
+    advisory = gates.get("advisory_failed") if isinstance(gates, dict) else None
+    overridden = evidence.get("overrode")
+    policy = evidence.get("policy")
+    where: str | None = None
+    if isinstance(policy, dict):
+        raw = policy.get("source")
+        source: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        differs = policy.get("differs_from_committed")
+        if differs:
+            where = f"differed from the committed policy in {', '.join(map(str, differs))}"
+        elif source.get("kind") == "uncommitted":
+            note = source.get("note")
+            where = "uncommitted" + (f" ({note})" if note else "")
+    return EventGates(
+        advisory=[str(g) for g in advisory] if isinstance(advisory, list) else [],
+        overridden=[str(g) for g in overridden] if isinstance(overridden, list) else [],
+        policy=where,
+    )
+
+
 def history(
     settings: Settings,
     *,

@@ -206,6 +206,8 @@ class WatchRule(_Strict):
 
 
 CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]
+LATENCY_CHECKS = frozenset({"ttft_p95_s", "tpot_p95_s"})
+"""The canary checks that judge latency (quantiles); the others judge rates."""
 
 
 class CanaryCheck(_Strict):
@@ -295,6 +297,15 @@ class Canary(_Strict):
         if dupes:
             raise ValueError(f"canary checks name a metric twice: {', '.join(dupes)}")
         return self
+
+    @property
+    def judges_latency(self) -> bool:
+        """True when these steps can stand in for the offline perf comparison with the live
+        release: some step below 100% is judged, and a latency quantile check
+        (`ttft_p95_s` or `tpot_p95_s`) is required there. A canary of `[{weight: 100}]`
+        (never judged), `checks: []` or only rate checks judges no latency."""
+        judged = any(s.weight < 100 for s in self.steps)
+        return judged and any(c.required and c.metric in LATENCY_CHECKS for c in self.checks)
 
 
 class Promotion(_Strict):
@@ -462,4 +473,74 @@ def check_files(lm: LoadedManifest) -> list[str]:
         if not ok:
             hint = " (run `dvc repro` to produce it)" if is_dir else ""
             problems.append(f"{field}: {'folder' if is_dir else 'file'} not found: {p}{hint}")
+    return problems
+
+
+def _gate_line(g: Gate) -> str:
+    extra = "".join(
+        f", {k}: {v:g}"
+        for k, v in (("threshold", g.threshold), ("margin", g.margin))
+        if v is not None
+    )
+    return f"{{metric: {g.metric}, kind: {g.kind}{extra}}}"
+
+
+def check_gates(m: Manifest) -> list[str]:
+    """`gates[i]: problem` for each gate line that decides nothing, saying which field
+    decides instead: a relative line on an eval suite (the quality gate compares every suite
+    with the live release at the suite's `margin`), a `min`/`max` line without a
+    `threshold`, a field the line's kind ignores, a metric no gate reads, or a line that
+    repeats an earlier one (only the first is read)."""
+    suites = {s.name: i for i, s in enumerate(m.eval.suites)}
+    problems: list[str] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, g in enumerate(m.gates):
+        where, line = f"gates[{i}]", _gate_line(g)
+        parts = g.metric.split(".")
+        relative = g.kind in ("non_inferior", "max_increase")
+        if parts[0] == "eval" and len(parts) == 3:
+            if parts[1] not in suites:
+                problems.append(
+                    f"{where}: {line} names suite {parts[1]!r}, which eval.suites does not have"
+                )
+                continue
+            if relative:
+                k = suites[parts[1]]
+                problems.append(
+                    f"{where}: {line} is never read: the quality gate compares suite "
+                    f"{parts[1]} with the live release at eval.suites[{k}].margin (capped by "
+                    "the environment's max_margin), and on a first promotion holds it to the "
+                    "environment's min_pass_rate (eval.suites[].min_pass_rate may raise it); "
+                    "remove the line, or use kind min with a threshold"
+                )
+                continue
+        elif not (parts[:2] == ["bench", "knee"] and len(parts) == 3 and parts[2]):
+            problems.append(
+                f"{where}: {line} is never read: gates read eval.<suite>.<figure> "
+                "(kind min or max, with a threshold) or bench.knee.<figure>"
+            )
+            continue
+        if not relative and g.threshold is None:
+            problems.append(
+                f"{where}: {line} does nothing without a threshold: set threshold (the bound "
+                f"{g.metric} must meet), or remove the line"
+            )
+            continue
+        if not relative and g.margin is not None:
+            problems.append(
+                f"{where}: {line}: kind {g.kind} reads threshold, not margin; remove margin"
+            )
+        if relative and g.threshold is not None:
+            problems.append(
+                f"{where}: {line}: kind {g.kind} reads margin (a fraction of the live "
+                "release's figure), not threshold; remove threshold, or use kind min or max"
+            )
+        key = (g.metric, "relative" if relative else g.kind)
+        if key in seen:
+            problems.append(
+                f"{where}: {line} is never read: gates[{seen[key]}] already sets "
+                f"{g.metric} ({'margin' if relative else 'threshold'}), and only the first is read"
+            )
+        else:
+            seen[key] = i
     return problems

@@ -11,7 +11,7 @@ from releasekit.errors import ManifestError
 from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
-from releasekit.spec.manifest import check_files, load_manifest
+from releasekit.spec.manifest import check_files, check_gates, load_manifest
 
 
 class ValidationResult(BaseModel):
@@ -27,14 +27,15 @@ class ValidationResult(BaseModel):
 def validate_one(
     path: Path, *, check_files_exist: bool = True, settings: Settings | None = None
 ) -> ValidationResult:
-    """Validate one manifest: schema, then referenced files, then the load profile, then
-    `serving.args` against vLLM's own parser (`settings.python`; see spec.engine_args), then
-    `quantisation.scheme` against what that vLLM can serve on this host (spec.hostcaps)."""
+    """Validate one manifest: schema, gate lines that decide nothing (`check_gates`), then
+    referenced files, then the load profile, then `serving.args` against vLLM's own parser
+    (`settings.python`; see spec.engine_args), then `quantisation.scheme` against what that
+    vLLM can serve on this host (spec.hostcaps)."""
     try:
         lm = load_manifest(path)
     except ManifestError as exc:
         return ValidationResult(path=str(path), ok=False, problems=exc.problems)
-    problems: list[str] = []
+    problems: list[str] = check_gates(lm.manifest)
     if check_files_exist:
         problems += check_files(lm)
         prof = lm.resolve(lm.manifest.load.profile)

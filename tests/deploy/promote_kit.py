@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -243,6 +244,17 @@ def _toml(ports: dict[str, int], smoke: str, extra: dict[str, str], lines: list[
     return "\n".join(out)
 
 
+def commit_config(project: Path, message: str = "environments and their policy") -> None:
+    """Commit the project's releasekit.toml: an environment's policy is read from a commit
+    (releasekit.promote.policy), so a change to it is a commit, as in a real repository."""
+    git = ["git", "-C", str(project), "-c", "user.name=Test", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "releasekit.toml"], check=True, capture_output=True)
+    # (Nothing to commit when the file is already committed as it is.)
+    subprocess.run([*git, "commit", "-qm", message, "--", "releasekit.toml"], capture_output=True)
+    same = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "releasekit.toml"])
+    assert same.returncode == 0, "releasekit.toml could not be committed"
+
+
 @pytest.fixture(scope="session")
 def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty MLflow SQLite store, migrated once per session."""
@@ -289,6 +301,7 @@ def make_kit(
     toml = project / "releasekit.toml"
     smoke_cfg = smoke or f'{{ path = "{smoke_file}", max_items = 4, min_pass_rate = 0.75 }}'
     toml.write_text(_toml(ports, smoke_cfg, extra, toml_lines or []))
+    commit_config(project)
     monkeypatch.setenv("RELEASEKIT_CONFIG", str(toml))
     wrapper = python or _write_python_wrapper(project)
     monkeypatch.setenv("RELEASEKIT_PYTHON", str(wrapper))

@@ -16,8 +16,16 @@ from typing import Any
 import httpx
 import pytest
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
-from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
+from promote_kit import (
+    Kit,
+    Streamer,
+    commit_config,
+    kill_everything,
+    make_kit,
+    mlflow_template_db,
+)
 
+from releasekit.config import load_settings
 from releasekit.deploy.gateway import GatewayRequestError, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
@@ -298,9 +306,15 @@ def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
 
     # Where an environment's gates do not block (`gates_required = false`), the same failure
     # is shown and listed as advisory, by the same rule: no failed gate blocks there.
-    envs = dict(ckit.settings.environments)
-    envs["staging"] = envs["staging"].model_copy(update={"gates_required": False})
-    lax = ckit.settings.model_copy(update={"environments": envs})
+    # (A policy change is a commit: the environment's policy is read from one.)
+    toml = ckit.root / "releasekit.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            "[environments.staging]\n", "[environments.staging]\ngates_required = false\n"
+        )
+    )
+    commit_config(ckit.root, "staging's gates do not block")
+    lax = load_settings(root=ckit.root)
     dry = promote_progressive(lax, bad, env="staging", dry_run=True)
     assert dry.report is not None and dry.report.passed and dry.report.failed == []
     assert "suite core" in [g.name for g in dry.report.advisory_failed]
