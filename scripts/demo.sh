@@ -21,7 +21,9 @@ promote_or_stop() {
 }
 # A gate that blocks is the point of some steps: show it, keep going.
 expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; else echo "(blocked, as expected)"; fi; }
-either() { "$@" || echo "(not promoted: the gate report above says why)"; }
+# Each step names the decision it announces; the ledger says what decided, and the demo
+# stops, naming the gate report, when it was another gate (scripts/demo_expect.py).
+expect() { python scripts/demo_expect.py "$@" || exit 1; }
 
 bash scripts/system-deps.sh  # tcmalloc for vLLM's CPU build (and Prometheus for `watch`)
 
@@ -96,18 +98,24 @@ done
 
 step "promote bf16 to staging, then on to production (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
+expect promoted staging manifests/demo-bf16.yaml
 promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
+expect promoted production manifests/demo-bf16.yaml
 
 step "promote W8A8 over bf16: staging, then production (compared with what is live)"
 promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
+expect promoted staging manifests/demo-w8a8.yaml
 promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
+expect promoted production manifests/demo-w8a8.yaml
 
-step "try the damaged prompt: the quality gate blocks it"
+step "try the damaged prompt: quality gates only block it, core among them"
 expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
+expect blocked staging manifests/demo-damaged-prompt.yaml --by "suite core" --kind quality
 
 if [[ $W4 == yes ]]; then
-  step "try W4A16: 4-bit weights lose facts; the facts suite's gate should block it (the report shows the drop)"
-  either releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
+  step "try W4A16: 4-bit weights lose facts; the facts suite's gate, and no other, blocks it"
+  expect_blocked releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
+  expect blocked staging manifests/demo-w4a16.yaml --by "suite facts" --only
 fi
 
 step "roll staging back to the release live before (the one rolled back from is marked bad)"
@@ -156,25 +164,28 @@ step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (answers
 # its canary checks over 40 s. The comparison is a signed ledger event bound to the stable
 # release: promote reads it as a gate.
 releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
-releasekit shadow compare --env staging --window 40 || echo "(the shadow comparison breached: its promotion below is blocked by it)"
+if ! releasekit shadow compare --env staging --window 40; then
+  releasekit shadow stop --env staging
+  echo "demo: stopped, the healthy release's shadow comparison breached (figures above); nothing was forced" >&2
+  exit 1
+fi
 releasekit shadow stop --env staging
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
 if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
-  # Judged against stable on the same host, beyond sampling noise; a host that other work
-  # loads can still make the canary lose, and the figures above say so.
-  echo "(not promoted: the gate report or canary_aborted event above names the figures; nothing was forced)"
+  echo "demo: stopped, the healthy release was not promoted (the gate report or canary_aborted event above names the figures; nothing was forced)" >&2
+  exit 1
 fi
 
 step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"
 expect_blocked releasekit promote "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
+expect blocked staging "$CANARY_SEQS1" --kind perf
 
 step "max-num-seqs 1 with canary steps: staging lets the canary judge it on live traffic"
 if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
   echo "(unexpected: the max-num-seqs 1 release was promoted)"; exit 1
 fi
-# Its canary was aborted on a breach (or, if the healthy release above did not get to
-# 100%, its gates stopped it): the ledger says which, with the figures.
+# Its canary was aborted on a breach: the ledger says so, with the figures.
 python - "$SEQS1_ID" <<'PY'
 import sys
 from releasekit.config import load_settings
