@@ -69,6 +69,20 @@ def print_canary(canary: dict[str, Any]) -> None:
         )
 
 
+def print_canary_power(power: list[dict[str, Any]]) -> None:
+    """What each canary check detects, one judgement at its min_samples (rollout.power)."""
+    from releasekit.rollout.power import POWER_COLUMNS, CheckPower
+
+    checks = [CheckPower.model_validate(p) for p in power]
+    table("canary checks: what one judgement detects", POWER_COLUMNS, [c.cells() for c in checks])
+    out.print(
+        "  [dim]per judgement at min_samples (rates: with stable at 0, the limit is the "
+        "slack); a step aborts on `sustain` breaching judgements in a row and passes on "
+        "`sustain` clean ones, each over the step so far[/dim]",
+        highlight=False,
+    )
+
+
 @handle_errors
 def approve_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],

@@ -31,6 +31,7 @@ from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promot
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
 from releasekit.rollout.placement import even_out, release
+from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow import shadow_gate
 from releasekit.rollout.state import (
     HeldServer,
@@ -323,6 +324,12 @@ def promote_progressive(
             rec = record_interrupted(settings, left, ledger=led, actor=actor)
             notes.append(f"an interrupted canary was recorded as aborted (event {rec.seq})")
 
+    power = (
+        [p.model_dump(mode="json") for p in policy_power(list(policy.checks))]
+        if policy is not None and not no_canary
+        else None
+    )
+
     def gates(release_id: str) -> list[GateResult]:
         g = shadow_gate(settings, env=env, release_id=release_id)
         return [g] if g is not None else []
@@ -331,7 +338,7 @@ def promote_progressive(
         if policy is not None and no_canary:
             notes.append("--no-canary: one switch, no canary steps")
         res = run_promotion(settings, request, progress=progress, ledger=led, extra_gates=gates)
-        return res.model_copy(update={"warnings": [*res.warnings, *notes]})
+        return res.model_copy(update={"warnings": [*res.warnings, *notes], "canary_power": power})
     runs: list[CanaryRun] = []
     shift = canary_shift(
         settings,
@@ -345,7 +352,7 @@ def promote_progressive(
     res = run_promotion(
         settings, request, progress=progress, ledger=led, shift=shift, extra_gates=gates
     )
-    update: dict[str, Any] = {"warnings": [*res.warnings, *notes]}
+    update: dict[str, Any] = {"warnings": [*res.warnings, *notes], "canary_power": power}
     if runs:
         update["canary"] = runs[-1].model_dump(mode="json")
     elif res.deploy is not None and res.deploy.ok and res.live_release_id is None:

@@ -206,6 +206,9 @@ class WatchRule(_Strict):
 
 
 CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]
+QUANTILE_MIN_SAMPLES = 10
+"""Fewest samples a quantile check may judge on: below it a p95 check at confidence 0.95
+can hardly breach (at 1 sample it never can; `rollout.power`)."""
 
 
 class CanaryCheck(_Strict):
@@ -231,6 +234,17 @@ class CanaryCheck(_Strict):
         description="the step waits for this check's samples; False: judged when it has "
         "them (feedback is often sparse)",
     )
+
+    @field_validator("min_samples")
+    @classmethod
+    def _enough_for_a_quantile(cls, v: int, info: Any) -> int:
+        metric = str(info.data.get("metric", ""))
+        if re.search(r"_p\d+_s$", metric) and v < QUANTILE_MIN_SAMPLES:
+            raise ValueError(
+                f"min_samples must be at least {QUANTILE_MIN_SAMPLES} for a quantile check "
+                f"({metric}), got {v}: below it the check can hardly breach"
+            )
+        return v
 
 
 def default_checks() -> list[CanaryCheck]:

@@ -233,3 +233,109 @@ def test_the_step_table_says_how_many_are_over_the_limit(
     print_canary(run.model_dump(mode="json"))
     text = capsys.readouterr().out
     assert "pass (3 of 40 over the limit, p=0.32)" in " ".join(text.split())
+
+
+# -- stated power (rollout.power)
+
+
+def _slow_share_windows(above: int, n: int) -> tuple[ReleaseWindows, ReleaseWindows]:
+    """A canary with `above` of its `n` answers far above the limit, the rest at stable's."""
+    gw = gateway_text({
+        "can": {"ttft": [0.2] * (n - above) + [3.0] * above, "status": {"200": n},
+                "chunks": 10 * n},
+        "stb": {"ttft": [0.2] * 120, "status": {"200": 120}, "chunks": 1200},
+    })  # fmt: skip
+    return windows(gw)
+
+
+def test_a_p95_check_states_what_it_detects_and_the_judge_agrees() -> None:
+    """At 20 samples a p95 check breaches on 4 requests above the limit (p = 0.016) and
+    not on 3 (p = 0.076); a canary with three times the allowed slow share (15%) breaches a
+    judgement about 35% of the time, and one with 26% of its requests above the limit 80%
+    of the time. The judge itself breaches exactly from the stated count on."""
+    from releasekit.rollout.power import check_power
+
+    check = CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05, min_samples=20)
+    p = check_power(check)
+    assert p.breach_at == 4 and p.allowed_share == pytest.approx(0.05)
+    assert p.at_3x == pytest.approx(0.352, abs=0.001)
+    assert p.at_2x == pytest.approx(0.133, abs=0.001)
+    assert p.detects == pytest.approx(0.259, abs=0.001)
+    assert "breaches on 4 requests above the limit" in p.words()
+    res, _ = judge_check(check, *_slow_share_windows(p.breach_at, 20))
+    assert res.verdict == "breach" and res.above == pytest.approx(4.0), res.reason
+    res, _ = judge_check(check, *_slow_share_windows(p.breach_at - 1, 20))
+    assert res.verdict == "pass" and "within sampling noise" in res.reason, res.reason
+
+
+def test_a_rate_check_states_its_power_from_the_limit_at_stable_zero() -> None:
+    """An error-rate limit of 2% over 10 requests breaches on 2 errors; a limit that allows
+    none breaches on the first one."""
+    from releasekit.rollout.power import check_power
+
+    p = check_power(CanaryCheck(metric="error_rate", tolerance=0.0, slack=0.02, min_samples=10))
+    assert p.breach_at == 2 and p.allowed_share == pytest.approx(0.02)
+    assert p.at_3x is not None and p.at_2x is not None and p.at_2x < p.at_3x < 0.5
+    strict = check_power(CanaryCheck(metric="error_rate", tolerance=0, slack=0, min_samples=10))
+    assert strict.breach_at == 1 and strict.at_2x is None
+    assert strict.detects == pytest.approx(1 - 0.2 ** (1 / 10))
+    # A stable release at 4% errors moves the limit to 6%: it takes more to breach.
+    busy = check_power(
+        CanaryCheck(metric="error_rate", tolerance=0.0, slack=0.02, min_samples=10),
+        stable_rate=0.04,
+    )
+    assert busy.allowed_share == pytest.approx(0.06) and busy.breach_at == 3
+
+
+def test_a_quantile_check_on_fewer_than_10_samples_is_refused(tmp_path: Path) -> None:
+    """With `min_samples: 1` a p95 check can never breach (1 of 1 above the limit is
+    p = 0.05, not below it): the manifest is refused, naming the field and the minimum.
+    Rate checks may judge on fewer (one error can be evidence)."""
+    from releasekit.rollout.power import check_power
+
+    never = CanaryCheck.model_construct(
+        metric="ttft_p95_s", tolerance=0.5, slack=0.05, min_samples=1, confidence=0.95
+    )
+    assert check_power(never).breach_at is None
+    assert "can never breach" in check_power(never).words()
+    data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
+    for metric, n in (("ttft_p95_s", 1), ("tpot_p95_s", 9)):
+        canary = {"steps": [{"weight": 5}], "checks": [{"metric": metric, "min_samples": n}]}
+        with pytest.raises(ManifestError) as e:
+            parse_manifest({**data, "promotion": {"canary": canary}}, path=tmp_path / "m.yaml")
+        [line] = [ln for ln in str(e.value).splitlines() if "min_samples" in ln]
+        assert "promotion.canary.checks[0].min_samples" in line and "at least 10" in line
+    ok = {"steps": [{"weight": 5}], "checks": [{"metric": "error_rate", "min_samples": 1}]}
+    parse_manifest({**data, "promotion": {"canary": ok}}, path=tmp_path / "m.yaml")
+
+
+def _demo_power() -> list[list[str]]:
+    from releasekit.rollout.power import policy_power
+
+    data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
+    policy = parse_manifest(data, path=REPO / "m.yaml").promotion.canary
+    assert policy is not None
+    return [p.cells() for p in policy_power(list(policy.checks))]
+
+
+def test_the_readme_states_the_demo_checks_power_as_the_function_gives_it() -> None:
+    """The README's power table for the demo's canary checks is the function's output."""
+    readme = (REPO / "README.md").read_text()
+    for cells in _demo_power():
+        row = "| " + " | ".join(cells) + " |"
+        assert row in readme, row
+
+
+def test_promote_explain_prints_each_checks_power(capsys: pytest.CaptureFixture[str]) -> None:
+    """`promote --explain` prints a row a check: what one judgement breaches on and detects."""
+    from releasekit.cli.rollout_cmds import print_canary_power
+    from releasekit.rollout.power import policy_power
+
+    checks = [
+        CanaryCheck(metric="ttft_p95_s", tolerance=0.5, slack=0.05, min_samples=20),
+        CanaryCheck(metric="error_rate", tolerance=0, slack=0.02, min_samples=10),
+    ]
+    print_canary_power([p.model_dump(mode="json") for p in policy_power(checks)])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "4 of 20" in text and "35%" in text and "2 of 10" in text
+    assert "sustain" in text
