@@ -30,18 +30,14 @@ def _fmt(v: object) -> str:
 
 
 def print_canary(canary: dict[str, Any]) -> None:
-    """The canary steps as they ran: one row a step, then the breach, if any."""
+    """The canary steps as they ran: one row a step (every check: its figures and verdict,
+    or why it was not judged), then the breach, if any."""
     from releasekit.rollout.judge import CheckResult
 
     rows = []
     for s in canary.get("steps", []):
         j = s.get("judgement") or {}
-        checks = "; ".join(
-            f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
-            f"{CheckResult.model_validate(c).over_limit()}"
-            for c in j.get("checks", [])
-            if c.get("verdict") != "not_measured"
-        )
+        checks = "; ".join(CheckResult.model_validate(c).brief() for c in j.get("checks", []))
         rows.append(
             [
                 str(s["index"] + 1),
@@ -153,7 +149,9 @@ def shadow_compare_cmd(
                 _fmt(c.stable),
                 _fmt(c.limit),
                 c.source or "-",
-                c.verdict + c.over_limit(),
+                c.verdict + c.over_limit()
+                if c.verdict in ("pass", "breach")
+                else f"{c.verdict.replace('_', ' ')} ({c.reason})",
             ]
             for c in res.judgement.checks
         ]

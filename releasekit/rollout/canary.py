@@ -8,12 +8,15 @@ after the last judged step. Before the first step a canary on its own server get
 burst (`warmup_requests` at once, straight to its vLLM, answers discarded), and each step's
 window starts `settle_s` after its weight was set: a fresh vLLM's first requests, and the
 first seconds after a weight change, are not what the release does in steady state.
-A step passes once it has run `min_duration_s`, the canary
-answered `min_requests` and every required check passes; a check breaches only after
-`sustain` consecutive breaching judgements (each over the whole step so far, and each a
-figure above its limit by more than sampling noise: `rollout.judge`); without
-enough samples by `max_duration_s` the step ends as insufficient evidence (abort, not a
-verdict on the release).
+A step needs as much evidence to pass as to abort: it passes once it has run
+`min_duration_s`, the canary answered `min_requests` and the last `sustain` judgements in
+a row were clean (every required check passed on at least its `min_samples`, none
+breached); it aborts once a check breached `sustain` judgements in a row (each over the
+whole step so far, and each a figure above its limit by more than sampling noise:
+`rollout.judge`). A breach of any check starts the clean run again; a judgement that is
+neither (a required check still waiting) leaves it as it is, as a no-data window leaves a
+breach run. Without enough clean judgements by `max_duration_s` the step ends as
+insufficient evidence (abort, not a verdict on the release).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import httpx
 from pydantic import BaseModel, Field
@@ -57,6 +60,9 @@ class StepReport(BaseModel):
     canary_requests: float = 0.0
     stable_requests: float = 0.0
     judgement: StepJudgement | None = None
+    clean_judgements: int = Field(
+        0, description="clean judgements in a row at the end (passing needs `sustain`)"
+    )
     reason: str = ""
 
 
@@ -96,6 +102,8 @@ class CanaryRun(BaseModel):
         """Share of the requests served during the run that the canary served."""
         return self.canary_served / self.total_served if self.total_served else None
 
+
+SHARED_SERVER = "both releases share one vLLM server (prompt-only canary)"
 
 WARMUP_PROMPT = (
     "A release engineer checks a new model release before it takes live traffic. "
@@ -139,8 +147,16 @@ def warm_up_server(http: httpx.Client, route: Route, n: int) -> tuple[int, float
     return sum(answered), round(time.time() - t0, 3)
 
 
-Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
-"""(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
+class Scrape(NamedTuple):
+    """The gateway's and both releases' vLLM expositions scraped at about one time; None
+    where one was not scraped or did not answer, and `errors` says why, by role
+    ("gateway", "candidate", "stable")."""
+
+    at: float
+    gateway: Exposition | None
+    candidate: Exposition | None
+    stable: Exposition | None
+    errors: dict[str, str] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 def scrape_pair(
@@ -150,40 +166,61 @@ def scrape_pair(
     stable_url: str | None,
     *,
     timeout_s: float,
+    unscraped: str = "not scraped",
 ) -> Scrape:
-    """Scrape the gateway and (when given) both releases' vLLM /metrics now."""
+    """Scrape the gateway and (when given) both releases' vLLM /metrics now; a vLLM not
+    given is recorded as `unscraped` (why it was not asked)."""
+    errors: dict[str, str] = {}
 
-    def one(url: str | None) -> Exposition | None:
+    def one(role: str, url: str | None) -> Exposition | None:
         if url is None:
+            errors[role] = unscraped
             return None
         try:
             return parse_exposition(
                 scrape(url + "/metrics", timeout_s=timeout_s, client=http), url=url
             )
-        except ScrapeError:
+        except ScrapeError as exc:
+            errors[role] = f"/metrics did not answer ({exc.problem})"
             return None
 
-    return time.time(), one(gateway_url), one(candidate_url), one(stable_url)
+    return Scrape(
+        time.time(),
+        one("gateway", gateway_url),
+        one("candidate", candidate_url),
+        one("stable", stable_url),
+        errors,
+    )
 
 
 def pair_windows(
     env: str, candidate_id: str, stable_id: str, before: Scrape, after: Scrape
 ) -> tuple[ReleaseWindows, ReleaseWindows]:
     """(candidate, stable) windows between two scrapes: each release's edge window from
-    the gateway's per-release series, and its engine window from its own vLLM."""
-    t0, g0, c0, s0 = before
-    t1, g1, c1, s1 = after
+    the gateway's per-release series, and its engine window from its own vLLM (None, with
+    why in `engine_missing`, when either scrape lacks it)."""
+    t0, t1 = before.at, after.at
+    g0, g1 = before.gateway, after.gateway
 
-    def rw(release_id: str, e0: Exposition | None, e1: Exposition | None) -> ReleaseWindows:
+    def rw(
+        role: str, release_id: str, e0: Exposition | None, e1: Exposition | None
+    ) -> ReleaseWindows:
         edge = build_window(
             Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
         )
-        engine = None
+        engine, missing = None, None
         if e0 is not None and e1 is not None:
             engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
-        return ReleaseWindows(release_id=release_id, edge=edge, engine=engine)
+        else:
+            missing = after.errors.get(role) or before.errors.get(role) or "not scraped"
+        return ReleaseWindows(
+            release_id=release_id, edge=edge, engine=engine, engine_missing=missing
+        )
 
-    return rw(candidate_id, c0, c1), rw(stable_id, s0, s1)
+    return (
+        rw("candidate", candidate_id, before.candidate, after.candidate),
+        rw("stable", stable_id, before.stable, after.stable),
+    )
 
 
 def split_routes(stable: list[Route], canary: Route, weight: float) -> list[Route]:
@@ -303,6 +340,7 @@ class CanaryController:
             None if shared else self.canary.base_url,
             None if shared else self.stable_primary.base_url,
             timeout_s=self.scrape_timeout_s,
+            unscraped=SHARED_SERVER,
         )
 
     def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
@@ -380,6 +418,7 @@ class CanaryController:
             for c in policy.checks
         }
         recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
+        clean = 0
         label = f"canary step {i + 1}/{n} at {step.weight:g}%"
         report = StepReport(
             index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
@@ -396,8 +435,9 @@ class CanaryController:
                     report.status, report.reason = "lease_lost", "the gateway dropped the lease"
                     break
                 after = self.snapshot()
-                if after[1] is None or before[1] is None:
-                    self.say(f"{label}: gateway /metrics did not answer; waiting", i, n)
+                if after.gateway is None or before.gateway is None:
+                    problem = after.errors.get("gateway") or before.errors.get("gateway")
+                    self.say(f"{label}: gateway {problem}; waiting", i, n)
                     if time.time() - started >= step.max_duration_s:
                         report.status = "insufficient"
                         report.reason = "no gateway figures within max_duration_s"
@@ -410,7 +450,6 @@ class CanaryController:
                     j.canary_requests,
                     j.stable_requests,
                 )
-                self.say(f"{label}: {summarise(j)}", i, n)
                 for c in j.checks:
                     st = states[c.metric]
                     st.update(_as_judgement(c), cw.edge)
@@ -418,6 +457,9 @@ class CanaryController:
                         recent[c.metric] = [*recent[c.metric], c][-policy.sustain :]
                     elif c.verdict == "pass":
                         recent[c.metric] = []
+                clean = next_clean(clean, j)
+                report.clean_judgements = clean
+                self.say(f"{label}: {summarise(j)}; {run_words(clean, states, policy)}", i, n)
                 sustained = [m for m, st in states.items() if st.sustained]
                 elapsed = time.time() - started
                 if sustained:
@@ -439,12 +481,10 @@ class CanaryController:
                         f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained
                     )
                     break
-                required_pass = all(c.verdict == "pass" for c in j.checks if c.required)
                 if (
                     elapsed >= step.min_duration_s
                     and j.canary_requests >= step.min_requests
-                    and required_pass
-                    and not any(c.verdict == "breach" for c in j.checks)
+                    and clean >= policy.sustain
                 ):
                     break
                 if elapsed >= step.max_duration_s:
@@ -452,7 +492,8 @@ class CanaryController:
                     report.status = "insufficient"
                     report.reason = (
                         f"after {elapsed:.0f} s: {j.canary_requests:g} canary requests "
-                        f"(need {step.min_requests}); not decided: {', '.join(waiting) or '-'}"
+                        f"(need {step.min_requests}); {clean} clean judgement(s) in a row "
+                        f"(need {policy.sustain}); not decided: {', '.join(waiting) or '-'}"
                     )
                     break
         finally:
@@ -463,6 +504,34 @@ class CanaryController:
             at_zero = self._to_stable(client)
             run.at_zero_at = at_zero
         return report
+
+
+def is_clean(j: StepJudgement) -> bool | None:
+    """True when every required check passed and none breached; False on any breach;
+    None when neither (a required check waits or was not measured)."""
+    if any(c.verdict == "breach" for c in j.checks):
+        return False
+    if all(c.verdict == "pass" for c in j.checks if c.required):
+        return True
+    return None
+
+
+def next_clean(clean: int, j: StepJudgement) -> int:
+    """The run of clean judgements after `j`: one more on a clean one, 0 after a breach,
+    unchanged when `j` decided nothing (as a no-data window leaves a breach run)."""
+    verdict = is_clean(j)
+    return clean + 1 if verdict else 0 if verdict is False else clean
+
+
+def run_words(clean: int, states: dict[str, RuleState], policy: Canary) -> str:
+    """'clean 2/4' and, for a check breaching in a row, 'ttft_p95_s breached 1/4'."""
+    parts = [f"clean {clean}/{policy.sustain}"]
+    parts += [
+        f"{m} breached {st.consecutive}/{policy.sustain}"
+        for m, st in states.items()
+        if st.consecutive
+    ]
+    return ", ".join(parts)
 
 
 def _as_judgement(c: CheckResult) -> Judgement:
@@ -484,12 +553,8 @@ def _as_judgement(c: CheckResult) -> Judgement:
 
 
 def summarise(j: StepJudgement) -> str:
-    """One line: traffic, then each check's canary vs stable figure and verdict."""
+    """One line: traffic, then each check's canary vs stable figure and verdict, or why it
+    was not judged."""
     parts = [f"{j.canary_requests:g} canary / {j.stable_requests:g} stable requests"]
-    for c in j.checks:
-        if c.verdict == "not_measured":
-            continue
-        cv = "-" if c.canary is None else f"{c.canary:.3g}"
-        sv = "-" if c.stable is None else f"{c.stable:.3g}"
-        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}{c.over_limit()}")
+    parts += [c.brief() for c in j.checks]
     return "; ".join(parts)

@@ -85,7 +85,7 @@ SLOW_STEPS = (
     "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
     "      - {weight: 100}\n"
 )
-SLOW_CHECKS = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+SLOW_CHECKS = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 10}\n"
 SLOW_CHUNKS = '    FAKE_CHUNK_DELAY_S: "0.4"'
 
 
@@ -147,7 +147,7 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
         "      - {weight: 100}\n"
     )
     checks = (
-        "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 4}\n"
+        "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
         "      - {metric: error_rate, tolerance: 0, slack: 0.05, min_samples: 4}\n"
     )
     block = canary_block(steps, checks, warmup=3, settle=0.6)

@@ -4,6 +4,7 @@ counts as an error, and when a check waits instead of deciding."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -339,3 +340,103 @@ def test_promote_explain_prints_each_checks_power(capsys: pytest.CaptureFixture[
     text = " ".join(capsys.readouterr().out.split())
     assert "4 of 20" in text and "35%" in text and "2 of 10" in text
     assert "sustain" in text
+
+
+# -- checks that were not measured are printed with why
+
+
+def _scrapes(can_after: str | None, errors: dict[str, str]) -> tuple[Any, Any]:
+    """Two scrapes 10 s apart: the gateway's and both vLLMs' (the canary's second one
+    `can_after`, None when it did not answer)."""
+    from releasekit.rollout.canary import Scrape
+
+    gw = gateway_text({
+        "can": {"ttft": [0.1] * 30, "status": {"200": 30}, "chunks": 900},
+        "stb": {"ttft": [0.1] * 90, "status": {"200": 90}, "chunks": 2700},
+    })  # fmt: skip
+    e0 = parse_exposition(vllm_text([], [], 0, 0))
+    stb = parse_exposition(vllm_text([0.01] * 90, [0.01] * 90, 90, 2700))
+    can = parse_exposition(can_after) if can_after is not None else None
+    before = Scrape(0.0, parse_exposition(EMPTY_GW), e0, e0, {})
+    return before, Scrape(10.0, parse_exposition(gw), can, stb, errors)
+
+
+def _demo_checks() -> list[CanaryCheck]:
+    data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
+    policy = parse_manifest(data, path=REPO / "m.yaml").promotion.canary
+    assert policy is not None
+    return list(policy.checks)
+
+
+def test_unmeasured_checks_say_why_in_the_progress_line_and_the_step_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A canary whose vLLM /metrics timed out has no TPOT, and with no feedback sent the
+    feedback check cannot be judged: both are printed with why in the progress line and
+    the step table, next to the checks that were judged."""
+    from releasekit.cli.rollout_cmds import print_canary
+    from releasekit.rollout.canary import CanaryRun, StepReport, pair_windows, summarise
+    from releasekit.rollout.judge import judge_step
+
+    before, after = _scrapes(None, {"candidate": "/metrics did not answer (timed out after 5 s)"})
+    j = judge_step(_demo_checks(), *pair_windows("staging", "can", "stb", before, after))
+    by = {c.metric: c for c in j.checks}
+    assert by["ttft_p95_s"].verdict == "pass" and by["error_rate"].verdict == "pass"
+    assert by["tpot_p95_s"].verdict == "not_measured"
+    assert by["negative_feedback_rate"].verdict == "not_measured"
+    timed_out = (
+        "tpot_p95_s not measured (no engine figures: the canary's vLLM /metrics did not "
+        "answer (timed out after 5 s))"
+    )
+    no_feedback = (
+        "negative_feedback_rate not measured (no feedback sent through the gateway yet "
+        "(POST /v1/feedback))"
+    )
+    line = summarise(j)
+    assert timed_out in line and no_feedback in line and "ttft_p95_s 0.0975 vs 0.0975 pass" in line
+    step = StepReport(index=0, weight=25, status="passed", started_at=0, ended_at=40,
+                      canary_requests=30, stable_requests=90, judgement=j)  # fmt: skip
+    run = CanaryRun(env="staging", release_id="can", stable_release_ids=["stb"],
+                    outcome="passed", steps=[step])  # fmt: skip
+    print_canary(run.model_dump(mode="json"))
+    text = " ".join(capsys.readouterr().out.split())
+    assert " ".join(timed_out.split()) in text and no_feedback in text
+
+
+def test_tpot_on_a_shared_server_says_so() -> None:
+    """A prompt-only canary shares stable's server: TPOT is not measured, and says why."""
+    from releasekit.rollout.canary import SHARED_SERVER, Scrape, pair_windows
+    from releasekit.rollout.judge import judge_step
+
+    before, after = _scrapes(None, {})
+    shared = {"candidate": SHARED_SERVER, "stable": SHARED_SERVER}
+    before = Scrape(before.at, before.gateway, None, None, shared)
+    after = Scrape(after.at, after.gateway, None, None, shared)
+    j = judge_step(_demo_checks(), *pair_windows("staging", "can", "stb", before, after))
+    tpot = j.by_metric("tpot_p95_s")
+    assert tpot is not None and tpot.verdict == "not_measured"
+    assert tpot.brief() == f"tpot_p95_s not measured (no engine figures: {SHARED_SERVER})"
+
+
+def test_the_shadow_table_prints_unmeasured_checks_with_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shadow compare` lists every check, and one that was not judged says why."""
+    import releasekit.rollout.shadow as shadow_mod
+    from releasekit.cli import rollout_cmds
+    from releasekit.cli._common import State
+    from releasekit.rollout.canary import pair_windows
+    from releasekit.rollout.judge import judge_step
+    from releasekit.rollout.shadow import ShadowComparison
+
+    before, after = _scrapes(None, {"candidate": "/metrics did not answer (HTTP 503)"})
+    j = judge_step(_demo_checks(), *pair_windows("staging", "can", "stb", before, after))
+    cmp = ShadowComparison(env="staging", release_id="can", stable_release_id="stb",
+                           verdict="pass", window_s=10, at=0.0, judgement=j)  # fmt: skip
+    monkeypatch.setattr(shadow_mod, "compare_shadow", lambda *a, **k: cmp)
+    monkeypatch.setattr(State, "_settings", object())
+    rollout_cmds.shadow_compare_cmd(env="staging", window=10.0, json_=False)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not measured (no engine figures: the canary's vLLM /metrics did not answer" in text
+    assert "HTTP 503" in text
+    assert "not measured (no feedback sent through the gateway yet" in text
