@@ -308,7 +308,8 @@ def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
 
 
 def test_no_canary_switches_at_once(ckit: Kit) -> None:
-    """`--no-canary` keeps the one switch: no canary step runs, no canary event."""
+    """`--no-canary` keeps the one switch: no canary step runs, no canary event. A dry run
+    of the same release states its canary checks' power."""
     old = ckit.build("demo-bf16")
     assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
     steps = "      - {weight: 10, min_duration_s: 600, min_requests: 1000}\n"
@@ -323,8 +324,14 @@ def test_no_canary_switches_at_once(ckit: Kit) -> None:
     )  # fmt: skip
     path = ckit.settings.state_dir / "rollouts" / "staging.json"
     path.write_text(path.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {dead.pid}'))
+    # A dry run states what each canary check would detect (`promote --dry-run --explain`).
+    dry = promote_progressive(ckit.settings, new, env="staging", dry_run=True)
+    assert dry.status == "dry_run" and dry.canary_power is not None
+    [power] = dry.canary_power
+    assert power["metric"] == "error_rate" and power["samples"] == 20
+    assert power["breach_at"] == 1 and power["detects"] is not None  # slack 0: one error
     res = promote_progressive(ckit.settings, new, env="staging", reason="x", no_canary=True)
-    assert res.status == "promoted" and res.canary is None
+    assert res.status == "promoted" and res.canary is None and res.canary_power is None
     assert any("--no-canary" in w for w in res.warnings)
     led = _ledger(ckit)
     assert led.records(types=["canary_step"]) == []
