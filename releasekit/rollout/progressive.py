@@ -110,6 +110,7 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
                 "seconds": round(s.ended_at - s.started_at, 3),
                 "canary_requests": s.canary_requests,
                 "stable_requests": s.stable_requests,
+                "clean_judgements": s.clean_judgements,
                 "checks": [_check_record(c) for c in (s.judgement.checks if s.judgement else [])],
             }
             for s in run.steps
@@ -191,6 +192,7 @@ def canary_shift(
                         "step": rep.index + 1,
                         "weight": rep.weight,
                         "seconds": round(rep.ended_at - rep.started_at, 3),
+                        "clean_judgements": rep.clean_judgements,
                         "checks": [
                             _check_record(c)
                             for c in (rep.judgement.checks if rep.judgement else [])

@@ -194,6 +194,8 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     led = _ledger(ckit)
     steps_rec = led.records(environment="staging", types=["canary_step"])
     assert [r.evidence["weight"] for r in steps_rec] == [20, 50]
+    # Each step passed on `sustain` (2) clean judgements in a row, as an abort needs 2.
+    assert all(r.evidence["clean_judgements"] >= 2 for r in steps_rec), steps_rec
     live = led.live_at("staging")
     assert live is not None and live.to_release == new
     assert live.evidence["canary"]["outcome"] == "passed"
