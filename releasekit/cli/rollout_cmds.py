@@ -53,6 +53,13 @@ def print_canary(canary: dict[str, Any]) -> None:
         ["step", "weight", "status", "s", "requests canary/stable", "canary vs stable"],
         rows,
     )
+    against = canary.get("judged_against") or ""
+    if against.endswith(":baseline"):
+        out.print(
+            f"  judged against a fresh baseline server of {_short(against)}, started, warmed "
+            "and placed with the canary and given the same share of traffic",
+            highlight=False,
+        )
     share = canary.get("canary_served", 0), canary.get("total_served", 0)
     if share[1]:
         out.print(

@@ -46,7 +46,9 @@ from releasekit.watch.windows import (
 )
 
 StepStatus = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
-RunOutcome = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
+RunOutcome = Literal[
+    "passed", "breached", "insufficient", "lease_lost", "gateway_error", "baseline_failed"
+]
 
 
 class StepReport(BaseModel):
@@ -95,6 +97,12 @@ class CanaryRun(BaseModel):
     )
     at_zero_at: float | None = None
     warmup_answered: int = Field(0, description="warm-up requests the canary answered")
+    judged_against: str | None = Field(
+        None, description="the route judged as stable: the live release's, or its fresh baseline"
+    )
+    baseline_warmup_answered: int = Field(
+        0, description="warm-up requests a fresh baseline answered"
+    )
     warmup_s: float | None = Field(None, description="how long the warm-up burst took")
 
     @property
@@ -104,6 +112,7 @@ class CanaryRun(BaseModel):
 
 
 SHARED_SERVER = "both releases share one vLLM server (prompt-only canary)"
+BASELINE_DRAIN_S = 30.0
 
 WARMUP_PROMPT = (
     "A release engineer checks a new model release before it takes live traffic. "
@@ -223,14 +232,26 @@ def pair_windows(
     )
 
 
-def split_routes(stable: list[Route], canary: Route, weight: float) -> list[Route]:
-    """Stable's routes scaled to `100 - weight` percent (their ratios kept) plus the canary
-    at `weight` percent."""
+def split_routes(
+    stable: list[Route], canary: Route, weight: float, baseline: Route | None = None
+) -> list[Route]:
+    """Stable's routes scaled to what is left (their ratios kept) plus the canary at
+    `weight` percent and, when given, the baseline at `weight` percent too."""
+    rest = 100.0 - weight * (2 if baseline is not None else 1)
     live = [r for r in stable if r.weight > 0]
     total = sum(r.weight for r in live) or 1.0
-    out = [r.model_copy(update={"weight": (100.0 - weight) * r.weight / total}) for r in live]
+    out = [r.model_copy(update={"weight": rest * r.weight / total}) for r in live]
     out += [r for r in stable if r.weight <= 0]
-    return [*out, canary.model_copy(update={"weight": weight})]
+    out.append(canary.model_copy(update={"weight": weight}))
+    if baseline is not None:
+        out.append(baseline.model_copy(update={"weight": weight}))
+    return out
+
+
+def baseline_label(release_id: str) -> str:
+    """The gateway's name for a fresh baseline server of `release_id`: its own label, so
+    its edge figures are its own and not the live servers' (route ids are unique)."""
+    return f"{release_id}:baseline"
 
 
 class _Renewer(threading.Thread):
@@ -275,6 +296,7 @@ class CanaryController:
         on_step_start: Callable[[int, CanaryStep], None] | None = None,
         on_step_passed: Callable[[StepReport], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        baseline: Route | None = None,
     ) -> None:
         self.policy = policy
         self.ctx = ctx
@@ -289,6 +311,14 @@ class CanaryController:
         live = [r for r in ctx.stable if r.weight > 0]
         self.stable_primary = max(live, key=lambda r: r.weight) if live else ctx.stable[0]
         self.shared_server = any(r.base_url == self.canary.base_url for r in ctx.stable)
+        # A fresh baseline (policy.baseline "fresh"): judged against instead of the live
+        # servers, under its own label, with the canary's share of traffic.
+        self.baseline = (
+            baseline.model_copy(update={"release_id": baseline_label(baseline.release_id)})
+            if baseline is not None
+            else None
+        )
+        self.compared = self.baseline or self.stable_primary
         self._http = httpx.Client(trust_env=False)
 
     # -- traffic
@@ -305,9 +335,11 @@ class CanaryController:
         keys = set(st.served) | set(st.in_flight)
         return {k: st.served.get(k, 0) + st.in_flight.get(k, 0) for k in keys}
 
-    def _set_weight(self, client: GatewayClient, weight: float) -> int:
+    def _set_weight(self, client: GatewayClient, weight: float, *, baseline: bool = True) -> int:
         table = RouteTable(
-            routes=split_routes(self.ctx.stable, self.canary, weight),
+            routes=split_routes(
+                self.ctx.stable, self.canary, weight, self.baseline if baseline else None
+            ),
             lease_s=self.lease_s,
             fallback=list(self.ctx.stable),
         )
@@ -327,6 +359,9 @@ class CanaryController:
             return
         self.say(f"warming up the canary ({n} requests to its server)", 0, 1)
         run.warmup_answered, run.warmup_s = warm_up_server(self._http, self.canary, n)
+        if self.baseline is not None:  # warmed alike: both start from the same state
+            self.say(f"warming up the fresh baseline ({n} requests to its server)", 0, 1)
+            run.baseline_warmup_answered = warm_up_server(self._http, self.baseline, n)[0]
 
     # -- figures
 
@@ -338,7 +373,7 @@ class CanaryController:
             self._http,
             self.ctx.gateway.url,
             None if shared else self.canary.base_url,
-            None if shared else self.stable_primary.base_url,
+            None if shared else self.compared.base_url,
             timeout_s=self.scrape_timeout_s,
             unscraped=SHARED_SERVER,
         )
@@ -346,7 +381,7 @@ class CanaryController:
     def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
         """(canary, stable) windows between two snapshots."""
         return pair_windows(
-            self.ctx.env, self.canary.release_id, self.stable_primary.release_id, before, after
+            self.ctx.env, self.canary.release_id, self.compared.release_id, before, after
         )
 
     # -- the steps
@@ -360,6 +395,7 @@ class CanaryController:
             release_id=self.canary.release_id,
             stable_release_ids=[r.release_id for r in self.ctx.stable],
             outcome="passed",
+            judged_against=self.compared.release_id,
         )
         self.warm_up(run)
         # The judge's binomial test needs scipy: import it now, not inside a judged window.
@@ -379,6 +415,12 @@ class CanaryController:
                     break
                 if self.on_step_passed is not None:
                     self.on_step_passed(report)
+            if run.outcome == "passed" and self.baseline is not None and run.steps:
+                # The baseline leaves the table (the canary keeps its last weight) so that
+                # it can be drained and stopped before the switch.
+                self._set_weight(client, run.steps[-1].weight, baseline=False)
+            if self.baseline is not None:
+                client.drain(self.baseline.release_id, timeout_s=BASELINE_DRAIN_S)
         except GatewayError as exc:
             run.outcome, run.reason = "gateway_error", f"gateway failed: {exc}"
             try:

@@ -19,10 +19,12 @@ with the ledger events that record it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from releasekit._support.progress import Progress, no_progress
 from releasekit.config import Settings
+from releasekit.deploy.gateway import Route
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
@@ -117,6 +119,7 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
         ],
         "canary_served": run.canary_served,
         "total_served": run.total_served,
+        "judged_against": run.judged_against,
         **{k: v for k, v in links.items() if v},
     }
     if run.breaches:
@@ -144,6 +147,20 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
         ev["decide_to_zero_s"] = run.decide_to_zero_s
         ev["window_to_zero_s"] = run.window_to_zero_s
     return ev
+
+
+def fresh_baseline(policy: Canary, ctx: ShiftContext, say: Progress) -> Route | None:
+    """With `baseline: fresh`, a new server of the live release started for the canary's
+    steps (its route, under the live release's id); None with `live`, or when the canary
+    shares stable's server (a prompt-only canary: there is nothing to start apart)."""
+    shared = any(r.base_url == ctx.canary.base_url for r in ctx.stable)
+    if policy.baseline != "fresh" or ctx.start_baseline is None:
+        return None
+    if shared:
+        say("prompt-only canary: judged against the live server (no fresh baseline)", 0, 1)
+        return None
+    say("starting a fresh baseline server of the live release to judge the canary against", 0, 1)
+    return ctx.start_baseline()
 
 
 def canary_shift(
@@ -204,33 +221,52 @@ def canary_shift(
                 )
             )
 
-        ctrl = CanaryController(
-            policy,
-            ctx,
-            lease_s=cfg.canary_lease_s,
-            scrape_timeout_s=settings.scrape_timeout_s,
-            start_step=start_step,
-            progress=say,
-            on_step_start=started,
-            on_step_passed=passed,
-        )
-        held = even_out(settings, ctx)
-        held_ref[:] = held
-        if held:
-            how = [
-                *(
-                    [f"scheduler nice {settings.canary_judge_nice}"]
-                    if any(h.raised for h in held)
-                    else []
-                ),
-                *(["free on every core"] if any(h.affinity for h in held) else []),
-            ]
-            say(f"canary and stable servers judged alike: {', '.join(how)}", 0, 1)
+        def _judged_run(baseline: Route | None) -> CanaryRun:
+            ctrl = CanaryController(
+                policy,
+                ctx,
+                lease_s=cfg.canary_lease_s,
+                scrape_timeout_s=settings.scrape_timeout_s,
+                start_step=start_step,
+                progress=say,
+                on_step_start=started,
+                on_step_passed=passed,
+                baseline=baseline,
+            )
+            # The two servers judged against each other get the same priority and placement.
+            held = even_out(settings, replace(ctx, stable=[baseline]) if baseline else ctx)
+            held_ref[:] = held
+            if held:
+                how = [
+                    *(
+                        [f"scheduler nice {settings.canary_judge_nice}"]
+                        if any(h.raised for h in held)
+                        else []
+                    ),
+                    *(["free on every core"] if any(h.affinity for h in held) else []),
+                ]
+                other = "fresh baseline" if baseline else "stable"
+                say(f"canary and {other} servers judged alike: {', '.join(how)}", 0, 1)
+            try:
+                return ctrl.run()
+            finally:
+                release(held)
+                clear_rollout(settings, ctx.env)
+                if baseline is not None and ctx.stop_baseline is not None:
+                    ctx.stop_baseline()
+
         try:
-            run = ctrl.run()
-        finally:
-            release(held)
-            clear_rollout(settings, ctx.env)
+            baseline = fresh_baseline(policy, ctx, say)
+        except ReleasekitError as exc:
+            run = CanaryRun(
+                env=ctx.env,
+                release_id=rid,
+                stable_release_ids=[r.release_id for r in ctx.stable],
+                outcome="baseline_failed",
+                reason=f"the fresh baseline server did not start: {exc}",
+            )
+        else:
+            run = _judged_run(baseline)
         if runs is not None:
             runs.append(run)
         evidence = _run_evidence(run, ctx.links)

@@ -298,12 +298,25 @@ class Canary(_Strict):
         le=300,
         description="seconds after each weight change left out of the step's window",
     )
+    baseline: Literal["live", "fresh"] = Field(
+        "live",
+        description="what the canary is judged against: `live`, the servers serving now; "
+        "`fresh`, a new server of the live release started with the canary, warmed and "
+        "placed like it and given the same share of traffic (baseline + canary): both "
+        "are judged under the same conditions",
+    )
 
     @model_validator(mode="after")
     def _rising(self) -> Canary:
         weights = [s.weight for s in self.steps]
         if any(b <= a for a, b in itertools.pairwise(weights)):
             raise ValueError(f"canary weights must rise step by step, got {weights}")
+        over = [w for w in weights if 50 < w < 100]
+        if self.baseline == "fresh" and over:
+            raise ValueError(
+                f"with baseline: fresh the baseline takes as much traffic as the canary, so "
+                f"a judged step's weight can be at most 50, got {over}"
+            )
         metrics = [c.metric for c in self.checks]
         dupes = sorted({m for m in metrics if metrics.count(m) > 1})
         if dupes:

@@ -198,18 +198,24 @@ def test_tpot_is_engine_side_and_not_measured_without_engine_figures() -> None:
 
 
 def test_a_manifest_canary_must_rise_and_name_each_metric_once(tmp_path: Path) -> None:
-    """Falling weights, a metric twice, or an unknown metric are refused by field."""
+    """Falling weights, a metric twice, an unknown metric, or a judged weight over 50 with
+    a fresh baseline are refused by field."""
     data = yaml.safe_load((REPO / "manifests" / "demo-canary-good.yaml").read_text())
     assert parse_manifest(data, path=tmp_path / "m.yaml").promotion.canary is not None
     bad = [
         {"steps": [{"weight": 50}, {"weight": 25}]},
         {"steps": [{"weight": 5}], "checks": [{"metric": "error_rate"}] * 2},
         {"steps": [{"weight": 5}], "checks": [{"metric": "ttft_p50_s"}]},
+        # A fresh baseline takes the canary's share too: a judged weight over 50 cannot be.
+        {"steps": [{"weight": 25}, {"weight": 75}, {"weight": 100}], "baseline": "fresh"},
     ]
     for canary in bad:
         with pytest.raises(ManifestError) as e:
             parse_manifest({**data, "promotion": {"canary": canary}}, path=tmp_path / "m.yaml")
         assert "promotion.canary" in str(e.value)
+    fresh = {"steps": [{"weight": 25}, {"weight": 50}, {"weight": 100}], "baseline": "fresh"}
+    m = parse_manifest({**data, "promotion": {"canary": fresh}}, path=tmp_path / "m.yaml")
+    assert m.promotion.canary is not None and m.promotion.canary.baseline == "fresh"
 
 
 def test_the_step_table_says_how_many_are_over_the_limit(
