@@ -116,8 +116,9 @@ class ShiftContext:
     stable: list[Route]
     previous_release_id: str | None
     links: dict[str, str] = field(default_factory=dict)
-    start_baseline: Callable[[], Route] | None = None
-    """Starts a fresh server of the live release (not routed) and returns its route."""
+    start_baseline: Callable[[], tuple[Route, Upstream]] | None = None
+    """Starts a fresh server of the live release (not routed): its route and handle. Only
+    where the target can run a second server of a release (local)."""
     stop_baseline: Callable[[], None] | None = None
     """Stops the server `start_baseline` started (call once nothing is routed to it)."""
 
@@ -327,11 +328,11 @@ def deploy_release(
             ts = time.monotonic()
             baselines: list[Upstream] = []
 
-            def start_baseline() -> Route:
+            def start_baseline() -> tuple[Route, Upstream]:
                 info = load_release(settings, str(live_now), ledger=ledger)
                 base = release_spec(settings, info, ledger=ledger)
                 baselines.append(target.start(base))
-                return baselines[-1].route(base)
+                return baselines[-1].route(base), baselines[-1]
 
             def stop_baseline() -> None:
                 while baselines:
@@ -343,7 +344,9 @@ def deploy_release(
                 canary=up.route(spec),
                 stable=previous_routes,
                 previous_release_id=live_now,
-                start_baseline=start_baseline if live_now else None,
+                start_baseline=start_baseline
+                if live_now and isinstance(target, LocalTarget)
+                else None,
                 stop_baseline=stop_baseline,
             )
             try:

@@ -25,6 +25,7 @@ from typing import Any
 from releasekit._support.progress import Progress, no_progress
 from releasekit.config import Settings
 from releasekit.deploy.gateway import Route
+from releasekit.deploy.local import stop_group
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
@@ -64,6 +65,7 @@ def record_interrupted(
     """Record an interrupted canary as aborted (traffic is on stable: the gateway's lease
     reverted it), put the servers it held back to the default priority and forget it."""
     release(st.held)
+    stop_interrupted_baseline(settings, st)
     rec = ledger.append(
         Event(
             type=EventType.CANARY_ABORTED,
@@ -149,18 +151,38 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
     return ev
 
 
-def fresh_baseline(policy: Canary, ctx: ShiftContext, say: Progress) -> Route | None:
+def fresh_baseline(
+    policy: Canary, ctx: ShiftContext, say: Progress
+) -> tuple[Route, HeldServer] | None:
     """With `baseline: fresh`, a new server of the live release started for the canary's
-    steps (its route, under the live release's id); None with `live`, or when the canary
-    shares stable's server (a prompt-only canary: there is nothing to start apart)."""
-    shared = any(r.base_url == ctx.canary.base_url for r in ctx.stable)
-    if policy.baseline != "fresh" or ctx.start_baseline is None:
+    steps (its route, under the live release's id, and its process); None with `live`,
+    when the canary shares stable's server (a prompt-only canary: there is nothing to
+    start apart) or where the target cannot start one (then it says so)."""
+    if policy.baseline != "fresh":
         return None
-    if shared:
+    if any(r.base_url == ctx.canary.base_url for r in ctx.stable):
         say("prompt-only canary: judged against the live server (no fresh baseline)", 0, 1)
         return None
+    if ctx.start_baseline is None:
+        say("this target cannot start a fresh baseline: judged against the live server", 0, 1)
+        return None
     say("starting a fresh baseline server of the live release to judge the canary against", 0, 1)
-    return ctx.start_baseline()
+    route, up = ctx.start_baseline()
+    pid, start = up.handle.get("pid"), up.handle.get("proc_start")
+    proc = HeldServer(
+        pid=pid if isinstance(pid, int) else 0,
+        proc_start=start if isinstance(start, int) else None,
+        release_id=route.release_id,
+    )
+    return route, proc
+
+
+def stop_interrupted_baseline(settings: Settings, st: RolloutState) -> None:
+    """Stop the fresh baseline server an interrupted canary started (it is not routed: the
+    lease put all traffic back on the live servers)."""
+    b = st.baseline
+    if b is not None and b.pid > 0:
+        stop_group(b.pid, b.proc_start, grace_s=settings.server_stop_grace_s)
 
 
 def canary_shift(
@@ -181,6 +203,7 @@ def canary_shift(
         rid = ctx.canary.release_id
         judged = [s for s in policy.steps if s.weight < 100]
         held_ref: list[HeldServer] = []
+        baseline_ref: list[HeldServer] = []
 
         def started(i: int, step: CanaryStep) -> None:
             write_rollout(
@@ -192,6 +215,7 @@ def canary_shift(
                 steps=len(judged),
                 weight=step.weight,
                 held=held_ref,
+                baseline=baseline_ref[0] if baseline_ref else None,
             )
 
         def passed(rep: StepReport) -> None:
@@ -256,7 +280,7 @@ def canary_shift(
                     ctx.stop_baseline()
 
         try:
-            baseline = fresh_baseline(policy, ctx, say)
+            fresh = fresh_baseline(policy, ctx, say)
         except ReleasekitError as exc:
             run = CanaryRun(
                 env=ctx.env,
@@ -266,7 +290,8 @@ def canary_shift(
                 reason=f"the fresh baseline server did not start: {exc}",
             )
         else:
-            run = _judged_run(baseline)
+            baseline_ref[:] = [fresh[1]] if fresh else []
+            run = _judged_run(fresh[0] if fresh else None)
         if runs is not None:
             runs.append(run)
         evidence = _run_evidence(run, ctx.links)
@@ -357,6 +382,7 @@ def promote_progressive(
             start_step = left.step
             notes.append(f"resuming the interrupted canary at step {left.step + 1}")
             release(left.held)
+            stop_interrupted_baseline(settings, left)
             clear_rollout(settings, env)
         else:
             rec = record_interrupted(settings, left, ledger=led, actor=actor)

@@ -191,3 +191,46 @@ def test_one_clean_judgement_then_nothing_decided_is_not_a_pass(
     run = ctrl.run()
     assert run.outcome == "insufficient" and 1 < ctrl.judged < 10
     assert "1 clean judgement(s) in a row (need 3)" in run.reason
+
+
+def test_an_interrupted_canarys_fresh_baseline_is_stopped(tmp_path: Any) -> None:
+    """A promote that died mid-canary leaves its fresh baseline server running, unrouted
+    (the lease put traffic back on the live servers): whoever records the interrupted
+    canary stops it."""
+    import subprocess
+    import sys
+
+    from releasekit.deploy.state import proc_start_time
+    from releasekit.rollout.progressive import record_interrupted
+    from releasekit.rollout.state import HeldServer, read_rollout, write_rollout
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
+    try:
+        settings: Any = SimpleNamespace(state_dir=tmp_path, server_stop_grace_s=5.0)
+        base = HeldServer(
+            pid=proc.pid, proc_start=proc_start_time(proc.pid), release_id="stb:baseline"
+        )
+        write_rollout(settings, env="staging", release_id="can", stable_release_id="stb",
+                      step=0, steps=1, weight=20, baseline=base)  # fmt: skip
+        st = read_rollout(settings, "staging")
+        assert st is not None and st.baseline == base
+
+        class Led:
+            def __init__(self) -> None:
+                self.events: list[Any] = []
+
+            def append(self, event: Any) -> Any:
+                self.events.append(event)
+                return SimpleNamespace(seq=len(self.events))
+
+        led = Led()
+        record_interrupted(settings, st, ledger=led)  # type: ignore[arg-type]
+        assert proc.wait(timeout=30) is not None
+        assert led.events[0].type == "canary_aborted"
+        assert read_rollout(settings, "staging") is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
