@@ -17,10 +17,16 @@ whole step so far, and each a figure above its limit by more than sampling noise
 neither (a required check still waiting) leaves it as it is, as a no-data window leaves a
 breach run. Without enough clean judgements by `max_duration_s` the step ends as
 insufficient evidence (abort, not a verdict on the release).
+
+With a fresh baseline (`baseline: fresh`; `progressive.fresh_baseline` starts it) the
+canary is judged against a new server of the live release, warmed alike and given the
+same weight under its own label (`baseline_label`), instead of against the live servers;
+it leaves the table after the last step and is drained before the deploy stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -419,8 +425,9 @@ class CanaryController:
                 # The baseline leaves the table (the canary keeps its last weight) so that
                 # it can be drained and stopped before the switch.
                 self._set_weight(client, run.steps[-1].weight, baseline=False)
-            if self.baseline is not None:
-                client.drain(self.baseline.release_id, timeout_s=BASELINE_DRAIN_S)
+            if self.baseline is not None:  # best effort: it is stopped either way
+                with contextlib.suppress(GatewayError):
+                    client.drain(self.baseline.release_id, timeout_s=BASELINE_DRAIN_S)
         except GatewayError as exc:
             run.outcome, run.reason = "gateway_error", f"gateway failed: {exc}"
             try:
