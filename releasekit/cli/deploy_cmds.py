@@ -83,7 +83,11 @@ def promote_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
     to: Annotated[str, typer.Option("--to", help="environment, e.g. staging")],
     explain: Annotated[
-        bool, typer.Option("--explain", help="print the quality gates' rule in full")
+        bool,
+        typer.Option(
+            "--explain",
+            help="print the quality gates' rule in full and what each canary check detects",
+        ),
     ] = False,
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     dry_run: Annotated[
@@ -123,7 +127,7 @@ def promote_cmd(
     against the stable release), then the record (exit 1 if blocked, aborted or failed).
     `--force KIND` carries a failed gate of that kind only: a performance override never
     carries a quality failure, and nothing carries a missing approval."""
-    from releasekit.cli.rollout_cmds import print_canary
+    from releasekit.cli.rollout_cmds import print_canary, print_canary_power
     from releasekit.rollout.progressive import promote_progressive
 
     with progress_reporter(enabled=not json_) as rep:
@@ -139,6 +143,8 @@ def promote_cmd(
         return
     if res.report is not None:
         _print_gates(res.report, explain=explain)
+    if explain and res.canary_power:
+        print_canary_power(res.canary_power)
     if res.canary is not None:
         print_canary(res.canary)
     who = f"{res.release_name} {_short(res.release_id)}"

@@ -31,18 +31,14 @@ def _fmt(v: object) -> str:
 
 
 def print_canary(canary: dict[str, Any]) -> None:
-    """The canary steps as they ran: one row a step, then the breach, if any."""
+    """The canary steps as they ran: one row a step (every check: its figures and verdict,
+    or why it was not judged), then the breach, if any."""
     from releasekit.rollout.judge import CheckResult
 
     rows = []
     for s in canary.get("steps", []):
         j = s.get("judgement") or {}
-        checks = "; ".join(
-            f"{c['metric']} {_fmt(c.get('canary'))} vs {_fmt(c.get('stable'))} {c['verdict']}"
-            f"{CheckResult.model_validate(c).over_limit()}"
-            for c in j.get("checks", [])
-            if c.get("verdict") != "not_measured"
-        )
+        checks = "; ".join(CheckResult.model_validate(c).brief() for c in j.get("checks", []))
         rows.append(
             [
                 str(s["index"] + 1),
@@ -58,6 +54,13 @@ def print_canary(canary: dict[str, Any]) -> None:
         ["step", "weight", "status", "s", "requests canary/stable", "canary vs stable"],
         rows,
     )
+    against = canary.get("judged_against") or ""
+    if against.endswith(":baseline"):
+        out.print(
+            f"  judged against a fresh baseline server of {_short(against)}, started, warmed "
+            "and placed with the canary and given the same share of traffic",
+            highlight=False,
+        )
     share = canary.get("canary_served", 0), canary.get("total_served", 0)
     if share[1]:
         out.print(
@@ -68,6 +71,20 @@ def print_canary(canary: dict[str, Any]) -> None:
             f"  breach -> 0% canary in {canary['decide_to_zero_s'] * 1000:.0f} ms after the "
             f"decision ({canary['window_to_zero_s']:.2f} s after the breaching window closed)"
         )
+
+
+def print_canary_power(power: list[dict[str, Any]]) -> None:
+    """What each canary check detects, one judgement at its min_samples (rollout.power)."""
+    from releasekit.rollout.power import POWER_COLUMNS, CheckPower
+
+    checks = [CheckPower.model_validate(p) for p in power]
+    table("canary checks: what one judgement detects", POWER_COLUMNS, [c.cells() for c in checks])
+    out.print(
+        "  [dim]per judgement at min_samples (rates: with stable at 0, the limit is the "
+        "slack); a step aborts on `sustain` breaching judgements in a row and passes on "
+        "`sustain` clean ones, each over the step so far[/dim]",
+        highlight=False,
+    )
 
 
 @handle_errors
@@ -152,7 +169,9 @@ def shadow_compare_cmd(
                 _fmt(c.stable),
                 _fmt(c.limit),
                 c.source or "-",
-                c.verdict + c.over_limit(),
+                c.verdict + c.over_limit()
+                if c.verdict in ("pass", "breach")
+                else f"{c.verdict.replace('_', ' ')} ({c.reason})",
             ]
             for c in res.judgement.checks
         ]

@@ -48,6 +48,7 @@ from releasekit.deploy.target import (
     Upstream,
 )
 from releasekit.errors import ConfigError, ReleasekitError
+from releasekit.promote.context import load_release, release_spec
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
 DeployStage = Literal["start", "smoke", "canary", "switch", "gateway_smoke", "record"]
@@ -115,6 +116,11 @@ class ShiftContext:
     stable: list[Route]
     previous_release_id: str | None
     links: dict[str, str] = field(default_factory=dict)
+    start_baseline: Callable[[], tuple[Route, Upstream]] | None = None
+    """Starts a fresh server of the live release (not routed): its route and handle. Only
+    where the target can run a second server of a release (local)."""
+    stop_baseline: Callable[[], None] | None = None
+    """Stops the server `start_baseline` started (call once nothing is routed to it)."""
 
 
 class ShiftResult(BaseModel):
@@ -320,14 +326,33 @@ def deploy_release(
         previous_routes = list(handle.state.routes)
         if shift is not None and previous_routes and handle.state.gateway is not None:
             ts = time.monotonic()
+            baselines: list[Upstream] = []
+
+            def start_baseline() -> tuple[Route, Upstream]:
+                info = load_release(settings, str(live_now), ledger=ledger)
+                base = release_spec(settings, info, ledger=ledger)
+                baselines.append(target.start(base))
+                return baselines[-1].route(base), baselines[-1]
+
+            def stop_baseline() -> None:
+                while baselines:
+                    target.stop(baselines.pop(), grace_s=settings.server_stop_grace_s)
+
             ctx = ShiftContext(
                 env=env,
                 gateway=handle.state.gateway,
                 canary=up.route(spec),
                 stable=previous_routes,
                 previous_release_id=live_now,
+                start_baseline=start_baseline
+                if live_now and isinstance(target, LocalTarget)
+                else None,
+                stop_baseline=stop_baseline,
             )
-            shifted = shift(ctx)
+            try:
+                shifted = shift(ctx)
+            finally:
+                stop_baseline()  # the shift stops it; a shift that raised leaves it here
             step("canary", shifted.ok, ts, shifted.detail or (shifted.problem or "passed"))
             if not shifted.ok:
                 with contextlib.suppress(GatewayError, DeployError):

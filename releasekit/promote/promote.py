@@ -99,6 +99,9 @@ class PromoteResult(BaseModel):
     canary: dict[str, Any] | None = Field(
         None, description="the canary steps as they ran (releasekit.rollout.canary.CanaryRun)"
     )
+    canary_power: list[dict[str, Any]] | None = Field(
+        None, description="each canary check's power at its min_samples (rollout.power)"
+    )
 
     @property
     def ok(self) -> bool:

@@ -8,20 +8,29 @@ after the last judged step. Before the first step a canary on its own server get
 burst (`warmup_requests` at once, straight to its vLLM, answers discarded), and each step's
 window starts `settle_s` after its weight was set: a fresh vLLM's first requests, and the
 first seconds after a weight change, are not what the release does in steady state.
-A step passes once it has run `min_duration_s`, the canary
-answered `min_requests` and every required check passes; a check breaches only after
-`sustain` consecutive breaching judgements (each over the whole step so far, and each a
-figure above its limit by more than sampling noise: `rollout.judge`); without
-enough samples by `max_duration_s` the step ends as insufficient evidence (abort, not a
-verdict on the release).
+A step needs as much evidence to pass as to abort: it passes once it has run
+`min_duration_s`, the canary answered `min_requests` and the last `sustain` judgements in
+a row were clean (every required check passed on at least its `min_samples`, none
+breached); it aborts once a check breached `sustain` judgements in a row (each over the
+whole step so far, and each a figure above its limit by more than sampling noise:
+`rollout.judge`). A breach of any check starts the clean run again; a judgement that is
+neither (a required check still waiting) leaves it as it is, as a no-data window leaves a
+breach run. Without enough clean judgements by `max_duration_s` the step ends as
+insufficient evidence (abort, not a verdict on the release).
+
+With a fresh baseline (`baseline: fresh`; `progressive.fresh_baseline` starts it) the
+canary is judged against a new server of the live release, warmed alike and given the
+same weight under its own label (`baseline_label`), instead of against the live servers;
+it leaves the table after the last step and is drained before the deploy stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import httpx
 from pydantic import BaseModel, Field
@@ -43,7 +52,9 @@ from releasekit.watch.windows import (
 )
 
 StepStatus = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
-RunOutcome = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
+RunOutcome = Literal[
+    "passed", "breached", "insufficient", "lease_lost", "gateway_error", "baseline_failed"
+]
 
 
 class StepReport(BaseModel):
@@ -57,6 +68,9 @@ class StepReport(BaseModel):
     canary_requests: float = 0.0
     stable_requests: float = 0.0
     judgement: StepJudgement | None = None
+    clean_judgements: int = Field(
+        0, description="clean judgements in a row at the end (passing needs `sustain`)"
+    )
     reason: str = ""
 
 
@@ -89,6 +103,12 @@ class CanaryRun(BaseModel):
     )
     at_zero_at: float | None = None
     warmup_answered: int = Field(0, description="warm-up requests the canary answered")
+    judged_against: str | None = Field(
+        None, description="the route judged as stable: the live release's, or its fresh baseline"
+    )
+    baseline_warmup_answered: int = Field(
+        0, description="warm-up requests a fresh baseline answered"
+    )
     warmup_s: float | None = Field(None, description="how long the warm-up burst took")
 
     @property
@@ -96,6 +116,9 @@ class CanaryRun(BaseModel):
         """Share of the requests served during the run that the canary served."""
         return self.canary_served / self.total_served if self.total_served else None
 
+
+SHARED_SERVER = "both releases share one vLLM server (prompt-only canary)"
+BASELINE_DRAIN_S = 30.0
 
 WARMUP_PROMPT = (
     "A release engineer checks a new model release before it takes live traffic. "
@@ -139,8 +162,16 @@ def warm_up_server(http: httpx.Client, route: Route, n: int) -> tuple[int, float
     return sum(answered), round(time.time() - t0, 3)
 
 
-Scrape = tuple[float, Exposition | None, Exposition | None, Exposition | None]
-"""(time, gateway, candidate vLLM, stable vLLM) expositions scraped at about one time."""
+class Scrape(NamedTuple):
+    """The gateway's and both releases' vLLM expositions scraped at about one time; None
+    where one was not scraped or did not answer, and `errors` says why, by role
+    ("gateway", "candidate", "stable")."""
+
+    at: float
+    gateway: Exposition | None
+    candidate: Exposition | None
+    stable: Exposition | None
+    errors: dict[str, str] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 def scrape_pair(
@@ -150,50 +181,83 @@ def scrape_pair(
     stable_url: str | None,
     *,
     timeout_s: float,
+    unscraped: str = "not scraped",
 ) -> Scrape:
-    """Scrape the gateway and (when given) both releases' vLLM /metrics now."""
+    """Scrape the gateway and (when given) both releases' vLLM /metrics now; a vLLM not
+    given is recorded as `unscraped` (why it was not asked)."""
+    errors: dict[str, str] = {}
 
-    def one(url: str | None) -> Exposition | None:
+    def one(role: str, url: str | None) -> Exposition | None:
         if url is None:
+            errors[role] = unscraped
             return None
         try:
             return parse_exposition(
                 scrape(url + "/metrics", timeout_s=timeout_s, client=http), url=url
             )
-        except ScrapeError:
+        except ScrapeError as exc:
+            errors[role] = f"/metrics did not answer ({exc.problem})"
             return None
 
-    return time.time(), one(gateway_url), one(candidate_url), one(stable_url)
+    return Scrape(
+        time.time(),
+        one("gateway", gateway_url),
+        one("candidate", candidate_url),
+        one("stable", stable_url),
+        errors,
+    )
 
 
 def pair_windows(
     env: str, candidate_id: str, stable_id: str, before: Scrape, after: Scrape
 ) -> tuple[ReleaseWindows, ReleaseWindows]:
     """(candidate, stable) windows between two scrapes: each release's edge window from
-    the gateway's per-release series, and its engine window from its own vLLM."""
-    t0, g0, c0, s0 = before
-    t1, g1, c1, s1 = after
+    the gateway's per-release series, and its engine window from its own vLLM (None, with
+    why in `engine_missing`, when either scrape lacks it)."""
+    t0, t1 = before.at, after.at
+    g0, g1 = before.gateway, after.gateway
 
-    def rw(release_id: str, e0: Exposition | None, e1: Exposition | None) -> ReleaseWindows:
+    def rw(
+        role: str, release_id: str, e0: Exposition | None, e1: Exposition | None
+    ) -> ReleaseWindows:
         edge = build_window(
             Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
         )
-        engine = None
+        engine, missing = None, None
         if e0 is not None and e1 is not None:
             engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
-        return ReleaseWindows(release_id=release_id, edge=edge, engine=engine)
+        else:
+            missing = after.errors.get(role) or before.errors.get(role) or "not scraped"
+        return ReleaseWindows(
+            release_id=release_id, edge=edge, engine=engine, engine_missing=missing
+        )
 
-    return rw(candidate_id, c0, c1), rw(stable_id, s0, s1)
+    return (
+        rw("candidate", candidate_id, before.candidate, after.candidate),
+        rw("stable", stable_id, before.stable, after.stable),
+    )
 
 
-def split_routes(stable: list[Route], canary: Route, weight: float) -> list[Route]:
-    """Stable's routes scaled to `100 - weight` percent (their ratios kept) plus the canary
-    at `weight` percent."""
+def split_routes(
+    stable: list[Route], canary: Route, weight: float, baseline: Route | None = None
+) -> list[Route]:
+    """Stable's routes scaled to what is left (their ratios kept) plus the canary at
+    `weight` percent and, when given, the baseline at `weight` percent too."""
+    rest = 100.0 - weight * (2 if baseline is not None else 1)
     live = [r for r in stable if r.weight > 0]
     total = sum(r.weight for r in live) or 1.0
-    out = [r.model_copy(update={"weight": (100.0 - weight) * r.weight / total}) for r in live]
+    out = [r.model_copy(update={"weight": rest * r.weight / total}) for r in live]
     out += [r for r in stable if r.weight <= 0]
-    return [*out, canary.model_copy(update={"weight": weight})]
+    out.append(canary.model_copy(update={"weight": weight}))
+    if baseline is not None:
+        out.append(baseline.model_copy(update={"weight": weight}))
+    return out
+
+
+def baseline_label(release_id: str) -> str:
+    """The gateway's name for a fresh baseline server of `release_id`: its own label, so
+    its edge figures are its own and not the live servers' (route ids are unique)."""
+    return f"{release_id}:baseline"
 
 
 class _Renewer(threading.Thread):
@@ -238,6 +302,7 @@ class CanaryController:
         on_step_start: Callable[[int, CanaryStep], None] | None = None,
         on_step_passed: Callable[[StepReport], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        baseline: Route | None = None,
     ) -> None:
         self.policy = policy
         self.ctx = ctx
@@ -252,6 +317,14 @@ class CanaryController:
         live = [r for r in ctx.stable if r.weight > 0]
         self.stable_primary = max(live, key=lambda r: r.weight) if live else ctx.stable[0]
         self.shared_server = any(r.base_url == self.canary.base_url for r in ctx.stable)
+        # A fresh baseline (policy.baseline "fresh"): judged against instead of the live
+        # servers, under its own label, with the canary's share of traffic.
+        self.baseline = (
+            baseline.model_copy(update={"release_id": baseline_label(baseline.release_id)})
+            if baseline is not None
+            else None
+        )
+        self.compared = self.baseline or self.stable_primary
         self._http = httpx.Client(trust_env=False)
 
     # -- traffic
@@ -268,9 +341,11 @@ class CanaryController:
         keys = set(st.served) | set(st.in_flight)
         return {k: st.served.get(k, 0) + st.in_flight.get(k, 0) for k in keys}
 
-    def _set_weight(self, client: GatewayClient, weight: float) -> int:
+    def _set_weight(self, client: GatewayClient, weight: float, *, baseline: bool = True) -> int:
         table = RouteTable(
-            routes=split_routes(self.ctx.stable, self.canary, weight),
+            routes=split_routes(
+                self.ctx.stable, self.canary, weight, self.baseline if baseline else None
+            ),
             lease_s=self.lease_s,
             fallback=list(self.ctx.stable),
         )
@@ -290,6 +365,9 @@ class CanaryController:
             return
         self.say(f"warming up the canary ({n} requests to its server)", 0, 1)
         run.warmup_answered, run.warmup_s = warm_up_server(self._http, self.canary, n)
+        if self.baseline is not None:  # warmed alike: both start from the same state
+            self.say(f"warming up the fresh baseline ({n} requests to its server)", 0, 1)
+            run.baseline_warmup_answered = warm_up_server(self._http, self.baseline, n)[0]
 
     # -- figures
 
@@ -301,14 +379,15 @@ class CanaryController:
             self._http,
             self.ctx.gateway.url,
             None if shared else self.canary.base_url,
-            None if shared else self.stable_primary.base_url,
+            None if shared else self.compared.base_url,
             timeout_s=self.scrape_timeout_s,
+            unscraped=SHARED_SERVER,
         )
 
     def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
         """(canary, stable) windows between two snapshots."""
         return pair_windows(
-            self.ctx.env, self.canary.release_id, self.stable_primary.release_id, before, after
+            self.ctx.env, self.canary.release_id, self.compared.release_id, before, after
         )
 
     # -- the steps
@@ -322,6 +401,7 @@ class CanaryController:
             release_id=self.canary.release_id,
             stable_release_ids=[r.release_id for r in self.ctx.stable],
             outcome="passed",
+            judged_against=self.compared.release_id,
         )
         self.warm_up(run)
         # The judge's binomial test needs scipy: import it now, not inside a judged window.
@@ -341,6 +421,13 @@ class CanaryController:
                     break
                 if self.on_step_passed is not None:
                     self.on_step_passed(report)
+            if run.outcome == "passed" and self.baseline is not None and run.steps:
+                # The baseline leaves the table (the canary keeps its last weight) so that
+                # it can be drained and stopped before the switch.
+                self._set_weight(client, run.steps[-1].weight, baseline=False)
+            if self.baseline is not None:  # best effort: it is stopped either way
+                with contextlib.suppress(GatewayError):
+                    client.drain(self.baseline.release_id, timeout_s=BASELINE_DRAIN_S)
         except GatewayError as exc:
             run.outcome, run.reason = "gateway_error", f"gateway failed: {exc}"
             try:
@@ -380,6 +467,7 @@ class CanaryController:
             for c in policy.checks
         }
         recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
+        clean = 0
         label = f"canary step {i + 1}/{n} at {step.weight:g}%"
         report = StepReport(
             index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
@@ -396,8 +484,9 @@ class CanaryController:
                     report.status, report.reason = "lease_lost", "the gateway dropped the lease"
                     break
                 after = self.snapshot()
-                if after[1] is None or before[1] is None:
-                    self.say(f"{label}: gateway /metrics did not answer; waiting", i, n)
+                if after.gateway is None or before.gateway is None:
+                    problem = after.errors.get("gateway") or before.errors.get("gateway")
+                    self.say(f"{label}: gateway {problem}; waiting", i, n)
                     if time.time() - started >= step.max_duration_s:
                         report.status = "insufficient"
                         report.reason = "no gateway figures within max_duration_s"
@@ -410,7 +499,6 @@ class CanaryController:
                     j.canary_requests,
                     j.stable_requests,
                 )
-                self.say(f"{label}: {summarise(j)}", i, n)
                 for c in j.checks:
                     st = states[c.metric]
                     st.update(_as_judgement(c), cw.edge)
@@ -418,6 +506,9 @@ class CanaryController:
                         recent[c.metric] = [*recent[c.metric], c][-policy.sustain :]
                     elif c.verdict == "pass":
                         recent[c.metric] = []
+                clean = next_clean(clean, j)
+                report.clean_judgements = clean
+                self.say(f"{label}: {summarise(j)}; {run_words(clean, states, policy)}", i, n)
                 sustained = [m for m, st in states.items() if st.sustained]
                 elapsed = time.time() - started
                 if sustained:
@@ -439,12 +530,10 @@ class CanaryController:
                         f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained
                     )
                     break
-                required_pass = all(c.verdict == "pass" for c in j.checks if c.required)
                 if (
                     elapsed >= step.min_duration_s
                     and j.canary_requests >= step.min_requests
-                    and required_pass
-                    and not any(c.verdict == "breach" for c in j.checks)
+                    and clean >= policy.sustain
                 ):
                     break
                 if elapsed >= step.max_duration_s:
@@ -452,7 +541,8 @@ class CanaryController:
                     report.status = "insufficient"
                     report.reason = (
                         f"after {elapsed:.0f} s: {j.canary_requests:g} canary requests "
-                        f"(need {step.min_requests}); not decided: {', '.join(waiting) or '-'}"
+                        f"(need {step.min_requests}); {clean} clean judgement(s) in a row "
+                        f"(need {policy.sustain}); not decided: {', '.join(waiting) or '-'}"
                     )
                     break
         finally:
@@ -463,6 +553,34 @@ class CanaryController:
             at_zero = self._to_stable(client)
             run.at_zero_at = at_zero
         return report
+
+
+def is_clean(j: StepJudgement) -> bool | None:
+    """True when every required check passed and none breached; False on any breach;
+    None when neither (a required check waits or was not measured)."""
+    if any(c.verdict == "breach" for c in j.checks):
+        return False
+    if all(c.verdict == "pass" for c in j.checks if c.required):
+        return True
+    return None
+
+
+def next_clean(clean: int, j: StepJudgement) -> int:
+    """The run of clean judgements after `j`: one more on a clean one, 0 after a breach,
+    unchanged when `j` decided nothing (as a no-data window leaves a breach run)."""
+    verdict = is_clean(j)
+    return clean + 1 if verdict else 0 if verdict is False else clean
+
+
+def run_words(clean: int, states: dict[str, RuleState], policy: Canary) -> str:
+    """'clean 2/4' and, for a check breaching in a row, 'ttft_p95_s breached 1/4'."""
+    parts = [f"clean {clean}/{policy.sustain}"]
+    parts += [
+        f"{m} breached {st.consecutive}/{policy.sustain}"
+        for m, st in states.items()
+        if st.consecutive
+    ]
+    return ", ".join(parts)
 
 
 def _as_judgement(c: CheckResult) -> Judgement:
@@ -484,12 +602,8 @@ def _as_judgement(c: CheckResult) -> Judgement:
 
 
 def summarise(j: StepJudgement) -> str:
-    """One line: traffic, then each check's canary vs stable figure and verdict."""
+    """One line: traffic, then each check's canary vs stable figure and verdict, or why it
+    was not judged."""
     parts = [f"{j.canary_requests:g} canary / {j.stable_requests:g} stable requests"]
-    for c in j.checks:
-        if c.verdict == "not_measured":
-            continue
-        cv = "-" if c.canary is None else f"{c.canary:.3g}"
-        sv = "-" if c.stable is None else f"{c.stable:.3g}"
-        parts.append(f"{c.metric} {cv} vs {sv} {c.verdict}{c.over_limit()}")
+    parts += [c.brief() for c in j.checks]
     return "; ".join(parts)

@@ -44,6 +44,8 @@ from releasekit.watch.windows import Figure, Window
 
 CheckVerdict = Literal["pass", "breach", "wait", "not_measured"]
 BURSTY_DELIVERIES_PER_TOKEN = 0.5
+FEEDBACK_FAMILY = "releasekit_gateway_feedback_total"
+NO_FEEDBACK = "no feedback sent through the gateway yet (POST /v1/feedback)"
 _QUANTILE_METRIC = re.compile(r"^(?P<short>[a-z0-9]+)_p(?P<q>\d+)_s$")
 
 
@@ -54,6 +56,9 @@ class ReleaseWindows(BaseModel):
     release_id: str
     edge: Window
     engine: Window | None = None
+    engine_missing: str | None = Field(
+        None, description="why `engine` is None: not scraped (a shared server), no answer"
+    )
 
     @property
     def requests(self) -> float:
@@ -108,6 +113,15 @@ class CheckResult(BaseModel):
             f" ({self.above:.0f} of {self.canary_count:.0f} over the limit, p={self.p_value:.2g})"
         )
 
+    def brief(self) -> str:
+        """'ttft_p95_s 0.93 vs 0.64 pass', with the counts over the limit when over it; or
+        'tpot_p95_s not measured (why)', 'negative_feedback_rate wait (why)'."""
+        if self.verdict in ("pass", "breach"):
+            cv = "-" if self.canary is None else f"{self.canary:.3g}"
+            sv = "-" if self.stable is None else f"{self.stable:.3g}"
+            return f"{self.metric} {cv} vs {sv} {self.verdict}{self.over_limit()}"
+        return f"{self.metric} {self.verdict.replace('_', ' ')} ({self.reason})"
+
 
 class StepJudgement(BaseModel):
     """Every check on one window of one step."""
@@ -136,7 +150,7 @@ def _pick(
     ce, se = canary.engine, stable.engine
     if metric == "tpot_p95_s":
         if ce is None or se is None:
-            return Figure(), Figure(), None, "vllm", "no per-release engine metrics"
+            return Figure(), Figure(), None, "vllm", _no_engine(canary, stable)
         return ce.figure(metric), se.figure(metric), ce, "vllm", "engine-side"
     if metric == "ttft_p95_s":
         bursty = _bursty(canary) or _bursty(stable)
@@ -147,6 +161,21 @@ def _pick(
             return ce.figure(metric), se.figure(metric), ce, "vllm", why
         return edge_c, edge_s, canary.edge, "gateway", "edge"
     return canary.edge.figure(metric), stable.edge.figure(metric), canary.edge, "gateway", "edge"
+
+
+def _no_engine(canary: ReleaseWindows, stable: ReleaseWindows) -> str:
+    """Why there are no engine figures for both: 'no engine figures: the canary's vLLM
+    /metrics did not answer (timed out after 5 s)'."""
+    c = canary.engine_missing if canary.engine is None else None
+    s = stable.engine_missing if stable.engine is None else None
+    if c is not None and c == s:
+        return f"no engine figures: {c}"
+    parts = [f"the {who}'s vLLM {why}" for who, why in (("canary", c), ("stable", s)) if why]
+    if canary.engine is None and c is None:
+        parts.insert(0, "the canary's vLLM was not scraped")
+    if stable.engine is None and s is None:
+        parts.append("the stable release's vLLM was not scraped")
+    return "no engine figures: " + "; ".join(parts)
 
 
 def _measurable(fig: Figure, window: Window | None) -> bool:
@@ -191,11 +220,16 @@ def judge_check(
             window_end=end,
         )
 
-    if cw is None or not _measurable(fc, cw):
+    if cw is None:
+        return result("not_measured", why), None
+    if not _measurable(fc, cw):
+        if check.metric == "negative_feedback_rate" and FEEDBACK_FAMILY in cw.missing:
+            return result("not_measured", NO_FEEDBACK), None
         return result("not_measured", f"{why}: {fc.reason or 'no source'}"), None
     if fs.value is None or fs.count < check.min_samples:
         n = fs.count if fs.value is not None else 0
-        return result("wait", f"stable has {n:g} < {check.min_samples} samples"), None
+        what = f"stable has {n:g} < {check.min_samples} samples"
+        return result("wait", f"{what}: {fs.reason}" if fs.reason else what), None
     limit = fs.value * (1 + check.tolerance) + check.slack
     evidence = _exceedance(check.metric, fc, cw, limit)
     rule = Rule(

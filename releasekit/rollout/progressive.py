@@ -19,10 +19,13 @@ with the ledger events that record it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from releasekit._support.progress import Progress, no_progress
 from releasekit.config import Settings
+from releasekit.deploy.gateway import Route
+from releasekit.deploy.local import stop_group
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
@@ -31,6 +34,7 @@ from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promot
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
 from releasekit.rollout.placement import even_out, release
+from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow import shadow_gate
 from releasekit.rollout.state import (
     HeldServer,
@@ -61,6 +65,7 @@ def record_interrupted(
     """Record an interrupted canary as aborted (traffic is on stable: the gateway's lease
     reverted it), put the servers it held back to the default priority and forget it."""
     release(st.held)
+    stop_interrupted_baseline(settings, st)
     rec = ledger.append(
         Event(
             type=EventType.CANARY_ABORTED,
@@ -109,12 +114,14 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
                 "seconds": round(s.ended_at - s.started_at, 3),
                 "canary_requests": s.canary_requests,
                 "stable_requests": s.stable_requests,
+                "clean_judgements": s.clean_judgements,
                 "checks": [_check_record(c) for c in (s.judgement.checks if s.judgement else [])],
             }
             for s in run.steps
         ],
         "canary_served": run.canary_served,
         "total_served": run.total_served,
+        "judged_against": run.judged_against,
         **{k: v for k, v in links.items() if v},
     }
     if run.breaches:
@@ -144,6 +151,40 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
     return ev
 
 
+def fresh_baseline(
+    policy: Canary, ctx: ShiftContext, say: Progress
+) -> tuple[Route, HeldServer] | None:
+    """With `baseline: fresh`, a new server of the live release started for the canary's
+    steps (its route, under the live release's id, and its process); None with `live`,
+    when the canary shares stable's server (a prompt-only canary: there is nothing to
+    start apart) or where the target cannot start one (then it says so)."""
+    if policy.baseline != "fresh":
+        return None
+    if any(r.base_url == ctx.canary.base_url for r in ctx.stable):
+        say("prompt-only canary: judged against the live server (no fresh baseline)", 0, 1)
+        return None
+    if ctx.start_baseline is None:
+        say("this target cannot start a fresh baseline: judged against the live server", 0, 1)
+        return None
+    say("starting a fresh baseline server of the live release to judge the canary against", 0, 1)
+    route, up = ctx.start_baseline()
+    pid, start = up.handle.get("pid"), up.handle.get("proc_start")
+    proc = HeldServer(
+        pid=pid if isinstance(pid, int) else 0,
+        proc_start=start if isinstance(start, int) else None,
+        release_id=route.release_id,
+    )
+    return route, proc
+
+
+def stop_interrupted_baseline(settings: Settings, st: RolloutState) -> None:
+    """Stop the fresh baseline server an interrupted canary started (it is not routed: the
+    lease put all traffic back on the live servers)."""
+    b = st.baseline
+    if b is not None and b.pid > 0:
+        stop_group(b.pid, b.proc_start, grace_s=settings.server_stop_grace_s)
+
+
 def canary_shift(
     settings: Settings,
     policy: Canary,
@@ -162,6 +203,7 @@ def canary_shift(
         rid = ctx.canary.release_id
         judged = [s for s in policy.steps if s.weight < 100]
         held_ref: list[HeldServer] = []
+        baseline_ref: list[HeldServer] = []
 
         def started(i: int, step: CanaryStep) -> None:
             write_rollout(
@@ -173,6 +215,7 @@ def canary_shift(
                 steps=len(judged),
                 weight=step.weight,
                 held=held_ref,
+                baseline=baseline_ref[0] if baseline_ref else None,
             )
 
         def passed(rep: StepReport) -> None:
@@ -190,6 +233,7 @@ def canary_shift(
                         "step": rep.index + 1,
                         "weight": rep.weight,
                         "seconds": round(rep.ended_at - rep.started_at, 3),
+                        "clean_judgements": rep.clean_judgements,
                         "checks": [
                             _check_record(c)
                             for c in (rep.judgement.checks if rep.judgement else [])
@@ -201,33 +245,53 @@ def canary_shift(
                 )
             )
 
-        ctrl = CanaryController(
-            policy,
-            ctx,
-            lease_s=cfg.canary_lease_s,
-            scrape_timeout_s=settings.scrape_timeout_s,
-            start_step=start_step,
-            progress=say,
-            on_step_start=started,
-            on_step_passed=passed,
-        )
-        held = even_out(settings, ctx)
-        held_ref[:] = held
-        if held:
-            how = [
-                *(
-                    [f"scheduler nice {settings.canary_judge_nice}"]
-                    if any(h.raised for h in held)
-                    else []
-                ),
-                *(["free on every core"] if any(h.affinity for h in held) else []),
-            ]
-            say(f"canary and stable servers judged alike: {', '.join(how)}", 0, 1)
+        def _judged_run(baseline: Route | None) -> CanaryRun:
+            ctrl = CanaryController(
+                policy,
+                ctx,
+                lease_s=cfg.canary_lease_s,
+                scrape_timeout_s=settings.scrape_timeout_s,
+                start_step=start_step,
+                progress=say,
+                on_step_start=started,
+                on_step_passed=passed,
+                baseline=baseline,
+            )
+            # The two servers judged against each other get the same priority and placement.
+            held = even_out(settings, replace(ctx, stable=[baseline]) if baseline else ctx)
+            held_ref[:] = held
+            if held:
+                how = [
+                    *(
+                        [f"scheduler nice {settings.canary_judge_nice}"]
+                        if any(h.raised for h in held)
+                        else []
+                    ),
+                    *(["free on every core"] if any(h.affinity for h in held) else []),
+                ]
+                other = "fresh baseline" if baseline else "stable"
+                say(f"canary and {other} servers judged alike: {', '.join(how)}", 0, 1)
+            try:
+                return ctrl.run()
+            finally:
+                release(held)
+                clear_rollout(settings, ctx.env)
+                if baseline is not None and ctx.stop_baseline is not None:
+                    ctx.stop_baseline()
+
         try:
-            run = ctrl.run()
-        finally:
-            release(held)
-            clear_rollout(settings, ctx.env)
+            fresh = fresh_baseline(policy, ctx, say)
+        except ReleasekitError as exc:
+            run = CanaryRun(
+                env=ctx.env,
+                release_id=rid,
+                stable_release_ids=[r.release_id for r in ctx.stable],
+                outcome="baseline_failed",
+                reason=f"the fresh baseline server did not start: {exc}",
+            )
+        else:
+            baseline_ref[:] = [fresh[1]] if fresh else []
+            run = _judged_run(fresh[0] if fresh else None)
         if runs is not None:
             runs.append(run)
         evidence = _run_evidence(run, ctx.links)
@@ -318,10 +382,17 @@ def promote_progressive(
             start_step = left.step
             notes.append(f"resuming the interrupted canary at step {left.step + 1}")
             release(left.held)
+            stop_interrupted_baseline(settings, left)
             clear_rollout(settings, env)
         else:
             rec = record_interrupted(settings, left, ledger=led, actor=actor)
             notes.append(f"an interrupted canary was recorded as aborted (event {rec.seq})")
+
+    power = (
+        [p.model_dump(mode="json") for p in policy_power(list(policy.checks))]
+        if policy is not None and not no_canary
+        else None
+    )
 
     def gates(release_id: str) -> list[GateResult]:
         g = shadow_gate(settings, env=env, release_id=release_id, ledger=led)
@@ -331,7 +402,7 @@ def promote_progressive(
         if policy is not None and no_canary:
             notes.append("--no-canary: one switch, no canary steps")
         res = run_promotion(settings, request, progress=progress, ledger=led, extra_gates=gates)
-        return res.model_copy(update={"warnings": [*res.warnings, *notes]})
+        return res.model_copy(update={"warnings": [*res.warnings, *notes], "canary_power": power})
     runs: list[CanaryRun] = []
     shift = canary_shift(
         settings,
@@ -345,7 +416,7 @@ def promote_progressive(
     res = run_promotion(
         settings, request, progress=progress, ledger=led, shift=shift, extra_gates=gates
     )
-    update: dict[str, Any] = {"warnings": [*res.warnings, *notes]}
+    update: dict[str, Any] = {"warnings": [*res.warnings, *notes], "canary_power": power}
     if runs:
         update["canary"] = runs[-1].model_dump(mode="json")
     elif res.deploy is not None and res.deploy.ok and res.live_release_id is None:

@@ -54,7 +54,13 @@ from releasekit.promote.deploy import ShiftContext, env_config, target_for
 from releasekit.promote.gates import GateResult
 from releasekit.promote.promote import policy_gates
 from releasekit.releases.resolve import resolve_release
-from releasekit.rollout.canary import Scrape, pair_windows, scrape_pair, warm_up_server
+from releasekit.rollout.canary import (
+    SHARED_SERVER,
+    Scrape,
+    pair_windows,
+    scrape_pair,
+    warm_up_server,
+)
 from releasekit.rollout.judge import StepJudgement, judge_step
 from releasekit.rollout.placement import even_out, release
 from releasekit.spec.manifest import Canary, CanaryCheck, default_checks
@@ -307,6 +313,7 @@ def compare_shadow(
                     None if shared else status.base_url,
                     None if shared else stable.base_url,
                     timeout_s=settings.scrape_timeout_s,
+                    unscraped=SHARED_SERVER,
                 )
 
             before = snap()
@@ -321,6 +328,9 @@ def compare_shadow(
     undecided = [x for x in j.checks if x.required and x.verdict != "pass"]
     verdict: ShadowVerdict = "breach" if breached else "insufficient" if undecided else "pass"
     reason = "; ".join(f"{x.metric}: {x.reason}" for x in (breached or undecided or j.checks))
+    unjudged = [x for x in j.checks if x.verdict in ("wait", "not_measured") and x not in undecided]
+    if (breached or undecided) and unjudged:
+        reason += "; also not judged: " + "; ".join(x.brief() for x in unjudged)
     cmp = ShadowComparison(
         env=env,
         release_id=status.release_id,

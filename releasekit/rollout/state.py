@@ -2,7 +2,8 @@
 
 `promote` writes `STATE_DIR/rollouts/ENV.json` when a canary step starts and removes it
 when the canary ends; it names the servers whose scheduler priority the canary raised, so
-that whoever finds the canary interrupted puts them back. A file whose process is gone
+that whoever finds the canary interrupted puts them back, and a fresh baseline server it
+started, so that it is stopped. A file whose process is gone
 means a `promote` died mid-canary: the gateway's lease has put all traffic back on stable
 by then (within `canary_lease_s`), and the next `promote` to the environment resumes the
 canary at that step (`--resume`, same release) or records it as aborted.
@@ -51,6 +52,9 @@ class RolloutState(BaseModel):
     held: list[HeldServer] = Field(
         default_factory=list, description="servers at the judged priority (reset when it ends)"
     )
+    baseline: HeldServer | None = Field(
+        None, description="a fresh baseline server the canary started (stopped when it ends)"
+    )
 
     @property
     def orphaned(self) -> bool:
@@ -82,6 +86,7 @@ def write_rollout(
     weight: float,
     started_at: float | None = None,
     held: list[HeldServer] | None = None,
+    baseline: HeldServer | None = None,
 ) -> RolloutState:
     """Record that this process runs `env`'s canary at `step` (0-based)."""
     now = time.time()
@@ -97,6 +102,7 @@ def write_rollout(
         started_at=started_at or now,
         updated_at=now,
         held=list(held or []),
+        baseline=baseline,
     )
     path = state_path(settings, env)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -208,6 +208,9 @@ class WatchRule(_Strict):
 CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]
 LATENCY_CHECKS = frozenset({"ttft_p95_s", "tpot_p95_s"})
 """The canary checks that judge latency (quantiles); the others judge rates."""
+QUANTILE_MIN_SAMPLES = 10
+"""Fewest samples a quantile check may judge on: below it a p95 check at confidence 0.95
+can hardly breach (at 1 sample it never can; `rollout.power`)."""
 
 
 class CanaryCheck(_Strict):
@@ -233,6 +236,17 @@ class CanaryCheck(_Strict):
         description="the step waits for this check's samples; False: judged when it has "
         "them (feedback is often sparse)",
     )
+
+    @field_validator("min_samples")
+    @classmethod
+    def _enough_for_a_quantile(cls, v: int, info: Any) -> int:
+        metric = str(info.data.get("metric", ""))
+        if re.search(r"_p\d+_s$", metric) and v < QUANTILE_MIN_SAMPLES:
+            raise ValueError(
+                f"min_samples must be at least {QUANTILE_MIN_SAMPLES} for a quantile check "
+                f"({metric}), got {v}: below it the check can hardly breach"
+            )
+        return v
 
 
 def default_checks() -> list[CanaryCheck]:
@@ -286,12 +300,25 @@ class Canary(_Strict):
         le=300,
         description="seconds after each weight change left out of the step's window",
     )
+    baseline: Literal["live", "fresh"] = Field(
+        "live",
+        description="what the canary is judged against: `live`, the servers serving now; "
+        "`fresh`, a new server of the live release started with the canary, warmed and "
+        "placed like it and given the same share of traffic (baseline + canary): both "
+        "are judged under the same conditions",
+    )
 
     @model_validator(mode="after")
     def _rising(self) -> Canary:
         weights = [s.weight for s in self.steps]
         if any(b <= a for a, b in itertools.pairwise(weights)):
             raise ValueError(f"canary weights must rise step by step, got {weights}")
+        over = [w for w in weights if 50 < w < 100]
+        if self.baseline == "fresh" and over:
+            raise ValueError(
+                f"with baseline: fresh the baseline takes as much traffic as the canary, so "
+                f"a judged step's weight can be at most 50, got {over}"
+            )
         metrics = [c.metric for c in self.checks]
         dupes = sorted({m for m in metrics if metrics.count(m) > 1})
         if dupes:

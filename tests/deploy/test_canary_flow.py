@@ -66,11 +66,12 @@ def canary_block(
     sustain: int = 2,
     warmup: int = 0,
     settle: float = 0,
+    baseline: str = "live",
 ) -> str:
     return (
         "promotion:\n  canary:\n"
         f"    interval_s: {interval}\n    sustain: {sustain}\n"
-        f"    warmup_requests: {warmup}\n    settle_s: {settle}\n"
+        f"    warmup_requests: {warmup}\n    settle_s: {settle}\n    baseline: {baseline}\n"
         f"    steps:\n{steps}    checks:\n{checks}"
     )
 
@@ -93,7 +94,7 @@ SLOW_STEPS = (
     "      - {weight: 25, min_duration_s: 120, min_requests: 4, max_duration_s: 240}\n"
     "      - {weight: 100}\n"
 )
-SLOW_CHECKS = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+SLOW_CHECKS = "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 10}\n"
 SLOW_CHUNKS = '    FAKE_CHUNK_DELAY_S: "0.4"'
 
 
@@ -155,7 +156,7 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
         "      - {weight: 100}\n"
     )
     checks = (
-        "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 4}\n"
+        "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
         "      - {metric: error_rate, tolerance: 0, slack: 0.05, min_samples: 4}\n"
     )
     block = canary_block(steps, checks, warmup=3, settle=0.6)
@@ -202,12 +203,63 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     led = _ledger(ckit)
     steps_rec = led.records(environment="staging", types=["canary_step"])
     assert [r.evidence["weight"] for r in steps_rec] == [20, 50]
+    # Each step passed on `sustain` (2) clean judgements in a row, as an abort needs 2.
+    assert all(r.evidence["clean_judgements"] >= 2 for r in steps_rec), steps_rec
     live = led.live_at("staging")
     assert live is not None and live.to_release == new
     assert live.evidence["canary"]["outcome"] == "passed"
     st = _gateway_state(ckit)
     assert [r.release_id for r in st.routes] == [new] and st.lease_left_s is None
     assert read_rollout(ckit.settings, "staging") is None
+
+
+def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit) -> None:
+    """With `baseline: fresh` a new server of the live release starts with the canary, is
+    warmed like it and takes the same share of traffic (20% each, the live server the
+    rest); the canary is judged against it, not against the long-running live server, and
+    it is drained and stopped before the switch. No client stream fails."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    live_url = {r.release_id: r.base_url for r in _gateway_state(ckit).routes}[old]
+    steps = (
+        "      - {weight: 20, min_duration_s: 1, min_requests: 4, max_duration_s: 60}\n"
+        "      - {weight: 100}\n"
+    )
+    checks = "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
+    block = canary_block(steps, checks, warmup=3, settle=0.3, baseline="fresh")
+    new = candidate(ckit, "demo-canary-fresh", seqs=16, promotion=block)
+    tables: list[dict[str, tuple[float, str]]] = []
+
+    def seen(label: str, done: int, total: int) -> None:
+        if "waiting for traffic" in label:
+            st = _gateway_state(ckit)
+            tables.append({r.release_id: (r.weight, r.base_url) for r in st.routes})
+
+    with (
+        Streamer(ckit.gateway("staging"), chunks=4) as s1,
+        Streamer(ckit.gateway("staging"), chunks=4) as s2,
+    ):
+        s1.wait_for(3)
+        res = promote_progressive(ckit.settings, new, env="staging", reason="canary", progress=seen)
+        s1.wait_for(3)
+    assert res.status == "promoted", (res.deploy, res.canary)
+    assert res.canary is not None and res.canary["outcome"] == "passed"
+    base = f"{old}:baseline"
+    assert res.canary["judged_against"] == base
+    assert res.canary["warmup_answered"] == 3 and res.canary["baseline_warmup_answered"] == 3
+    [table] = tables
+    assert {k: w for k, (w, _) in table.items()} == {old: 60, new: 20, base: 20}
+    baseline_url = table[base][1]
+    assert baseline_url not in (live_url, table[new][1])
+    [step] = res.canary["steps"]
+    # Judged against the baseline: its requests are the "stable" side of the comparison.
+    assert 0 < step["stable_requests"] < step["canary_requests"] * 3
+    assert s1.failures == [] and s2.failures == []
+    servers = read_state(ckit.settings.state_dir, "staging").servers
+    assert baseline_url not in {s.base_url for s in servers}
+    assert [r.release_id for r in _gateway_state(ckit).routes] == [new]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(baseline_url + "/health", timeout=2)
 
 
 def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:
@@ -322,7 +374,8 @@ def test_perf_by_canary_lets_the_canary_judge_what_the_offline_perf_gates_fail(
 
 
 def test_no_canary_switches_at_once(ckit: Kit) -> None:
-    """`--no-canary` keeps the one switch: no canary step runs, no canary event."""
+    """`--no-canary` keeps the one switch: no canary step runs, no canary event. A dry run
+    of the same release states its canary checks' power."""
     old = ckit.build("demo-bf16")
     assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
     steps = "      - {weight: 10, min_duration_s: 600, min_requests: 1000}\n"
@@ -337,8 +390,14 @@ def test_no_canary_switches_at_once(ckit: Kit) -> None:
     )  # fmt: skip
     path = ckit.settings.state_dir / "rollouts" / "staging.json"
     path.write_text(path.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {dead.pid}'))
+    # A dry run states what each canary check would detect (`promote --dry-run --explain`).
+    dry = promote_progressive(ckit.settings, new, env="staging", dry_run=True)
+    assert dry.status == "dry_run" and dry.canary_power is not None
+    [power] = dry.canary_power
+    assert power["metric"] == "error_rate" and power["samples"] == 20
+    assert power["breach_at"] == 1 and power["detects"] is not None  # slack 0: one error
     res = promote_progressive(ckit.settings, new, env="staging", reason="x", no_canary=True)
-    assert res.status == "promoted" and res.canary is None
+    assert res.status == "promoted" and res.canary is None and res.canary_power is None
     assert any("--no-canary" in w for w in res.warnings)
     led = _ledger(ckit)
     assert led.records(types=["canary_step"]) == []

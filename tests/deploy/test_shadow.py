@@ -105,7 +105,7 @@ def _slow_candidate(k: Kit) -> str:
     text = path.read_text().replace(kv, f'{kv}\n    FAKE_CHUNK_DELAY_S: "0.3"')
     text += (
         "promotion:\n  canary:\n    steps:\n      - {weight: 10}\n    checks:\n"
-        "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 3}\n"
+        "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 10}\n"
     )
     path.write_text(text)
     return k.build("demo-shadow-slow")
