@@ -96,6 +96,16 @@ def host_id() -> str:
     return f"{os.uname().nodename}/{boot}"
 
 
+HEALTH_GRACE_S = 60.0
+"""How long a replica whose server still runs may go without a good /health before Serve's
+health check fails it. A running vLLM that answers slowly is busy, not broken. Failing it on
+a few missed answers lets Serve retire a replica that is serving: Serve stops its server's
+process group mid-stream, which reads as the engine's "EngineCore encountered an issue" 500s
+and then "replica's server unreachable" 502s, the pattern seen on an AMX host when a killed
+neighbour's replacement warmed up on the same 2 cores at raised priority. A server that
+exited still fails the check at once."""
+
+
 def choose_core(claims: list[dict[str, Any]], *, host: str, alive: set[str], me: str) -> int:
     """The core for this replica's vLLM worker: the least claimed of this host's cores by
     the other live replicas on the same host (`claims`: every replica's claim, `alive`:
@@ -173,6 +183,7 @@ class ReleaseReplica:
             if raised:
                 reset_priority(self.proc.pid)
         self.client = httpx.AsyncClient(base_url=self.base_url, timeout=None, trust_env=False)
+        self.last_healthy = time.monotonic()
         internal_kv._internal_kv_put(
             kv_key(app, self.replica),
             json.dumps(
@@ -271,13 +282,24 @@ class ReleaseReplica:
             return False
 
     async def check_health(self) -> None:
-        """Serve's health check: the child runs and answers /health (else Serve replaces
-        this replica)."""
+        """Serve's health check: the child runs, and has answered /health within the last
+        `HEALTH_GRACE_S` (else Serve replaces this replica). A server that exited fails at
+        once; one that is slow to answer only fails once it has been silent that long (see
+        `HEALTH_GRACE_S`)."""
         if self.proc.poll() is not None:
             raise RuntimeError(f"the server exited with code {self.proc.returncode}")
-        r = await self.client.get("/health", timeout=5.0)
-        if r.status_code != 200:
-            raise RuntimeError(f"the server's /health answered {r.status_code}")
+        try:
+            r = await self.client.get("/health", timeout=5.0)
+            problem = "" if r.status_code == 200 else f"answered {r.status_code}"
+        except httpx.HTTPError as exc:
+            problem = f"did not answer ({exc!r})"
+        now = time.monotonic()
+        if not problem:
+            self.last_healthy = now
+            return
+        silent = now - getattr(self, "last_healthy", now)
+        if silent > HEALTH_GRACE_S:
+            raise RuntimeError(f"the server's /health {problem}; no good answer for {silent:.0f} s")
 
     async def __call__(self, request: Request) -> Response:
         """Relay one HTTP request to the child, streaming the answer back as it comes."""
