@@ -13,6 +13,7 @@ any release's; `releasekit_gateway_mirrored_total{env,release,outcome}` counts `
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,9 @@ class Mirroring:
             return
         if prompt is not None:
             try:
-                body = templated_body(self.route, prompt, payload)
+                # The copy renders from its own deep copy of the parsed body: the client's
+                # request is rendered for its own route after this and must be untouched.
+                body = templated_body(self.route, prompt, copy.deepcopy(payload))
             except PromptTemplateError:
                 self.dropped += 1
                 self._counter.labels(self.metrics.env, rid, "dropped").inc()
