@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -169,6 +176,28 @@ class WebhookConfig(BaseModel):
     timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
     backoff_s: float = Field(0.5, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _safe_url(cls, v: str) -> str:
+        """A webhook URL is a credential (a Slack URL is its own secret): https unless the
+        listener is on loopback, and no user:password in it. Messages name only scheme and
+        host."""
+        import ipaddress
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        host = parts.hostname or ""
+        shown = f"{parts.scheme}://{host}"
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"webhook {shown}: the URL must not carry user:password")
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if parts.scheme != "https" and not loopback:
+            raise ValueError(f"webhook {shown}: a URL off this host's loopback must be https")
+        return v
 
 
 class Settings(BaseSettings):
