@@ -55,6 +55,11 @@ class Mirroring:
             return True
         return False
 
+    def drop(self) -> None:
+        """Count a copy that was not sent."""
+        self.dropped += 1
+        self._counter.labels(self.metrics.env, self.route.release_id, "dropped").inc()
+
     def copy(
         self,
         session: aiohttp.ClientSession,
@@ -71,8 +76,7 @@ class Mirroring:
         """Send a copy on its own task (or drop it when the mirror is at its cap)."""
         rid = self.route.release_id
         if self.in_flight >= self.mirror.max_in_flight:
-            self.dropped += 1
-            self._counter.labels(self.metrics.env, rid, "dropped").inc()
+            self.drop()
             return
         if prompt is not None:
             try:
@@ -80,8 +84,7 @@ class Mirroring:
                 # request is rendered for its own route after this and must be untouched.
                 body = templated_body(self.route, prompt, copy.deepcopy(payload))
             except PromptTemplateError:
-                self.dropped += 1
-                self._counter.labels(self.metrics.env, rid, "dropped").inc()
+                self.drop()
                 return
         hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
         if self.route.api_key is not None:
