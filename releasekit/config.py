@@ -122,6 +122,25 @@ class EnvironmentConfig(BaseModel):
     api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
     max_in_flight: int = Field(256, ge=1)
     max_queue_wait_s: float = Field(5.0, ge=0)
+    rate_limit_rps: float = Field(
+        50.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="requests per second per client at the gateway (per API key; per "
+        "address without keys), in bursts of rate_limit_burst; more get 429 (0: no limit)",
+    )
+    rate_limit_burst: int = Field(100, ge=1, description="the rate limit's bucket size")
+    max_in_flight_per_key: int = Field(
+        32,
+        ge=0,
+        description="requests one client may have admitted or queued at the gateway at "
+        "once, so one key cannot take every slot and fill the queue; more get 429 (0: no cap)",
+    )
+    release_header: bool = Field(
+        False,
+        description="answer clients with x-releasekit-release (which release served them); "
+        "off, a client cannot tell a canary's answers from stable's",
+    )
     requires_approval: bool = Field(
         False, description="a release needs `releasekit approve` for this environment first"
     )

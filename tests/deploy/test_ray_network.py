@@ -67,6 +67,12 @@ def _deploy_stand_in() -> None:
 
     @serve.deployment(name="server", ray_actor_options={"num_cpus": 0})
     class StandIn:
+        def __init__(self) -> None:
+            # As releasekit's own deployments do when their module loads.
+            from releasekit.deploy.ray.replica import keep_grpc_on_loopback
+
+            keep_grpc_on_loopback()
+
         async def relay(
             self, method: str, path: str, query: str, headers: list[Any], body: bytes
         ) -> Any:

@@ -193,11 +193,12 @@ from releasekit.deploy.gateway.metrics import (
     QUEUE_BUCKETS,
     TTFT_BUCKETS,
 )
-from releasekit.deploy.gateway.relay import RELEASE_HEADER
+from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
 
 __all__ = [
+    "ADMIN_HEADER",
     "E2E_BUCKETS",
     "OVERHEAD_BUCKETS",
     "QUEUE_BUCKETS",

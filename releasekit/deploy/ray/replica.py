@@ -52,6 +52,7 @@ from starlette.responses import Response, StreamingResponse
 
 from releasekit._support.procs import tail
 from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
+from releasekit.deploy.ray.loopback import LOOPBACK_ENV
 from releasekit.deploy.ray.metrics import merge_expositions
 from releasekit.serving.host import (
     BIND_ENV,
@@ -65,6 +66,34 @@ from releasekit.serving.vllm import VLLMServer, pick_port
 KV_NAMESPACE = "releasekit"
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 _PR_SET_PDEATHSIG = 1
+
+
+def keep_grpc_on_loopback() -> None:
+    """On a cluster on loopback (deploy/ray/loopback.py), bind this process's Serve replica
+    gRPC server to 127.0.0.1. Why: Ray Serve 2.60 starts each replica's inter-deployment
+    gRPC server on `[::]:0`, every interface, whatever the node's address; on a node at
+    127.0.0.1 the callers reach it at 127.0.0.1 anyway. Runs when this module is imported
+    in a replica's worker, before Serve starts that server; a no-op elsewhere."""
+    if os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:  # pragma: no cover - Serve moved it: nothing to narrow
+        return
+    original = serve_replica.add_port_to_grpc_server
+    if getattr(original, "releasekit_loopback", False):
+        return
+
+    def add_port(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:") :]
+        return int(original(server, address))
+
+    add_port.releasekit_loopback = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = add_port
+
+
+keep_grpc_on_loopback()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
