@@ -9,6 +9,7 @@ import select
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -577,3 +578,41 @@ def test_the_slot_is_freed_when_the_gateway_fails_before_relaying(
             assert r.status_code == 200  # the client's request never pays for the copy
         st = gc.state()
     assert st.in_flight_total == 0 and st.mirror_dropped == 3 and st.served == {"r": 4}
+
+
+def test_a_deployed_environment_gives_its_gateway_limits_and_hides_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream_factory: Up
+) -> None:
+    """`[environments.NAME]` with nothing set: the deployed gateway limits each client
+    (rate and in-flight) and names no release to clients; the limits are the environment's
+    when it sets them."""
+    from releasekit.config import load_settings
+    from releasekit.deploy.gateway import load_config
+    from releasekit.deploy.local import LocalTarget
+    from releasekit.deploy.state import deploy_dir, locked_state
+
+    up = upstream_factory("u")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RELEASEKIT_ROOT", str(tmp_path))
+    (tmp_path / "releasekit.toml").write_text(
+        f"[environments.staging]\nport = {port}\n\n"
+        "[environments.production]\nport = 1\nrate_limit_rps = 0\nmax_in_flight_per_key = 0\n"
+        "release_header = true\nrate_limit_burst = 5\n"
+    )
+    settings = load_settings(root=tmp_path)
+    prod = settings.environments["production"]
+    assert prod.rate_limit_rps == 0 and prod.max_in_flight_per_key == 0 and prod.release_header
+    cfg = settings.environments["staging"]
+    with locked_state(settings.state_dir, "staging") as h:
+        target = LocalTarget(settings, "staging", cfg, h)
+        url = target.ensure_router([Route(release_id="rel-s", base_url=up.url)])
+        try:
+            gw = load_config(deploy_dir(settings.state_dir) / "staging-gateway.json")
+            assert gw.rate_limit == RateLimit(rps=50, burst=100)
+            assert gw.max_in_flight_per_client == 32 and gw.release_header is False
+            r = httpx.post(f"{url}/v1/completions", json=PLAIN, timeout=10)
+            assert r.status_code == 200 and "x-releasekit-release" not in r.headers
+        finally:
+            target.stop_router()
