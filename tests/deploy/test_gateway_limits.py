@@ -616,3 +616,19 @@ def test_a_deployed_environment_gives_its_gateway_limits_and_hides_the_release(
             assert r.status_code == 200 and "x-releasekit-release" not in r.headers
         finally:
             target.stop_router()
+
+
+def test_too_many_headers_and_an_oversize_block_in_one_read_get_431(
+    upstream_factory: Up, gateway_factory: Gw
+) -> None:
+    """150 headers (past `max_header_count`) get 431, and so does an unfinished header
+    block over `max_header_bytes` that arrives in a single read; nothing reaches the
+    upstream."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], header_timeout_s=30)
+    many = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n"
+    many += b"".join(b"x-h%d: v\r\n" % i for i in range(150)) + b"\r\n"
+    assert status_of(raw_request(tg, many)) == 431
+    block = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (62 * 1024)
+    assert status_of(raw_request(tg, block, wait_s=20)) == 431
+    assert a.received == []

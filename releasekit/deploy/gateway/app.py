@@ -274,9 +274,10 @@ class Gateway:
         starlette = self._starlette()
         proxy = self._proxy
         max_header = self.config.max_header_bytes
+        max_count = self.config.max_header_count
         too_large = error_response(
             431,
-            f"request headers over {max_header} bytes",
+            f"request headers over {max_header} bytes or {max_count} headers",
             type_="invalid_request_error",
             code="headers_too_large",
             headers={"connection": "close"},
@@ -286,7 +287,7 @@ class Gateway:
             if scope["type"] == "http":
                 # The protocol refuses oversize header blocks as they arrive; this catches
                 # one that completed within a single read.
-                if header_bytes(scope) > max_header:
+                if header_bytes(scope) > max_header or len(scope["headers"]) > max_count:
                     self._metrics.reject("bad_request")
                     await too_large(scope, receive, send)
                     return

@@ -169,6 +169,7 @@ class GatewayConfig(BaseModel):
     stream_idle_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body, as it streams")
     max_header_bytes: int = Field(60 * 1024, ge=1024, description="request line and headers")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="headers in one request")
     header_timeout_s: float = Field(
         10.0, gt=0, allow_inf_nan=False, description="time to send the request headers"
     )
