@@ -197,6 +197,6 @@ def test_a_replica_that_never_becomes_healthy_quotes_its_log_and_is_deleted(
 def test_an_unreachable_cluster_is_one_clear_error() -> None:
     """Nothing listens at the address: RayClusterUnreachableError names it at once."""
     cfg = RayTargetConfig(address="127.0.0.1:31999", connect_timeout_s=2)
-    with pytest.raises(RayClusterUnreachableError, match=r"127\.0\.0\.2:31999") as info:
+    with pytest.raises(RayClusterUnreachableError, match=r"127\.0\.0\.1:31999") as info:
         connect(cfg)
     assert "start the cluster" in info.value.remedy

@@ -395,6 +395,7 @@ def _refusal(status: int, message: str) -> Response:
 
 
 ROUTER_APP = "rk-router"
+ROUTER_VERSION = b"2"  # 2: the environment's router secret and the route allowlist
 _HEAD_TRIES = 6  # a request whose replica died before answering: tries, 0.25-1.25 s apart
 TOKEN_SEP = "~"
 ROUTER_KEYS = "_router/"

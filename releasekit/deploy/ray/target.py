@@ -122,15 +122,20 @@ def router_secret(state_dir: Path, env: str) -> str:
 
 
 def ensure_router_app() -> None:
-    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing."""
+    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing or
+    an older version runs."""
     from ray import serve
+    from ray.experimental import internal_kv
 
-    from releasekit.deploy.ray.replica import ROUTER_APP, Router
+    from releasekit.deploy.ray.replica import KV_NAMESPACE, ROUTER_APP, ROUTER_VERSION, Router
 
-    if app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING":
+    key = b"_router_version"
+    running = app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING"
+    if running and internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE) == ROUTER_VERSION:
         return
-    try:
+    try:  # missing, or an older router (one without the secret check) still runs: replace it
         serve._run(Router.bind(), _blocking=True, name=ROUTER_APP, route_prefix="/")  # type: ignore[attr-defined]
+        internal_kv._internal_kv_put(key, ROUTER_VERSION, namespace=KV_NAMESPACE)
     except Exception as exc:
         raise DeployError(f"could not deploy Serve application {ROUTER_APP}: {exc}") from exc
 
