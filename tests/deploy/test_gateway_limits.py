@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -614,6 +615,11 @@ def test_a_deployed_environment_gives_its_gateway_limits_and_hides_the_release(
             assert gw.max_in_flight_per_client == 32 and gw.release_header is False
             r = httpx.post(f"{url}/v1/completions", json=PLAIN, timeout=10)
             assert r.status_code == 200 and "x-releasekit-release" not in r.headers
+            # What the deployer's smoke check sends: the gateway's admin token.
+            assert h.state.gateway is not None
+            admin = {"x-releasekit-admin": h.state.gateway.admin_token}
+            r = httpx.post(f"{url}/v1/completions", json=PLAIN, headers=admin, timeout=10)
+            assert r.headers["x-releasekit-release"] == "rel-s"
         finally:
             target.stop_router()
 
@@ -632,3 +638,26 @@ def test_too_many_headers_and_an_oversize_block_in_one_read_get_431(
     block = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (62 * 1024)
     assert status_of(raw_request(tg, block, wait_s=20)) == 431
     assert a.received == []
+
+
+def test_the_smoke_check_asks_for_the_release_header_with_the_admin_token() -> None:
+    """`run_smoke(admin_token=...)` sends the gateway's admin token, so it can tell which
+    release answered where clients are not told."""
+    from releasekit.deploy.smoke import run_smoke
+    from releasekit.deploy.target import SmokeItem, SmokeProbe
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        shown = request.headers.get("x-releasekit-admin") == "tok-" + "x" * 20
+        return httpx.Response(
+            200,
+            json={"choices": [{"message": {"content": "an answer"}}]},
+            headers={"x-releasekit-release": "rel-1"} if shown else {},
+        )
+
+    probe = SmokeProbe(items=[SmokeItem(id="a", vars={"question": "q"})])
+    kw: dict[str, Any] = {"release_id": "rel-1", "where": "gateway"}
+    transport = httpx.MockTransport(answer)
+    blind = run_smoke("http://gw", probe, transport=transport, **kw)
+    assert not blind.passed and blind.items[0].release is None
+    seen = run_smoke("http://gw", probe, admin_token="tok-" + "x" * 20, transport=transport, **kw)
+    assert seen.passed and seen.items[0].release == "rel-1"
