@@ -5,10 +5,11 @@ A copy is made after the client's request was admitted (its rate-limit token and
 slot are the original's, never the candidate's) and goes out on its own task: the client's
 answer never waits for it. A templated copy renders the candidate's template from its own
 deep copy of the parsed request, so the client's request is never changed by it. Copies in
-flight are capped; one past the cap is dropped and counted, never queued. The candidate's figures land in the gateway's per-release families
-under its own release id (requests by status, TTFT, E2E), so a window over them reads like
-any release's; `releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and
-`dropped` copies.
+flight are capped; one past the cap is dropped and counted, never queued. The candidate's
+figures land in the gateway's per-release families under its own release id (requests by
+status, TTFT, E2E), so a window over them reads like any release's;
+`releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and `dropped`
+copies.
 """
 
 from __future__ import annotations
