@@ -94,6 +94,7 @@ def make_project(tmp: Path, *, gateway_ports: tuple[int, int], warm_s: float = 9
     (dst / "releasekit.toml").write_text(
         f'[environments.{ENV}]\ntarget = "local"\nhost = "127.0.0.1"\nport = {port}\n'
         f"warm_s = {warm_s:g}\ndrain_deadline_s = 30\n"
+        "release_header = true\n"  # the benchmarks count which release answered
         'smoke = { suite = "core", max_items = 2, max_tokens = 16, min_pass_rate = 0.0 }\n'
     )
     env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@example.com",

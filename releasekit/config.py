@@ -147,6 +147,25 @@ class EnvironmentConfig(BaseModel):
     api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
     max_in_flight: int = Field(256, ge=1)
     max_queue_wait_s: float = Field(5.0, ge=0)
+    rate_limit_rps: float = Field(
+        50.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="requests per second per client at the gateway (per API key; per "
+        "address without keys), in bursts of rate_limit_burst; more get 429 (0: no limit)",
+    )
+    rate_limit_burst: int = Field(100, ge=1, description="the rate limit's bucket size")
+    max_in_flight_per_key: int = Field(
+        32,
+        ge=0,
+        description="requests one client may have admitted or queued at the gateway at "
+        "once, so one key cannot take every slot and fill the queue; more get 429 (0: no cap)",
+    )
+    release_header: bool = Field(
+        False,
+        description="answer clients with x-releasekit-release (which release served them); "
+        "off, a client cannot tell a canary's answers from stable's",
+    )
     requires_approval: bool = Field(
         False, description="a release needs `releasekit approve` for this environment first"
     )
@@ -266,6 +285,28 @@ class WebhookConfig(BaseModel):
     timeout_s: float = Field(5.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
     backoff_s: float = Field(0.5, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _safe_url(cls, v: str) -> str:
+        """A webhook URL is a credential (a Slack URL is its own secret): https unless the
+        listener is on loopback, and no user:password in it. Messages name only scheme and
+        host."""
+        import ipaddress
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        host = parts.hostname or ""
+        shown = f"{parts.scheme}://{host}"
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"webhook {shown}: the URL must not carry user:password")
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if parts.scheme != "https" and not loopback:
+            raise ValueError(f"webhook {shown}: a URL off this host's loopback must be https")
+        return v
 
 
 class Settings(BaseSettings):

@@ -1,6 +1,8 @@
-"""Steady streaming clients for the demo: `--clients` completions streamed back to back
-through a gateway until SIGTERM or Ctrl-C, then one summary line per release that served
-(requests, failed) from the gateway's `x-releasekit-release` header.
+"""Steady streaming clients for the demo: `--clients` requests streamed back to back
+through a gateway until SIGTERM or Ctrl-C (every other one a templated chat request, the
+release's own prompt rendered by the gateway; the rest plain completions), then one summary
+line per release that served (requests, failed) from the gateway's `x-releasekit-release`
+header.
 
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 6 &
 """
@@ -31,17 +33,17 @@ def main() -> int:
         with httpx.Client(base_url=args.url, timeout=120, trust_env=False) as c:
             i = 0
             while not stop.is_set():
-                body = {
-                    "model": "demo",
-                    "prompt": f"Question {k}-{i}: what is 2 + {i % 7}?",
-                    "max_tokens": args.max_tokens,
-                    "stream": True,
-                    "ignore_eos": True,
-                }
+                question = f"Question {k}-{i}: what is 2 + {i % 7}?"
+                path = "/v1/completions"
+                body: dict[str, object] = {"model": "demo", "prompt": question}
+                if i % 2:
+                    path = "/v1/templates/chat/chat/completions"
+                    body = {"variables": {"question": question}}
+                body.update(max_tokens=args.max_tokens, stream=True, ignore_eos=True)
                 i += 1
                 rel, ok = "-", False
                 try:
-                    with c.stream("POST", "/v1/completions", json=body) as r:
+                    with c.stream("POST", path, json=body) as r:
                         rel = r.headers.get("x-releasekit-release", "-")[:12]
                         ok = r.status_code == 200 and any(
                             line.startswith("data: [DONE]") for line in r.iter_lines()

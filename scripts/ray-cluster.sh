@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # A two-node Ray cluster on this host's loopback, for the `ray` deploy target:
-#   bash scripts/ray-cluster.sh start [DIR]   head on 127.0.0.2:6390, a second node on 127.0.0.3
+#   bash scripts/ray-cluster.sh start [DIR]   head on 127.0.0.1:6390, a second node beside it
 #   bash scripts/ray-cluster.sh stop  [DIR]   ends exactly those nodes' processes (by session)
-# Each node gets RAY_NODE_CPUS logical CPUs (default 2) and its own temp dir under DIR
-# (default /tmp/rk-ray-cluster). 127.0.0.1 is not used on purpose: Ray rewrites
-# "127.0.0.1" in a cluster address to the host's outward address, and would then not find
-# the head. Never `ray stop --force`: it kills every Ray process on the host by name.
+# Each node gets RAY_NODE_CPUS logical CPUs (default 2), its own ports and its own temp dir
+# under DIR (default /tmp/rk-ray-cluster). Both nodes are on 127.0.0.1 (Ray tells them
+# apart by node id): Ray binds its GCS, raylets and agents to loopback only when the node
+# address is exactly 127.0.0.1 (on 127.0.0.2 it listens on every interface). Ray has no
+# authentication: whoever reaches these ports runs code as this user (README, "Serving on a
+# Ray cluster"). Nodes start through `python -m releasekit.deploy.ray.loopback start`
+# (`ray start` that keeps "127.0.0.1" in the cluster address as given and lets a second node
+# join on it; see that module) with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which everything
+# they start inherits; releasekit sets it for its drivers.
+# Never `ray stop --force`: it kills every Ray process on the host by name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CMD=${1:-start}
 DIR=${2:-/tmp/rk-ray-cluster}
 PORT=${RAY_HEAD_PORT:-6390}
 CPUS=${RAY_NODE_CPUS:-2}
-RAY=${RAY:-$(dirname "$(command -v python)")/ray}
-[[ -x $RAY ]] || RAY=.venv/bin/ray
+PY=${PYTHON:-$(command -v python || true)}
+[[ -x $(dirname "${PY:-.}")/ray ]] || PY=.venv/bin/python
 
-node() {  # node INDEX IP EXTRA...
-  local i=$1 ip=$2; shift 2
+node() {  # node INDEX EXTRA...
+  local i=$1; shift
   local base=$((PORT + 10 + i * 20))
   mkdir -p "$DIR/node$i"
   # RAY_worker_niceness=0: Ray otherwise runs workers, so replicas and their vLLM, at nice 15.
   RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0 RAY_TMPDIR="$DIR/node$i" \
-    setsid "$RAY" start "$@" \
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
+    setsid "$PY" -m releasekit.deploy.ray.loopback start "$@" \
     --num-cpus="$CPUS" --memory=$((4 * 1024 ** 3)) --object-store-memory=$((256 * 1024 ** 2)) \
-    --node-ip-address="$ip" --disable-usage-stats \
+    --node-ip-address=127.0.0.1 --disable-usage-stats \
     --node-manager-port=$base --object-manager-port=$((base + 1)) \
     --runtime-env-agent-port=$((base + 2)) --metrics-export-port=$((base + 3)) \
     --dashboard-agent-listen-port=$((base + 4)) --dashboard-agent-grpc-port=$((base + 5)) \
@@ -34,17 +41,17 @@ node() {  # node INDEX IP EXTRA...
 
 case $CMD in
   start)
-    node 0 127.0.0.2 --head --port="$PORT" --include-dashboard=false \
+    node 0 --head --port="$PORT" --include-dashboard=false \
       --dashboard-port=$((PORT + 1)) --ray-client-server-port=$((PORT + 2)) \
       --temp-dir="$DIR/node0"
     for _ in $(seq 120); do
       grep -q "Ray runtime started" "$DIR/node0.log" 2>/dev/null && break; sleep 1
     done
-    node 1 127.0.0.3 --address="127.0.0.2:$PORT"
+    node 1 --address="127.0.0.1:$PORT"
     for _ in $(seq 120); do
       grep -q "Ray runtime started" "$DIR/node1.log" 2>/dev/null && break; sleep 1
     done
-    echo "ray cluster: address 127.0.0.2:$PORT, nodes 127.0.0.2 and 127.0.0.3 ($CPUS CPUs each)"
+    echo "ray cluster: address 127.0.0.1:$PORT, 2 nodes on 127.0.0.1 ($CPUS CPUs each)"
     echo "logs and session ids under $DIR; stop with: bash scripts/ray-cluster.sh stop $DIR"
     ;;
   stop)

@@ -308,7 +308,7 @@ def deploy_status_cmd(
         rows,
     )
     replica_rows = [
-        [e.environment, _short(s.release_id), s.role, r.node_ip, r.replica, str(r.pid),
+        [e.environment, _short(s.release_id), s.role, r.node_id[:12], r.replica, str(r.pid),
          str(r.server_pid), r.server_url]
         for e in envs
         for s in e.servers
@@ -317,6 +317,6 @@ def deploy_status_cmd(
     if replica_rows:
         table(
             "replicas (ray target)",
-            ["environment", "release", "role", "node", "replica", "pid", "server pid", "server"],
+            ["environment", "release", "role", "node id", "replica", "pid", "server pid", "server"],
             replica_rows,
         )

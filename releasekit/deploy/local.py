@@ -32,6 +32,7 @@ from releasekit.deploy.gateway import (
     GatewayConfig,
     GatewayError,
     GatewayUnreachableError,
+    RateLimit,
     Route,
     ThreadedGateway,
 )
@@ -429,6 +430,13 @@ class LocalTarget(DeployTarget):
             api_keys=list(self.config.api_keys),
             max_in_flight=self.config.max_in_flight,
             max_queue_wait_s=self.config.max_queue_wait_s,
+            rate_limit=(
+                RateLimit(rps=self.config.rate_limit_rps, burst=self.config.rate_limit_burst)
+                if self.config.rate_limit_rps > 0
+                else None
+            ),
+            max_in_flight_per_client=self.config.max_in_flight_per_key or None,
+            release_header=self.config.release_header,
             shutdown_timeout_s=max(self.config.drain_deadline_s, 1.0),
             routes=table,
             mirror=mirror,

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from releasekit.deploy.gateway import RELEASE_HEADER
+from releasekit.deploy.gateway import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.target import SmokeItemResult, SmokeProbe, SmokeResult
 
 
@@ -26,14 +26,18 @@ def run_smoke(
     release_id: str,
     where: str,
     api_key: str | None = None,
+    admin_token: str | None = None,
     transport: httpx.BaseTransport | None = None,
 ) -> SmokeResult:
     """Send `probe`'s items to `url`'s templated route (`/v1/templates/<prompt>/chat/
     completions`) one by one. An item is ok when it gets 200, a non-empty answer and the
     release header names `release_id`; it passes when ok and its `expected` text (if any)
     is in the answer (case-insensitive). The run passes when every item is ok and the pass
-    rate is at least `probe.min_pass_rate`."""
+    rate is at least `probe.min_pass_rate`. `admin_token` (the gateway's) has the answers
+    name their release where the environment does not show it to clients."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    if admin_token:
+        headers[ADMIN_HEADER] = admin_token
     results: list[SmokeItemResult] = []
     with httpx.Client(
         base_url=url.rstrip("/"),

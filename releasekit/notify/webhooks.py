@@ -6,8 +6,10 @@ Delivery never holds up the command that wrote the event (a rollback switches tr
 first; the event is queued after it is recorded). Each delivery is tried `retries + 1`
 times with exponential backoff on connection errors, timeouts, 5xx, 408 and 429; another
 4xx is not retried. What is not delivered, after its tries or because the process ended
-first (`flush`), is appended to the dead-letter log, `STATE_DIR/notify/dead-letter.jsonl`:
-one JSON object a line with the webhook URL, the body, the attempts and the last error.
+first (`flush`), is appended to the dead-letter log, `STATE_DIR/notify/dead-letter.jsonl`
+(created mode 0600): one JSON object a line with the webhook's scheme and host, the body,
+the attempts and the last error. A webhook URL is a credential (a Slack URL is its own
+secret): no log or dead-letter line holds more of it than `redact_hook_url` shows.
 
 The JSON body (`build_payload`):
 
@@ -22,12 +24,14 @@ import atexit
 import datetime as dt
 import json
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -86,6 +90,34 @@ def slack_body(payload: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in (payload.get("links") or {}).items():
         lines.append(f"{k}: {v}")
     return {"text": "\n".join(lines)}
+
+
+def redact_hook_url(url: str) -> str:
+    """What logs may show of a webhook URL: its scheme and host (and port), no path, query
+    or user info."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<webhook>"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{port}"
+
+
+def _scrub(text: str, url: str) -> str:
+    """`text` (an error message) with the webhook URL, or its path, replaced by the
+    redacted URL."""
+    shown = redact_hook_url(url)
+    out = text.replace(url, shown)
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        path = ""
+    if len(path) > 1:
+        out = out.replace(path, "/<redacted>")
+    return out
 
 
 def _wants(hook: WebhookConfig, payload: Mapping[str, Any]) -> bool:
@@ -183,7 +215,8 @@ class Notifier:
             try:
                 self._deliver(hook, payload)
             except Exception as exc:  # never let the worker die
-                self._dead(hook, payload, attempts=0, error=f"{type(exc).__name__}: {exc}")
+                error = _scrub(f"{type(exc).__name__}: {exc}", hook.url)
+                self._dead(hook, payload, attempts=0, error=error)
             finally:
                 self._done()
 
@@ -203,12 +236,12 @@ class Notifier:
                     timeout=hook.timeout_s,
                 )
             except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = _scrub(f"{type(exc).__name__}: {exc}", hook.url)
             else:
                 if 200 <= r.status_code < 300:
                     self.delivered += 1
                     return True
-                error = f"HTTP {r.status_code}: {r.text[:200]}"
+                error = _scrub(f"HTTP {r.status_code}: {r.text[:200]}", hook.url)
                 if not _retryable(r.status_code):
                     break
             if attempt < hook.retries:
@@ -220,9 +253,10 @@ class Notifier:
         self, hook: WebhookConfig, body: Mapping[str, Any], *, attempts: int, error: str
     ) -> None:
         self.dead += 1
+        shown = redact_hook_url(hook.url)
         line = {
             "time": dt.datetime.now(dt.UTC).isoformat(),
-            "url": hook.url,
+            "url": shown,
             "event": body.get("event"),
             "attempts": attempts,
             "error": error,
@@ -230,11 +264,13 @@ class Notifier:
         }
         try:
             self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
-            with self.dead_letter.open("a", encoding="utf-8") as f:
+            fd = os.open(self.dead_letter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                os.fchmod(f.fileno(), 0o600)  # also a file an older version left readable
                 f.write(json.dumps(line, default=str) + "\n")
-        except OSError:
-            log.exception("could not write the dead-letter log %s", self.dead_letter)
-        log.warning("webhook %s: %s not delivered (%s)", hook.url, body.get("event"), error)
+        except OSError as exc:
+            log.error("could not write the dead-letter log %s: %s", self.dead_letter, exc)
+        log.warning("webhook %s: %s not delivered (%s)", shown, body.get("event"), error)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush, then stop the worker (a delivery still in its request is abandoned)."""

@@ -432,8 +432,14 @@ def deploy_release(
         if probe is not None:
             ts = time.monotonic()
             key = cfg.api_keys[0] if cfg.api_keys else None
+            gw_rec = handle.state.gateway
             out.smoke_gateway = run_smoke(
-                out.gateway_url, probe, release_id=spec.release_id, where="gateway", api_key=key
+                out.gateway_url,
+                probe,
+                release_id=spec.release_id,
+                where="gateway",
+                api_key=key,
+                admin_token=gw_rec.admin_token if gw_rec is not None else None,
             )
             step(
                 "smoke (gateway)",

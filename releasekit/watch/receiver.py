@@ -350,6 +350,39 @@ def _env_of(alert: AlertmanagerAlert, payload: AlertmanagerPayload) -> str | Non
     return alert.labels.get(ENV_LABEL) or payload.commonLabels.get(ENV_LABEL)
 
 
+MAX_HEADER_BYTES = 60 * 1024
+"""The receiver's header limits, the gateway's: a request line and headers of at most
+60 KiB, at most 100 headers, sent within 10 s of the connection (or of a keep-alive
+request's first byte); otherwise 431 / 408 and the connection closed."""
+MAX_HEADER_COUNT = 100
+HEADER_TIMEOUT_S = 10.0
+
+
+def server_options() -> dict[str, Any]:
+    """uvicorn.Config options that put the receiver behind the gateway's header limits
+    (the guarded HTTP protocol: size, count, read timeout); wrap the app in `guard`."""
+    from releasekit.deploy.gateway.limits import guarded_http_protocol
+
+    protocol = guarded_http_protocol(
+        max_header_bytes=MAX_HEADER_BYTES,
+        header_timeout_s=HEADER_TIMEOUT_S,
+        max_header_count=MAX_HEADER_COUNT,
+    )
+    return {
+        "http": protocol if protocol is not None else "h11",
+        "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+        "server_header": False,
+        "proxy_headers": False,
+    }
+
+
+def guard(app: Any) -> Any:
+    """`app` behind the header limits checked on the parsed request (431)."""
+    from releasekit.deploy.gateway.limits import header_guard
+
+    return header_guard(app, max_header_bytes=MAX_HEADER_BYTES, max_header_count=MAX_HEADER_COUNT)
+
+
 def create_receiver(
     *,
     rollback: RollbackFn,

@@ -57,6 +57,8 @@ from releasekit.watch.alertrules import (
     scrape_configs,
 )
 from releasekit.watch.receiver import BasicCredential, ReceiverAuth, create_receiver
+from releasekit.watch.receiver import guard as receiver_guard
+from releasekit.watch.receiver import server_options as receiver_server_options
 from releasekit.watch.rules import Baseline, BaselinePoint, Rule, from_manifest, rules_from_slo
 from releasekit.watch.watcher import (
     RollbackFn,
@@ -575,11 +577,12 @@ class WatchService:
             ) from exc
         server = uvicorn.Server(
             uvicorn.Config(
-                self.app(auth, store_path=store_path),
+                receiver_guard(self.app(auth, store_path=store_path)),
                 log_level="warning",
                 lifespan="off",
                 access_log=False,
                 timeout_graceful_shutdown=2,
+                **receiver_server_options(),  # the gateway's header limits
             )
         )
         thread = threading.Thread(target=server.run, args=([sock],), daemon=True)

@@ -30,7 +30,7 @@ def ray_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     toml = tmp_path / "releasekit.toml"
     toml.write_text(
         '[environments.staging]\nport = 8780\ntarget = "ray"\n'
-        'ray = { address = "127.0.0.2:6390", replicas = 2, cpus_per_replica = 2 }\n'
+        'ray = { address = "127.0.0.1:6390", replicas = 2, cpus_per_replica = 2 }\n'
         "[environments.production]\nport = 8781\n"
     )
     monkeypatch.setenv("RELEASEKIT_CONFIG", str(toml))

@@ -236,6 +236,7 @@ def _toml(ports: dict[str, int], smoke: str, extra: dict[str, str], lines: list[
         out.append(f"port = {port}")
         out.append(f"warm_s = {extra.get(env + '.warm_s', '300')}")
         out.append("drain_deadline_s = 20")
+        out.append("release_header = true")  # the tests check which release answered
         if env == "production":
             out.append('requires = "staging"')
         out.append(f"smoke = {smoke}")

@@ -1,6 +1,8 @@
 """A throwaway Ray cluster on loopback for the Ray target's tests: a head and, on demand,
 more nodes (`ray start --address`), each with its own CPU share and its own ports from
 31000-31999 (these tests' range, see CONTRIBUTING.md) and temp dir under /tmp/rk-ray-*.
+Every node is on 127.0.0.1 (Ray tells them apart by node id): only then does Ray bind its
+GCS, raylets and agents to loopback alone (`listening_sockets` lists what they opened).
 
 Each node is started with `setsid`, so its daemons (GCS, raylet, workers) share one session;
 `stop()` ends exactly that session's processes (and the process groups of the servers its
@@ -23,8 +25,11 @@ from typing import Any
 
 import pytest
 
-RAY = Path(sys.executable).with_name("ray")
+# `ray start` through releasekit's loopback entry point (deploy/ray/loopback.py): several
+# nodes on 127.0.0.1, the cluster address kept as given.
+RAY_START = [sys.executable, "-m", "releasekit.deploy.ray.loopback", "start"]
 PORT_BASE = 31000
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _sid_members(sid: int) -> list[int]:
@@ -72,7 +77,8 @@ class RayNode:
 
 @dataclass
 class RayCluster:
-    """A head on 127.0.0.1 and the nodes added to it; `address` is the GCS address."""
+    """A head on 127.0.0.1 and the nodes added to it (on 127.0.0.1 too, with their own
+    ports); `address` is the GCS address."""
 
     slot: int
     root: Path
@@ -84,9 +90,10 @@ class RayCluster:
 
     @staticmethod
     def node_ip(i: int) -> str:
-        """Node i's loopback address: 127.0.0.2, 127.0.0.3, ... Not 127.0.0.1: Ray rewrites
-        "127.0.0.1"/"localhost" in a cluster address to the host's outward address."""
-        return f"127.0.0.{2 + i}"
+        """Every node's address: 127.0.0.1, the one address on which Ray listens on
+        loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from rewriting it to
+        the host's outward address)."""
+        return "127.0.0.1"
 
     @property
     def address(self) -> str:
@@ -118,8 +125,7 @@ class RayCluster:
         log = self.root / f"ray-node-{i}.log"
         argv = [
             "setsid",
-            str(RAY),
-            "start",
+            *RAY_START,
             *(
                 [
                     "--head",
@@ -146,6 +152,7 @@ class RayCluster:
             "RAY_TMPDIR": str(temp),
             # Ray starts workers (so replicas and their vLLM) at niceness 15 by default.
             "RAY_worker_niceness": "0",
+            **LOOPBACK_ENV,
         }
         with log.open("ab") as fh:
             proc = subprocess.Popen(
@@ -171,11 +178,34 @@ class RayCluster:
                 capture_output=True,
                 text=True,
                 check=False,
+                env={**os.environ, **LOOPBACK_ENV},
             )
             if r.returncode == 0 and r.stdout.strip().isdigit() and int(r.stdout) >= n:
                 return
             time.sleep(1.0)
         pytest.fail(f"Ray node {n} did not join in time: {log.read_text()[-2000:]}")
+
+    def pids(self) -> list[int]:
+        """Every process of every node now (GCS, raylets, agents, workers)."""
+        return [pid for node in self.nodes for pid in node.pids()]
+
+    def listening_sockets(self) -> list[tuple[int, str, str, int]]:
+        """(pid, process name, address, port) of every TCP socket the cluster's processes
+        listen on."""
+        import psutil
+
+        out = []
+        for pid in self.pids():
+            try:
+                proc = psutil.Process(pid)
+                name = proc.name()
+                conns = proc.net_connections(kind="inet")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            for c in conns:
+                if c.status == psutil.CONN_LISTEN and c.laddr:
+                    out.append((pid, name, c.laddr.ip, c.laddr.port))
+        return out
 
     def stop(self) -> None:
         """End every process of every node (by session), and the servers they started."""

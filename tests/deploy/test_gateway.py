@@ -22,6 +22,7 @@ from releasekit.deploy.gateway import (
     ThreadedGateway,
     load_config,
 )
+from releasekit.deploy.gateway.routing import Table
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.errors import ReleasekitError
 
@@ -138,20 +139,25 @@ def test_switch_is_atomic_and_in_flight_stream_finishes_on_old(
         gc.wait_drained("rel-b", deadline_s=0.1)
 
 
-def test_weighted_split_is_exact(upstream_factory: Up, gateway_factory: Gw) -> None:
-    """Weights 3:1 send exactly 30 of 40 requests to the first release."""
+def test_weighted_split_is_random_in_proportion(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """Weights 3:1 send about 3 of 4 requests to the first release, chosen at random: no
+    fixed sequence a client could count along to aim at the canary."""
     a, b = upstream_factory("a"), upstream_factory("b")
-    tg = gateway_factory(
-        [
-            Route(release_id="rel-a", base_url=a.url, weight=3),
-            Route(release_id="rel-b", base_url=b.url, weight=1),
-        ]
-    )
+    routes = [
+        Route(release_id="rel-a", base_url=a.url, weight=3),
+        Route(release_id="rel-b", base_url=b.url, weight=1),
+    ]
+    tg = gateway_factory(routes)
     seen = {"rel-a": 0, "rel-b": 0}
     with httpx.Client(base_url=tg.url) as c:
         for _ in range(40):
             seen[c.get("/v1/models").headers["x-releasekit-release"]] += 1
-    assert seen == {"rel-a": 30, "rel-b": 10}
+    assert sum(seen.values()) == 40 and seen["rel-a"] > 0 and seen["rel-b"] > 0
+    table = Table(1, routes)
+    runs = [[table.pick().release_id for _ in range(4000)] for _ in range(2)]  # type: ignore[union-attr]
+    for run in runs:
+        assert 2800 < run.count("rel-a") < 3200  # 3000 expected, sd 27
+    assert runs[0] != runs[1]
     m = metrics(tg.url)
     assert sample(m, "releasekit_gateway_route_weight", env="test", release="rel-a") == 0.75
     assert sample(m, "releasekit_gateway_info", env="test", release="rel-b", weight="0.25") == 1

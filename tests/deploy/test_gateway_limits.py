@@ -9,6 +9,8 @@ import select
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -383,3 +385,279 @@ def test_ipv6_clients_share_a_bucket_per_64() -> None:
     )
     assert client_address(_request_from("10.0.0.1")) == "10.0.0.1"
     assert client_address(_request_from("::ffff:10.0.0.1")) == "10.0.0.1"
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def _flood(tg: ThreadedGateway, key: str, n: int) -> tuple[list[int], list[httpx.Response]]:
+    """`n` streams from one key at once, each held by the upstream after its first chunk;
+    returns (the statuses of those refused outright, the open held streams)."""
+    import concurrent.futures
+
+    client = httpx.Client(base_url=tg.url, timeout=30, limits=httpx.Limits(max_connections=n + 4))
+    headers = {"authorization": f"Bearer {key}", "x-fake-hold": "flood"}
+
+    def one(_: int) -> httpx.Response:
+        r = client.send(client.build_request("POST", "/v1/completions", json=STREAM,
+                                             headers=headers), stream=True)  # fmt: skip
+        if r.status_code != 200:
+            r.read()
+            r.close()
+        return r
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        got = list(pool.map(one, range(n)))
+    return [r.status_code for r in got if r.status_code != 200], [
+        r for r in got if r.status_code == 200
+    ]
+
+
+def test_one_key_flooding_cannot_take_the_slots_or_the_queue_of_another(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """A key holding as many streams as it can open gets `max_in_flight_per_client` of
+    them; the rest are 429 at once, so they neither hold a slot nor wait in the queue, and
+    another key's requests are all answered without queueing (the gateway's own queue-wait
+    figures: every admitted request found a free slot). Without the cap the same flood
+    takes every slot and the other key is turned away."""
+    up = upstream_factory("u")
+    keys = ["sk-flood", "sk-good"]
+    tg = gateway_factory(
+        [Route(release_id="r", base_url=up.url)],
+        api_keys=keys,
+        max_in_flight=4,
+        max_in_flight_per_client=2,
+        max_queue_wait_s=0.3,
+    )
+    refused, held = _flood(tg, "sk-flood", 10)
+    try:
+        assert refused == [429] * 8 and len(held) == 2
+        with GatewayClient(tg.url, admin_token=admin_token) as gc:
+            assert gc.state().in_flight_total == 2 and gc.state().queued == 0
+        good = [
+            httpx.post(
+                f"{tg.url}/v1/completions",
+                json=STREAM,
+                headers={"authorization": "Bearer sk-good"},
+                timeout=30,
+            )
+            for _ in range(5)
+        ]
+        assert [r.status_code for r in good] == [200] * 5
+        assert all(r.text.rstrip().endswith("data: [DONE]") for r in good)
+        text = httpx.get(f"{tg.url}/metrics", timeout=10).text
+        assert _sample(text, "releasekit_gateway_rejections_total", reason="client_in_flight") == 8
+        assert _sample(text, "releasekit_gateway_queue_wait_seconds_count") == 7
+        assert _sample(text, "releasekit_gateway_queue_wait_seconds_sum") == 0.0
+    finally:
+        up.release("flood")
+        for r in held:
+            r.read()
+            r.close()
+
+    open_gw = gateway_factory(
+        [Route(release_id="r", base_url=up.url)],
+        api_keys=keys,
+        max_in_flight=4,
+        max_queue_wait_s=0.3,
+    )
+    up.holds.pop("flood", None)
+    refused, held = _flood(open_gw, "sk-flood", 6)
+    try:
+        assert refused == [503] * 2 and len(held) == 4  # every slot is the flooder's
+        r = httpx.post(
+            f"{open_gw.url}/v1/completions",
+            json=STREAM,
+            headers={"authorization": "Bearer sk-good"},
+            timeout=30,
+        )
+        assert r.status_code == 503
+    finally:
+        up.release("flood")
+        for r in held:
+            r.read()
+            r.close()
+
+
+def test_feedback_is_capped_per_client(upstream_factory: Up, gateway_factory: Gw) -> None:
+    """One client cannot vote in bulk: past its feedback bucket it gets 429 and nothing
+    more is counted, while another client still votes."""
+    up = upstream_factory("u")
+    tg = gateway_factory(
+        [Route(release_id="r", base_url=up.url)],
+        api_keys=["sk-a", "sk-b"],
+        feedback_limit=RateLimit(rps=0.001, burst=3),
+    )
+
+    def served(key: str) -> str:
+        r = httpx.post(f"{tg.url}/v1/completions", json=PLAIN,
+                       headers={"authorization": f"Bearer {key}"}, timeout=10)  # fmt: skip
+        return str(r.json()["id"])
+
+    def vote(key: str, rid: str) -> int:
+        r = httpx.post(f"{tg.url}/v1/feedback", json={"response_id": rid, "score": "down"},
+                       headers={"authorization": f"Bearer {key}"}, timeout=10)  # fmt: skip
+        return r.status_code
+
+    ids = [served("sk-a") for _ in range(6)]
+    assert [vote("sk-a", i) for i in ids] == [200, 200, 200, 429, 429, 429]
+    assert vote("sk-b", served("sk-b")) == 200
+    text = httpx.get(f"{tg.url}/metrics", timeout=10).text
+    assert _sample(text, "releasekit_gateway_feedback_total", score="negative") == 4
+    assert _sample(text, "releasekit_gateway_rejections_total", reason="feedback_limit") == 3
+
+
+def test_the_release_header_is_opt_in(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """With `release_header` off no answer names its release (success or error), unless
+    the request carries the admin token (the deployer's smoke checks), which never reaches
+    the upstream."""
+    up = upstream_factory("u")
+    tg = gateway_factory([Route(release_id="rel-x", base_url=up.url)], release_header=False)
+    ok = httpx.post(f"{tg.url}/v1/completions", json=STREAM, timeout=10)
+    bad = httpx.post(
+        f"{tg.url}/v1/completions", json=PLAIN, headers={"x-fake-status": "500"}, timeout=10
+    )
+    wrong = httpx.post(
+        f"{tg.url}/v1/completions", json=PLAIN, headers={"x-releasekit-admin": "guess"}, timeout=10
+    )
+    assert ok.status_code == 200 and bad.status_code == 500 and wrong.status_code == 200
+    assert all("x-releasekit-release" not in r.headers for r in (ok, bad, wrong))
+    shown = httpx.post(
+        f"{tg.url}/v1/completions",
+        json=PLAIN,
+        headers={"x-releasekit-admin": admin_token},
+        timeout=10,
+    )
+    assert shown.headers["x-releasekit-release"] == "rel-x"
+    assert all("x-releasekit-admin" not in r["headers"] for r in up.received)
+
+
+def test_the_slot_is_freed_when_the_gateway_fails_before_relaying(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure between taking the slot and relaying (choosing the route, a shadow copy
+    that cannot be sent) never keeps the slot: with one slot, the next request still goes."""
+    from releasekit.deploy.gateway import Mirror, RouteTable
+    from releasekit.deploy.gateway.mirror import Mirroring
+    from releasekit.deploy.gateway.routing import Table
+
+    up, cand = upstream_factory("u"), upstream_factory("c")
+    route = Route(release_id="r", base_url=up.url)
+    tg = gateway_factory([route], max_in_flight=1, max_queue_wait_s=0.2,
+                         max_in_flight_per_client=1)  # fmt: skip
+    calls = {"n": 0}
+    real_pick = Table.pick
+
+    def failing_pick(self: Table) -> Route | None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("route choice failed")
+        return real_pick(self)
+
+    monkeypatch.setattr(Table, "pick", failing_pick)
+    first = httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
+    assert first.status_code == 500
+    assert httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10).status_code == 200
+
+    def failing_copy(self: Mirroring, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(Mirroring, "copy", failing_copy)
+    with GatewayClient(tg.url, admin_token=admin_token) as gc:
+        gc.set_routes(RouteTable(routes=[route], mirror=Mirror(
+            route=Route(release_id="c", base_url=cand.url), share=1.0)))  # fmt: skip
+        for _ in range(3):
+            r = httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
+            assert r.status_code == 200  # the client's request never pays for the copy
+        st = gc.state()
+    assert st.in_flight_total == 0 and st.mirror_dropped == 3 and st.served == {"r": 4}
+
+
+def test_a_deployed_environment_gives_its_gateway_limits_and_hides_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream_factory: Up
+) -> None:
+    """`[environments.NAME]` with nothing set: the deployed gateway limits each client
+    (rate and in-flight) and names no release to clients; the limits are the environment's
+    when it sets them."""
+    from releasekit.config import load_settings
+    from releasekit.deploy.gateway import load_config
+    from releasekit.deploy.local import LocalTarget
+    from releasekit.deploy.state import deploy_dir, locked_state
+
+    up = upstream_factory("u")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RELEASEKIT_ROOT", str(tmp_path))
+    (tmp_path / "releasekit.toml").write_text(
+        f"[environments.staging]\nport = {port}\n\n"
+        "[environments.production]\nport = 1\nrate_limit_rps = 0\nmax_in_flight_per_key = 0\n"
+        "release_header = true\nrate_limit_burst = 5\n"
+    )
+    settings = load_settings(root=tmp_path)
+    prod = settings.environments["production"]
+    assert prod.rate_limit_rps == 0 and prod.max_in_flight_per_key == 0 and prod.release_header
+    cfg = settings.environments["staging"]
+    with locked_state(settings.state_dir, "staging") as h:
+        target = LocalTarget(settings, "staging", cfg, h)
+        url = target.ensure_router([Route(release_id="rel-s", base_url=up.url)])
+        try:
+            gw = load_config(deploy_dir(settings.state_dir) / "staging-gateway.json")
+            assert gw.rate_limit == RateLimit(rps=50, burst=100)
+            assert gw.max_in_flight_per_client == 32 and gw.release_header is False
+            r = httpx.post(f"{url}/v1/completions", json=PLAIN, timeout=10)
+            assert r.status_code == 200 and "x-releasekit-release" not in r.headers
+            # What the deployer's smoke check sends: the gateway's admin token.
+            assert h.state.gateway is not None
+            admin = {"x-releasekit-admin": h.state.gateway.admin_token}
+            r = httpx.post(f"{url}/v1/completions", json=PLAIN, headers=admin, timeout=10)
+            assert r.headers["x-releasekit-release"] == "rel-s"
+        finally:
+            target.stop_router()
+
+
+def test_too_many_headers_and_an_oversize_block_in_one_read_get_431(
+    upstream_factory: Up, gateway_factory: Gw
+) -> None:
+    """150 headers (past `max_header_count`) get 431, and so does an unfinished header
+    block over `max_header_bytes` that arrives in a single read; nothing reaches the
+    upstream."""
+    a = upstream_factory("a")
+    tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], header_timeout_s=30)
+    many = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n"
+    many += b"".join(b"x-h%d: v\r\n" % i for i in range(150)) + b"\r\n"
+    assert status_of(raw_request(tg, many)) == 431
+    block = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (62 * 1024)
+    assert status_of(raw_request(tg, block, wait_s=20)) == 431
+    assert a.received == []
+
+
+def test_the_smoke_check_asks_for_the_release_header_with_the_admin_token() -> None:
+    """`run_smoke(admin_token=...)` sends the gateway's admin token, so it can tell which
+    release answered where clients are not told."""
+    from releasekit.deploy.smoke import run_smoke
+    from releasekit.deploy.target import SmokeItem, SmokeProbe
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        shown = request.headers.get("x-releasekit-admin") == "tok-" + "x" * 20
+        return httpx.Response(
+            200,
+            json={"choices": [{"message": {"content": "an answer"}}]},
+            headers={"x-releasekit-release": "rel-1"} if shown else {},
+        )
+
+    probe = SmokeProbe(items=[SmokeItem(id="a", vars={"question": "q"})])
+    kw: dict[str, Any] = {"release_id": "rel-1", "where": "gateway"}
+    transport = httpx.MockTransport(answer)
+    blind = run_smoke("http://gw", probe, transport=transport, **kw)
+    assert not blind.passed and blind.items[0].release is None
+    seen = run_smoke("http://gw", probe, admin_token="tok-" + "x" * 20, transport=transport, **kw)
+    assert seen.passed and seen.items[0].release == "rel-1"

@@ -5,6 +5,7 @@ local target the candidate's live comparison with stable is a promote gate."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import time
@@ -17,7 +18,13 @@ from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_f
 from promote_kit import Kit, Streamer, kit, mlflow_template_db
 from sqlalchemy import create_engine, select
 
-from releasekit.deploy.gateway import Mirror, Route, RouteTable, ThreadedGateway
+from releasekit.deploy.gateway import (
+    Mirror,
+    PromptTemplate,
+    Route,
+    RouteTable,
+    ThreadedGateway,
+)
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.promote.deploy import target_for
@@ -97,6 +104,64 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
     metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
     assert 'releasekit_gateway_mirrored_total{env="test",outcome="sent",release="c"} 2.0' in metrics
     assert 'release="c",route="completions",status="200"} 2.0' in metrics
+
+
+def _client_answers(gw_url: str) -> list[tuple[int, Any]]:
+    """Templated and plain requests, streamed and not: each client answer as (status, the
+    answer's choices)."""
+    out: list[tuple[int, Any]] = []
+    for i in range(6):
+        stream = i % 2 == 1
+        if i % 3 == 2:
+            path, body = "/v1/completions", {"prompt": f"p{i}", "stream": stream}
+        else:
+            path = "/v1/templates/chat/chat/completions"
+            body = {"variables": {"q": f"question {i}"}, "max_tokens": 4, "stream": stream}
+        r = httpx.post(gw_url + path, json=body, timeout=10)
+        if stream:
+            chunks = [
+                json.loads(line[6:]).get("choices")
+                for line in r.text.splitlines()
+                if line.startswith("data: {")
+            ]
+            out.append((r.status_code, chunks))
+        else:
+            out.append((r.status_code, r.json().get("choices", r.json())))
+    return out
+
+
+def test_mirroring_never_changes_a_clients_request(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """With every request mirrored (share 1), templated and plain requests get exactly the
+    answers they get without a mirror, and stable receives exactly the same bodies: the
+    copy is rendered from its own copy of the request, never from the client's."""
+    stable, cand = upstream_factory("stable"), upstream_factory("cand")
+    prompts = {"chat": PromptTemplate(system="be brief", user="Q: {{ q }}")}
+    route = Route(release_id="s", base_url=stable.url, model="m", prompts=prompts)
+    shadow = Route(
+        release_id="c",
+        base_url=cand.url,
+        model="m2",
+        prompts={"chat": PromptTemplate(user="other: {{ q }}")},
+    )
+    gw = gateway_factory(routes=[route])
+    plain = _client_answers(gw.url)
+    plain_bodies = [json.loads(r["body"]) for r in stable.received]
+    stable.received.clear()
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        c.set_routes(RouteTable(routes=[route], mirror=Mirror(route=shadow, share=1.0)))
+        mirrored = _client_answers(gw.url)
+        assert _wait(lambda: c.state().mirrored == 6 and len(cand.received) == 6)
+    assert [s for s, _ in plain] == [200] * 6
+    assert mirrored == plain
+    assert [json.loads(r["body"]) for r in stable.received] == plain_bodies
+    templated = [json.loads(r["body"]) for r in cand.received if b"messages" in r["body"]]
+    assert len(templated) == 4
+    assert all(
+        b["messages"][0]["content"].startswith("other: question") and b["model"] == "m2"
+        for b in templated
+    )
 
 
 def _slow_candidate(k: Kit) -> str:

@@ -135,7 +135,8 @@ def test_promotion_rollback_metrics_and_a_replaced_replica_on_ray(rkit: Kit) -> 
     live = [x for x in st.servers if x.role == "live"]
     assert [x.release_id for x in live] == [v1]
     reps = live[0].replicas
-    assert len(reps) == 2 and {r.node_ip for r in reps} == {"127.0.0.2"}
+    assert len(reps) == 2 and {r.node_ip for r in reps} == {"127.0.0.1"}
+    assert len({r.node_id for r in reps}) == 1  # the head alone
 
     vllm_url, _ = metrics_urls(rkit.settings, "staging", v1)
     direct = [_served(httpx.get(f"{r.server_url}/metrics", timeout=10).text) for r in reps]
@@ -195,7 +196,7 @@ def test_a_replica_that_never_becomes_healthy_quotes_its_log_and_is_deleted(
 
 def test_an_unreachable_cluster_is_one_clear_error() -> None:
     """Nothing listens at the address: RayClusterUnreachableError names it at once."""
-    cfg = RayTargetConfig(address="127.0.0.2:31999", connect_timeout_s=2)
-    with pytest.raises(RayClusterUnreachableError, match=r"127\.0\.0\.2:31999") as info:
+    cfg = RayTargetConfig(address="127.0.0.1:31999", connect_timeout_s=2)
+    with pytest.raises(RayClusterUnreachableError, match=r"127\.0\.0\.1:31999") as info:
         connect(cfg)
     assert "start the cluster" in info.value.remedy

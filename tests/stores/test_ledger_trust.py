@@ -508,3 +508,19 @@ def test_a_decision_refuses_an_unverified_ledger_with_one_line(tmp_path: Path, r
         led.verified()
     assert info.value.seq == 2 and "refusing to act on ledger" in info.value.message
     assert "\n" not in info.value.message and "ledger verify" in info.value.remedy
+
+
+def test_verify_against_a_remote_whose_branch_cannot_be_read_fails_closed(
+    ledger_db: str, repo: Path, tmp_path: Path
+) -> None:
+    """A remote that has the anchor but no default branch to read the trusted keys from
+    fails the check; it never falls back to this clone's keys (which a forger controls)."""
+    remote = tmp_path / "anchor-only.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    led = open_signed(ledger_db, repo)
+    fill(led, 2)
+    git(repo, "push", "-q", "origin", anc.ANCHOR_REF)  # the anchor only, no branch
+    assert led.verify().ok
+    res = led.verify(remote="origin")
+    assert not res.ok and "default branch of remote origin" in (res.problem or "")

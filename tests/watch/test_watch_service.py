@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -469,6 +470,54 @@ def test_receiver_on_the_watch_port_rolls_back_once_and_shares_the_guard(
         metrics = httpx.get(f"{url}/metrics").text
         assert "releasekit_receiver_deliveries_total" in metrics
         assert "releasekit_watch_windows_judged" in metrics
+
+
+def _raw(url: str, data: bytes, *, wait_s: float = 30.0) -> bytes:
+    """Send raw bytes to the server at `url` and read until it closes the connection."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    out = b""
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        s.sendall(data)
+        while True:
+            try:
+                got = s.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not got:
+                break
+            out += got
+    return out
+
+
+def test_the_receiver_has_the_gateways_header_limits(
+    wenv: WatchEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver `watch --listen` serves refuses a header flood (too many headers, an
+    oversize header block that never ends) with 431 and a header block that never completes
+    with 408, and closes the connection each time; Alertmanager's deliveries still pass."""
+    import releasekit.watch.receiver as receiver_mod
+
+    monkeypatch.setattr(receiver_mod, "HEADER_TIMEOUT_S", 1.0)
+    impl = StandInRollback(wenv)
+    svc = wenv.service(
+        rollback=rollback_adapter(wenv.settings, ledger=wenv.ledger, impl=impl),
+        cooldown_from_ledger=False,
+    )
+    auth = ReceiverAuth.model_validate({"bearer_tokens": ["s3cret"]})
+    with svc.serve("127.0.0.1", 0, auth=auth, store_path=tmp_path / "alerts.db") as url:
+        start = b"POST /alertmanager HTTP/1.1\r\nhost: x\r\nauthorization: Bearer s3cret\r\n"
+        many = start + b"".join(b"x-h%d: v\r\n" % i for i in range(150))
+        many += b"content-length: 0\r\n\r\n"
+        assert _raw(url, many).startswith(b"HTTP/1.1 431")
+        huge = start + b"x-pad: " + b"a" * (70 * 1024)  # never ends
+        assert _raw(url, huge).startswith(b"HTTP/1.1 431")
+        assert _raw(url, start).startswith(b"HTTP/1.1 408")  # stops mid-headers
+        ok = httpx.post(
+            f"{url}/alertmanager",
+            json=_alert(ENV, wenv.r1),
+            headers={"Authorization": "Bearer s3cret"},
+        )
+        assert ok.status_code == 200 and len(impl.calls) == 1
 
 
 def test_receiver_auth_comes_from_the_environment(tmp_path: Path) -> None:

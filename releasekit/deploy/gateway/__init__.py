@@ -22,8 +22,12 @@ Endpoints (one port)
                            `/v1/responses`, `/v1/score`, `/v1/rerank`) proxied to the pinned
                            route's upstream, `base_url + path + query`, body and status
                            untouched, hop-by-hop headers dropped; SSE relayed chunk by chunk as
-                           the upstream sends it. Every proxied response carries
-                           `x-releasekit-release: <release id>`. Any other path (vLLM's admin
+                           the upstream sends it. With `release_header` (the default of a
+                           bare config; a deployed environment opts in) every proxied
+                           response carries `x-releasekit-release: <release id>`; without
+                           it only a request carrying the admin token in
+                           `x-releasekit-admin` (the deployer's smoke checks) sees it, and
+                           that header never reaches an upstream. Any other path (vLLM's admin
                            and dev routes included), a path spelled with escapes, dot segments
                            or doubled slashes, gets 404; another method 405. Neither reaches
                            an upstream.
@@ -47,13 +51,15 @@ The table is a list of `Route`s swapped by one reference assignment. A request i
 a route when it is admitted and stays there until its last byte, whatever the table does
 meanwhile: after a switch, the old release's in-flight count only falls, and a deployer waits
 for 0 (`GatewayClient.wait_drained`) before stopping that server. Weights split traffic
-with smooth weighted round-robin: deterministic, and exact over any run of
-`sum(weights)` requests for integer weights (a 9:1 canary sends 1 of every 10). Weight 0
+at random in proportion (the OS's random source: a 9:1 canary gets about 1 request in 10,
+and a client cannot count along a fixed sequence to aim at it). Weight 0
 keeps a route in the table (its templates listed) without traffic.
 
 Shadow traffic: a table's `mirror` copies exactly `share` of admitted requests to a
 candidate that is not routed (`mirror`); its answers are discarded, copies take no rate-limit
-token and no in-flight slot, and past `max_in_flight` copies are dropped. The candidate's
+token and no in-flight slot, and past `max_in_flight` copies are dropped. A templated copy
+is rendered from its own deep copy of the request: the client's request is never changed,
+and a copy that cannot be sent is dropped, never the client's request. The candidate's
 figures are counted in the per-release families under its own release id.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
@@ -62,7 +68,8 @@ otherwise the client's Authorization header is dropped when the gateway checks k
 the gateway's key, not the upstream's) and passed through when it does not.
 
 Limits before any request code runs (`limits`): the request line and headers at most
-`max_header_bytes` (60 KiB, Envoy's default; 431 and the connection closed), sent within
+`max_header_bytes` (60 KiB, Envoy's default) and `max_header_count` headers (100; 431 and
+the connection closed), sent within
 `header_timeout_s` of the connection opening or of a keep-alive request's first byte (408).
 
 Admission and limits, in order: auth (401; after `auth_failure_limit.burst` wrong keys from
@@ -70,8 +77,10 @@ one address, 429 without checking the key), per-key token bucket (`rate_limit`; 
 Retry-After; keyed by API key, or by client address without keys, an IPv6 client by its
 /64), the path allowlist (404/405), the body (counted while it streams, chunked or not: 413
 past `max_request_bytes`, and the connection closed), JSON nesting past `max_json_depth`
-(400), then the in-flight limit `max_in_flight` with a queue: a request waits up to
-`max_queue_wait_s` for a slot, then gets 503 with Retry-After. Every path after admission
+(400), the client's own cap (`max_in_flight_per_client`: its requests admitted or queued
+at once; 429 past it, so one key can neither hold every slot nor fill the queue), then the
+in-flight limit `max_in_flight` with a queue: a request waits up to `max_queue_wait_s` for
+a slot, then gets 503 with Retry-After. Every path after admission
 frees its slot exactly once, errors included. Upstream: connect timeout and first-byte
 timeout (time to the upstream's response headers; for a non-stream request that includes
 generation) give 504; a refused or broken connection gives 502. A client that disconnects
@@ -100,7 +109,8 @@ first SSE chunk's), mapped to the release that served them and the client it ser
 digest of its key, or its address without keys), in a bounded LRU (`feedback_capacity`).
 `POST /v1/feedback` counts a score per release: > 0 positive, < 0 negative, 0 neutral
 (`up` = 1, `down` = -1); only feedback from the client that got the response counts, and
-only its first (a repeat answers `counted: false`). Unknown, evicted or another client's
+only its first (a repeat answers `counted: false`), and at most `feedback_limit` posts per
+client (a bucket: 60, then one a second; 429 past it). Unknown, evicted or another client's
 id: 404 (the same answer, so ids reveal nothing); malformed: 400.
 
 Metrics (own CollectorRegistry; `env` is the gateway's environment)
@@ -127,6 +137,7 @@ Metrics (own CollectorRegistry; `env` is the gateway's environment)
 - `releasekit_gateway_stream_errors_total{env,release,reason}` counter: streams ended early
   (`timeout`, `upstream_error`, and the client's own: `client_disconnect`, `client_stalled`).
 - `releasekit_gateway_rejections_total{env,reason}` counter: `auth`, `rate_limit`,
+  `client_in_flight` (a client at its cap), `feedback_limit`,
   `queue_full`, `no_route`, `timeout` (504 and mid-stream), `client_timeout` (a non-stream
   504), `upstream_error` (502 and mid-stream), `bad_request` (404/405 paths, 413, 431,
   invalid or too deep JSON, template errors). Every label value comes from a fixed set, the
@@ -193,11 +204,12 @@ from releasekit.deploy.gateway.metrics import (
     QUEUE_BUCKETS,
     TTFT_BUCKETS,
 )
-from releasekit.deploy.gateway.relay import RELEASE_HEADER
+from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
 
 __all__ = [
+    "ADMIN_HEADER",
     "E2E_BUCKETS",
     "OVERHEAD_BUCKETS",
     "QUEUE_BUCKETS",

@@ -46,8 +46,8 @@ from releasekit.deploy.gateway.limits import (
 from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
 from releasekit.deploy.gateway.mirror import Mirroring
 from releasekit.deploy.gateway.relay import (
+    ADMIN_HEADER,
     DROP_REQUEST,
-    RELEASE_HEADER,
     DisconnectFlag,
     Flight,
     Relay,
@@ -93,6 +93,9 @@ class Gateway:
         self._lease_task: asyncio.Task[None] | None = None
         self._mirror: Mirroring | None = None
         self._api_keys = [k.encode() for k in config.api_keys]
+        self._admin_token = config.admin_token.encode()
+        self._client_cap = config.max_in_flight_per_client
+        self._per_client: dict[str, int] = {}
         c = config.upstream_connect_timeout_s
         first = min(config.upstream_first_byte_timeout_s, config.request_timeout_s)
         # sock_read bounds every wait for upstream bytes: the response headers first, then
@@ -271,9 +274,10 @@ class Gateway:
         starlette = self._starlette()
         proxy = self._proxy
         max_header = self.config.max_header_bytes
+        max_count = self.config.max_header_count
         too_large = error_response(
             431,
-            f"request headers over {max_header} bytes",
+            f"request headers over {max_header} bytes or {max_count} headers",
             type_="invalid_request_error",
             code="headers_too_large",
             headers={"connection": "close"},
@@ -283,7 +287,7 @@ class Gateway:
             if scope["type"] == "http":
                 # The protocol refuses oversize header blocks as they arrive; this catches
                 # one that completed within a single read.
-                if header_bytes(scope) > max_header:
+                if header_bytes(scope) > max_header or len(scope["headers"]) > max_count:
                     self._metrics.reject("bad_request")
                     await too_large(scope, receive, send)
                     return
@@ -437,6 +441,40 @@ class Gateway:
             )
         return None
 
+    def _hold_client(self, client: str) -> bool:
+        """Count one more request of `client` (admitted or queued); False, counting
+        nothing, when it is at `max_in_flight_per_client`."""
+        cap = self._client_cap
+        if cap is None:
+            return True
+        n = self._per_client.get(client, 0)
+        if n >= cap:
+            return False
+        self._per_client[client] = n + 1
+        return True
+
+    def release_client(self, client: str) -> None:
+        """One request of `client` ended (the flight's finish, or before it was pinned)."""
+        self._release_client(client)
+
+    def _release_client(self, client: str) -> None:
+        if self._client_cap is None:
+            return
+        n = self._per_client.get(client, 0) - 1
+        if n > 0:
+            self._per_client[client] = n
+        else:
+            self._per_client.pop(client, None)
+
+    def reveals_release(self, request: Request) -> bool:
+        """Whether the answer names the release that served it: always with
+        `release_header`, else only for a request carrying the admin token in
+        x-releasekit-admin (the deployer's smoke checks)."""
+        if self.config.release_header:
+            return True
+        given = request.headers.get(ADMIN_HEADER)
+        return given is not None and hmac.compare_digest(given.encode(), self._admin_token)
+
     async def _admit(self) -> Response | None:
         """Take an in-flight slot, waiting up to max_queue_wait_s; 503 past that."""
         sem = self._sem
@@ -550,28 +588,94 @@ class Gateway:
         prompt: str | None,
         client: str,
     ) -> Response:
-        busy = await self._admit()
-        if busy is not None:
-            return busy
-        self.check_lease()
-        # Pin and count in the same step (no await in between): a drain that sees 0 in
-        # flight for a release no longer routed can trust it stays 0.
-        route = self._table.pick()
-        if route is None:
-            self._sem.release()
-            self._metrics.reject("no_route")
+        if not self._hold_client(client):
+            self._metrics.reject("client_in_flight")
             return error_response(
-                503,
-                "no release is routed",
-                type_="server_error",
-                code="no_route",
+                429,
+                f"too many requests in flight for this client (at most {self._client_cap})",
+                type_="rate_limit_error",
+                code="client_in_flight",
                 headers={"retry-after": "1"},
             )
-        stream = isinstance(payload, dict) and payload.get("stream") is True
-        flight = Flight(self, route, route_label, t0, client=client, stream=stream)
-        self._pin(route.release_id, flight.m)
+        try:
+            busy = await self._admit()
+        except BaseException:
+            self._release_client(client)
+            raise
+        if busy is not None:
+            self._release_client(client)
+            return busy
+        # The slot (and the client's hold) is taken: from here on every path frees it exactly
+        # once, through the flight once the request is pinned, directly before that.
+        flight: Flight | None = None
+        try:
+            self.check_lease()
+            # Pin and count in the same step (no await in between): a drain that sees 0 in
+            # flight for a release no longer routed can trust it stays 0.
+            route = self._table.pick()
+            if route is None:
+                self._sem.release()
+                self._release_client(client)
+                self._metrics.reject("no_route")
+                return error_response(
+                    503,
+                    "no release is routed",
+                    type_="server_error",
+                    code="no_route",
+                    headers={"retry-after": "1"},
+                )
+            stream = isinstance(payload, dict) and payload.get("stream") is True
+            pending = Flight(
+                self,
+                route,
+                route_label,
+                t0,
+                client=client,
+                stream=stream,
+                reveal=self.reveals_release(request),
+            )
+            self._pin(route.release_id, pending.m)
+            flight = pending
+            self._mirror_copy(request, path, body, payload, prompt, route_label)
+            return await self._upstream(request, flight, path=path, body=body,
+                                        payload=payload, prompt=prompt)  # fmt: skip
+        except Exception as exc:
+            if flight is None:
+                self._sem.release()
+                self._release_client(client)
+            else:
+                flight.finish(500, got_response=False)
+            log.exception("gateway failed on a request to %s", path)
+            return error_response(
+                500,
+                f"gateway error: {type(exc).__name__}",
+                type_="server_error",
+                code="gateway_error",
+                headers=flight.release_header() if flight else None,
+            )
+        except BaseException:
+            if flight is None:
+                self._sem.release()
+                self._release_client(client)
+            else:
+                flight.finish(499, got_response=False, outcome="client_disconnect")
+            raise
+
+    def _mirror_copy(
+        self,
+        request: Request,
+        path: str,
+        body: bytes,
+        payload: Any,
+        prompt: str | None,
+        route_label: str,
+    ) -> None:
+        """Copy the request to the mirror when it takes this one; a copy that fails to go
+        out is dropped, never the client's request."""
         mirror = self._mirror
-        if mirror is not None and self._session is not None and mirror.take():
+        if mirror is None or self._session is None or not mirror.take():
+            return
+        try:
             mirror.copy(
                 self._session,
                 method=request.method,
@@ -583,23 +687,9 @@ class Gateway:
                 prompt=prompt,
                 route_label=route_label,
             )
-        # From here on every path ends the flight (and so frees its slot) exactly once.
-        try:
-            return await self._upstream(request, flight, path=path, body=body,
-                                        payload=payload, prompt=prompt)  # fmt: skip
-        except Exception as exc:
-            flight.finish(500, got_response=False)
-            log.exception("gateway failed on a request to %s", route.base_url)
-            return error_response(
-                500,
-                f"gateway error: {type(exc).__name__}",
-                type_="server_error",
-                code="gateway_error",
-                headers={RELEASE_HEADER: route.release_id},
-            )
-        except BaseException:
-            flight.finish(499, got_response=False, outcome="client_disconnect")
-            raise
+        except Exception:
+            log.exception("shadow copy to %s not sent", mirror.route.release_id)
+            mirror.drop()
 
     async def _upstream(
         self,
@@ -612,7 +702,7 @@ class Gateway:
         prompt: str | None,
     ) -> Response:
         route = flight.route
-        rel_header = {RELEASE_HEADER: route.release_id}
+        rel_header = flight.release_header()
         try:
             if prompt is not None:
                 body = templated_body(route, prompt, payload)

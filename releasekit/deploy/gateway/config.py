@@ -146,6 +146,22 @@ class GatewayConfig(BaseModel):
     api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
     rate_limit: RateLimit | None = None
     max_in_flight: int = Field(256, ge=1, le=100_000)
+    max_in_flight_per_client: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="requests one client (key, or address without keys) may have admitted "
+        "or queued at once; more get 429 (None: no cap)",
+    )
+    release_header: bool = Field(
+        True,
+        description="answer x-releasekit-release to every client (False: only to a request "
+        "carrying the admin token in x-releasekit-admin, the deployer's smoke checks)",
+    )
+    feedback_limit: RateLimit = Field(
+        default_factory=lambda: RateLimit(rps=1.0, burst=60),
+        description="feedback posts per client: a bucket of `burst`, refilled at `rps`",
+    )
     max_queue_wait_s: float = Field(5.0, ge=0, allow_inf_nan=False)
     request_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
     upstream_connect_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
@@ -153,6 +169,7 @@ class GatewayConfig(BaseModel):
     stream_idle_timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body, as it streams")
     max_header_bytes: int = Field(60 * 1024, ge=1024, description="request line and headers")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="headers in one request")
     header_timeout_s: float = Field(
         10.0, gt=0, allow_inf_nan=False, description="time to send the request headers"
     )

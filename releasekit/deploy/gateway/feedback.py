@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from releasekit.deploy.gateway.config import Feedback, validation_problems
+from releasekit.deploy.gateway.limits import TokenBuckets
 from releasekit.deploy.gateway.responses import error_response, json_response
 
 if TYPE_CHECKING:
@@ -19,12 +21,14 @@ if TYPE_CHECKING:
 
 class FeedbackBook:
     """Recent successful response ids -> (release, counted yet, client), in an LRU of
-    `capacity`; counts one score per response, from the client it served."""
+    `capacity`; counts one score per response, from the client it served, and at most
+    `feedback_limit` posts per client (a bucket: one client cannot vote in bulk)."""
 
     def __init__(self, gateway: Gateway, capacity: int) -> None:
         self.gw = gateway
         self.capacity = capacity
         self._seen: OrderedDict[str, list[Any]] = OrderedDict()
+        self._limit = TokenBuckets(gateway.config.feedback_limit)
 
     def remember(self, response_id: str, release_id: str, client: str) -> None:
         """Note that `release_id` served `response_id` to `client`."""
@@ -38,6 +42,16 @@ class FeedbackBook:
         denied, client = self.gw.client_denied(request)
         if denied:
             return denied
+        wait = self._limit.take(client)
+        if wait > 0:
+            self.gw.metrics.reject("feedback_limit")
+            return error_response(
+                429,
+                "too much feedback from this client",
+                type_="rate_limit_error",
+                code="feedback_limit",
+                headers={"retry-after": str(max(1, math.ceil(wait)))},
+            )
         body = await self.gw.read_body(request)
         if isinstance(body, Response):
             return body

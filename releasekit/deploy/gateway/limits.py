@@ -79,6 +79,30 @@ def client_address(request: Request) -> str:
     return host
 
 
+def header_guard(app: Any, *, max_header_bytes: int, max_header_count: int) -> Any:
+    """`app` (ASGI) behind the header limits, checked on the parsed request: a header block
+    over `max_header_bytes` or with more than `max_header_count` headers gets 431 and the
+    connection closed (the guarded protocol refuses such a block while it arrives; this
+    catches one that completed within a single read)."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (
+            header_bytes(scope) > max_header_bytes or len(scope["headers"]) > max_header_count
+        ):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 431,
+                    "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"request headers too large"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def header_bytes(scope: Any) -> int:
     """Bytes of a request's header block as parsed (names, values, path and query)."""
     n = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
@@ -140,11 +164,11 @@ def _depth(obj: Any) -> int:
 
 
 def guarded_http_protocol(
-    *, max_header_bytes: int, header_timeout_s: float
+    *, max_header_bytes: int, header_timeout_s: float, max_header_count: int = 100
 ) -> type[asyncio.Protocol] | None:
-    """uvicorn's httptools protocol with a header-size limit and a header-read timeout, or
-    None when httptools is not installed (uvicorn then runs h11, which has its own
-    incomplete-event size limit)."""
+    """uvicorn's httptools protocol with a header-size limit, a header-count limit and a
+    header-read timeout, or None when httptools is not installed (uvicorn then runs h11,
+    which has its own incomplete-event size limit)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - httptools ships with the stack
@@ -165,6 +189,7 @@ def guarded_http_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._hdr_bytes = 0
+            self._hdr_count = 0
             self._hdr_done = False
             self._hdr_timer: asyncio.TimerHandle | None = None
             super().connection_made(transport)
@@ -189,16 +214,26 @@ def guarded_http_protocol(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            # Counted after parsing: a message that begins in this read resets the count
+            # (on_message_begin), and its bytes must still count (a whole oversize block
+            # can arrive in one read).
+            super().data_received(data)
             if not self._hdr_done:
                 self._hdr_bytes += len(data)
-            super().data_received(data)
-            if not self._hdr_done and self._hdr_bytes > max_header_bytes:
+            if not self._hdr_done and (
+                self._hdr_bytes > max_header_bytes or self._hdr_count > max_header_count
+            ):
                 self._disarm()
                 _refuse(self, b"431 Request Header Fields Too Large")
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._hdr_count += 1
+            super().on_header(name, value)
 
         def on_message_begin(self) -> None:
             self._hdr_done = False
             self._hdr_bytes = 0
+            self._hdr_count = 0
             self._arm()
             super().on_message_begin()
 

@@ -3,16 +3,19 @@ discarded.
 
 A copy is made after the client's request was admitted (its rate-limit token and in-flight
 slot are the original's, never the candidate's) and goes out on its own task: the client's
-answer never waits for it. Copies in flight are capped; one past the cap is dropped and
-counted, never queued. The candidate's figures land in the gateway's per-release families
-under its own release id (requests by status, TTFT, E2E), so a window over them reads like
-any release's; `releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and
-`dropped` copies.
+answer never waits for it. A templated copy renders the candidate's template from its own
+deep copy of the parsed request, so the client's request is never changed by it. Copies in
+flight are capped; one past the cap is dropped and counted, never queued. The candidate's
+figures land in the gateway's per-release families under its own release id (requests by
+status, TTFT, E2E), so a window over them reads like any release's;
+`releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and `dropped`
+copies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -54,6 +57,11 @@ class Mirroring:
             return True
         return False
 
+    def drop(self) -> None:
+        """Count a copy that was not sent."""
+        self.dropped += 1
+        self._counter.labels(self.metrics.env, self.route.release_id, "dropped").inc()
+
     def copy(
         self,
         session: aiohttp.ClientSession,
@@ -70,15 +78,15 @@ class Mirroring:
         """Send a copy on its own task (or drop it when the mirror is at its cap)."""
         rid = self.route.release_id
         if self.in_flight >= self.mirror.max_in_flight:
-            self.dropped += 1
-            self._counter.labels(self.metrics.env, rid, "dropped").inc()
+            self.drop()
             return
         if prompt is not None:
             try:
-                body = templated_body(self.route, prompt, payload)
+                # The copy renders from its own deep copy of the parsed body: the client's
+                # request is rendered for its own route after this and must be untouched.
+                body = templated_body(self.route, prompt, copy.deepcopy(payload))
             except PromptTemplateError:
-                self.dropped += 1
-                self._counter.labels(self.metrics.env, rid, "dropped").inc()
+                self.drop()
                 return
         hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
         if self.route.api_key is not None:

@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("releasekit.gateway")
 
 RELEASE_HEADER = "x-releasekit-release"
-"""Response header naming the release that served a proxied request."""
+"""Response header naming the release that served a proxied request (`release_header`)."""
+ADMIN_HEADER = "x-releasekit-admin"
+"""Request header with the admin token: the answer names its release even when the
+environment does not show it to clients (the deployer's smoke checks); never forwarded."""
 
 HOP_BY_HOP = frozenset(
     {
@@ -38,7 +41,13 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Request headers the gateway sets itself (or must not forward).
-DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"authorization"}
+DROP_REQUEST = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"accept-encoding",
+    b"authorization",
+    ADMIN_HEADER.encode(),
+}
 DROP_RESPONSE = HOP_BY_HOP | {RELEASE_HEADER.encode()}
 CONTENT_RE = re.compile(rb'"(?:text|content)":\s?"[^"]')
 ID_RE = re.compile(rb'"id":\s?"([^"\\]{1,256})"')
@@ -63,7 +72,8 @@ class Flight:
     """One pinned request: its route, clocks and metrics; `finish` runs exactly once."""
 
     __slots__ = (
-        "client", "deadline", "done", "gw", "m", "route", "route_label", "stream", "t0",
+        "client", "deadline", "done", "gw", "m", "reveal", "route", "route_label", "stream",
+        "t0",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +85,7 @@ class Flight:
         *,
         client: str = "",
         stream: bool = False,
+        reveal: bool = True,
     ) -> None:
         self.gw = gw
         self.route = route
@@ -84,7 +95,12 @@ class Flight:
         self.stream = stream
         self.deadline = time.monotonic() + gw.config.request_timeout_s
         self.m = gw._metrics.release(route.release_id)
+        self.reveal = reveal
         self.done = False
+
+    def release_header(self) -> dict[str, str]:
+        """The x-releasekit-release header for this request's answer ({} when hidden)."""
+        return {RELEASE_HEADER: self.route.release_id} if self.reveal else {}
 
     def finish(
         self,
@@ -103,6 +119,7 @@ class Flight:
         gw = self.gw
         rid = self.route.release_id
         gw._unpin(rid, self.m)
+        gw.release_client(self.client)
         gw._metrics.request(rid, self.route_label, label or status)
         if got_response:
             self.m.e2e.observe(time.perf_counter() - self.t0)
@@ -151,7 +168,8 @@ class Relay(Response):
         self.idle_s = idle_s
         raw = [(k.lower(), v) for k, v in upstream.raw_headers]
         raw = [(k, v) for k, v in raw if k not in DROP_RESPONSE]
-        raw.append((RELEASE_HEADER.encode(), flight.route.release_id.encode()))
+        if flight.reveal:
+            raw.append((RELEASE_HEADER.encode(), flight.route.release_id.encode()))
         self.raw_headers = raw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,8 +1,11 @@
 """The gateway's routing: which upstream paths it forwards, and the route table (an immutable
-set of routes and its weighted cursor)."""
+set of routes and its weighted random choice)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import random
 from collections.abc import Sequence
 
 from releasekit.deploy.gateway.config import Route
@@ -21,17 +24,22 @@ UPSTREAM_ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-class Table:
-    """An immutable set of routes plus the smooth weighted round-robin cursor."""
+_RNG = random.SystemRandom()
 
-    __slots__ = ("_current", "_live", "_total", "generation", "routes")
+
+class Table:
+    """An immutable set of routes; `pick` chooses a live one at random in proportion to the
+    weights (from the OS's random source: a client cannot predict, and so aim at, which
+    release its next request goes to)."""
+
+    __slots__ = ("_cum", "_live", "_total", "generation", "routes")
 
     def __init__(self, generation: int, routes: Sequence[Route]) -> None:
         self.generation = generation
         self.routes = tuple(routes)
         self._live = [r for r in self.routes if r.weight > 0]
-        self._total = sum(r.weight for r in self._live)
-        self._current = [0.0] * len(self._live)
+        self._cum = list(itertools.accumulate(r.weight for r in self._live))
+        self._total = self._cum[-1] if self._cum else 0.0
 
     def share(self, route: Route) -> float:
         return route.weight / self._total if self._total and route.weight > 0 else 0.0
@@ -45,11 +53,5 @@ class Table:
             return live[0]
         if not live:
             return None
-        cur = self._current
-        best = 0
-        for i, r in enumerate(live):
-            cur[i] += r.weight
-            if cur[i] > cur[best]:
-                best = i
-        cur[best] -= self._total
-        return live[best]
+        i = bisect.bisect_right(self._cum, _RNG.random() * self._total)
+        return live[min(i, len(live) - 1)]

@@ -83,7 +83,9 @@ def uvicorn_server(
     # the guarded protocol counts them and times the header block; h11 (without httptools)
     # enforces the size itself.
     guarded = guarded_http_protocol(
-        max_header_bytes=c.max_header_bytes, header_timeout_s=c.header_timeout_s
+        max_header_bytes=c.max_header_bytes,
+        header_timeout_s=c.header_timeout_s,
+        max_header_count=c.max_header_count,
     )
     cfg = uvicorn.Config(
         gw.app(),

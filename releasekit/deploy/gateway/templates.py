@@ -44,7 +44,8 @@ def render_prompt(route: Route, prompt: str, variables: Mapping[str, str]) -> li
 def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
     """The upstream chat-completions body of a templated request (`payload`, its parsed
     JSON body): `variables` rendered by the route's template `prompt` into `messages`,
-    `model` defaulting to the route's.
+    `model` defaulting to the route's. `payload` itself is never changed (the body is built
+    from a copy), so one parsed request can be rendered for two routes (a mirror's copy).
 
     Raises PromptTemplateError for a body that is not a JSON object, sets `messages`, has
     `variables` that are not strings or numbers, or misses what the template needs.
@@ -55,6 +56,7 @@ def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
         raise PromptTemplateError(
             "a templated request must not set 'messages': the template renders them"
         )
+    payload = dict(payload)
     variables = payload.pop("variables", {})
     if not isinstance(variables, dict) or not all(
         isinstance(v, str | int | float) and not isinstance(v, bool) for v in variables.values()

@@ -12,11 +12,13 @@ import json
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from releasekit.config import RayTargetConfig
+from releasekit.deploy.ray.loopback import LOOPBACK_ENV
 from releasekit.deploy.target import DeployError, ReleaseStartError
 
 
@@ -43,7 +45,8 @@ class ReleaseDoesNotFitError(ReleaseStartError):
 
 
 class NodeInfo(BaseModel):
-    """One live node of the cluster."""
+    """One live node of the cluster (nodes on one host share an address: `node_id` tells
+    them apart)."""
 
     node_id: str
     address: str
@@ -67,6 +70,17 @@ class ReplicaInfo(BaseModel):
     )
 
 
+def _keep_loopback() -> None:
+    """Before Ray is imported (and again if it was): a driver of a cluster on 127.0.0.1
+    connects to 127.0.0.1 itself (Ray otherwise rewrites it to the host's outward address,
+    where a cluster on loopback does not listen; deploy/ray/loopback.py)."""
+    os.environ[LOOPBACK_ENV] = "0"
+
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -88,8 +102,10 @@ def node_ip_for(cfg: RayTargetConfig) -> str | None:
 def connect(cfg: RayTargetConfig) -> None:
     """Attach this process to the cluster as a driver (once; again if the address
     changed). RayClusterUnreachableError when nothing answers at the address."""
-    ray = _ray()
     host, port = cfg.host, int(cfg.address.rsplit(":", 1)[1])
+    if node_ip_for(cfg) == "127.0.0.1" and host == "127.0.0.1":
+        _keep_loopback()
+    ray = _ray()
     try:
         with socket.create_connection((host, port), timeout=min(cfg.connect_timeout_s, 5.0)):
             pass
@@ -223,4 +239,4 @@ def replicas_of(app: str) -> list[ReplicaInfo]:
             internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
             continue
         out.append(ReplicaInfo.model_validate(data))
-    return sorted(out, key=lambda r: (r.node_ip, r.replica))
+    return sorted(out, key=lambda r: (r.node_id, r.replica))

@@ -30,8 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
+import hmac
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -48,6 +51,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from releasekit._support.procs import tail
+from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
+from releasekit.deploy.ray.loopback import LOOPBACK_ENV
 from releasekit.deploy.ray.metrics import merge_expositions
 from releasekit.serving.host import (
     BIND_ENV,
@@ -61,6 +66,34 @@ from releasekit.serving.vllm import VLLMServer, pick_port
 KV_NAMESPACE = "releasekit"
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 _PR_SET_PDEATHSIG = 1
+
+
+def keep_grpc_on_loopback() -> None:
+    """On a cluster on loopback (deploy/ray/loopback.py), bind this process's Serve replica
+    gRPC server to 127.0.0.1. Why: Ray Serve 2.60 starts each replica's inter-deployment
+    gRPC server on `[::]:0`, every interface, whatever the node's address; on a node at
+    127.0.0.1 the callers reach it at 127.0.0.1 anyway. Runs when this module is imported
+    in a replica's worker, before Serve starts that server; a no-op elsewhere."""
+    if os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:  # pragma: no cover - Serve moved it: nothing to narrow
+        return
+    original = serve_replica.add_port_to_grpc_server
+    if getattr(original, "releasekit_loopback", False):
+        return
+
+    def add_port(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:") :]
+        return int(original(server, address))
+
+    add_port.releasekit_loopback = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = add_port
+
+
+keep_grpc_on_loopback()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -379,15 +412,43 @@ def _error(message: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": "releasekit_ray"}}).encode()
 
 
+def _refusal(status: int, message: str) -> Response:
+    return Response(_error(message), status_code=status, media_type="application/json")
+
+
 ROUTER_APP = "rk-router"
+ROUTER_VERSION = b"2"  # 2: the environment's router secret and the route allowlist
 _HEAD_TRIES = 6  # a request whose replica died before answering: tries, 0.25-1.25 s apart
 TOKEN_SEP = "~"
+ROUTER_KEYS = "_router/"
+"""KV keys `_router/<env>`: the digest of each environment's router secret."""
+_APP_RE = re.compile(r"^rk-([A-Za-z0-9_.-]+)-[0-9a-f]{12}$")
 
 
-def routing_token(app: str, api_key: str | None) -> str:
-    """The bearer token the gateway sends for a release: its application, then the key its
-    server demands, if any."""
-    return app + (TOKEN_SEP + api_key if api_key else "")
+def secret_digest(secret: str) -> str:
+    """What the cluster's key-value store keeps of an environment's router secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def env_of_app(app: str) -> str | None:
+    """The environment a release application (`rk-<env>-<12 hex>`) belongs to."""
+    m = _APP_RE.match(app)
+    return m.group(1) if m else None
+
+
+def routing_token(app: str, secret: str, api_key: str | None) -> str:
+    """The bearer token the environment's gateway sends for a release: its application,
+    the environment's router secret (random, kept in the environment's state: never
+    derivable from a release id), then the key its server demands, if any."""
+    return app + TOKEN_SEP + secret + (TOKEN_SEP + api_key if api_key else "")
+
+
+def publish_secret(env: str, secret: str) -> None:
+    """Record `env`'s router secret (its digest) where the router checks it; a driver
+    connected to the cluster calls it."""
+    internal_kv._internal_kv_put(
+        (ROUTER_KEYS + env).encode(), secret_digest(secret).encode(), namespace=KV_NAMESPACE
+    )
 
 
 @serve.deployment(
@@ -402,10 +463,17 @@ class Router:
     sends each request to the release application its bearer token names (the gateway's
     route key for that release), through a Serve handle, so Serve picks a healthy replica.
     Why: the gateway's routes are bare `http://host:port` URLs, so releases that share
-    Serve's single HTTP port cannot be told apart by path."""
+    Serve's single HTTP port cannot be told apart by path.
+
+    Only the environment's gateway gets through: the token must carry the environment's
+    router secret (401 otherwise: a release id, which responses carry, is not enough), and
+    only the OpenAI routes the gateway forwards, with their methods, are relayed (plus
+    `GET /health` for the deployer's health check; 404/405 otherwise). Release
+    applications have no HTTP route of their own: the router is the only way in."""
 
     def __init__(self) -> None:
         self.handles: dict[str, Any] = {}
+        self.digests: dict[str, str | None] = {}
 
     def _handle(self, app: str) -> Any:
         h = self.handles.get(app)
@@ -413,6 +481,25 @@ class Router:
             h = serve.get_app_handle(app).options(stream=True)
             self.handles[app] = h
         return h
+
+    def _digest(self, env: str, *, fresh: bool) -> str | None:
+        if fresh or env not in self.digests:
+            raw = internal_kv._internal_kv_get((ROUTER_KEYS + env).encode(), namespace=KV_NAMESPACE)
+            self.digests[env] = raw.decode() if raw else None
+        return self.digests[env]
+
+    def _sent_by_gateway(self, app: str, secret: str) -> bool:
+        """Whether `secret` is the router secret of `app`'s environment (read again when
+        it does not match: a secret made since)."""
+        env = env_of_app(app)
+        if env is None or not secret:
+            return False
+        mine = secret_digest(secret)
+        for fresh in (False, True):
+            digest = self._digest(env, fresh=fresh)
+            if digest is not None and hmac.compare_digest(mine, digest):
+                return True
+        return False
 
     async def _fleet_metrics(self, app: str) -> Response:
         """`GET /metrics?app=APP`: every replica's server's /metrics, merged (one series
@@ -444,19 +531,24 @@ class Router:
         application's replicas' metrics, merged)."""
         auth = request.headers.get("authorization", "")
         token = auth[7:] if auth.lower().startswith("bearer ") else ""
-        app, _, key = token.partition(TOKEN_SEP)
+        app, _, after_app = token.partition(TOKEN_SEP)
+        secret, _, key = after_app.partition(TOKEN_SEP)
         path = request.url.path
         fleet = request.query_params.get("app", "")
-        if path == "/metrics" and fleet.startswith("rk-"):
+        if path == "/metrics" and request.method == "GET" and env_of_app(fleet):
             return await self._fleet_metrics(fleet)
-        if not app.startswith("rk-") or app == ROUTER_APP:
+        if not token:
             if path == "/health":
                 return Response(status_code=200)
-            return Response(
-                _error("no release named: send Authorization: Bearer <application>"),
-                status_code=404,
-                media_type="application/json",
-            )
+            return _refusal(401, "send Authorization: Bearer <the gateway's routing token>")
+        if not self._sent_by_gateway(app, secret):
+            return _refusal(401, "not sent by the environment's gateway")
+        raw = request.scope.get("raw_path")
+        methods = UPSTREAM_ROUTES.get(path, ("GET",) if path == "/health" else None)
+        if methods is None or (raw is not None and raw != path.encode("latin-1")):
+            return _refusal(404, f"unknown route {path[:200]!r}")
+        if request.method not in methods:
+            return _refusal(405, f"{request.method} is not allowed on {path}")
         headers = [
             (k, v)
             for k, v in request.headers.items()

@@ -1,5 +1,5 @@
 """The `ray` deploy target: each release is a Ray Serve application on the environment's
-Ray cluster (`rk-<env>-<release short id>`, route prefix the same), with one vLLM server per
+Ray cluster (`rk-<env>-<release short id>`, no HTTP route of its own), with one vLLM server per
 replica (deploy/ray/replica.py); the environment's gateway is releasekit's own, on this
 host, as on the `local` target, and routes to the application through Serve's HTTP proxy.
 
@@ -21,6 +21,7 @@ import argparse
 import builtins
 import os
 import re
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from releasekit.deploy.ray.cluster import (
 from releasekit.deploy.state import (
     ServerRecord,
     StateHandle,
+    deploy_dir,
     env_lock,
     read_state,
     write_state,
@@ -65,7 +67,7 @@ _CHILD_ENV = {
 
 
 def app_name(env: str, release_id: str) -> str:
-    """The Serve application (and route prefix) of a release in an environment."""
+    """The Serve application of a release in an environment."""
     return f"rk-{env}-{release_id[:12]}"
 
 
@@ -98,16 +100,42 @@ def ensure_serve(cfg: RayTargetConfig) -> str:
     )
 
 
-def ensure_router_app() -> None:
-    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing."""
-    from ray import serve
-
-    from releasekit.deploy.ray.replica import ROUTER_APP, Router
-
-    if app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING":
-        return
+def router_secret(state_dir: Path, env: str) -> str:
+    """The environment's router secret (deploy/ray/replica.py, Router): random, made once,
+    kept in the environment's state folder as `deploy/<env>-router.key`, mode 0600. The
+    gateway sends it in each route's token; nothing else knows it."""
+    path = deploy_dir(state_dir) / f"{env}-router.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        secret = path.read_text().strip()
+        if secret:
+            return secret
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC, 0o600)
+    secret = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def ensure_router_app() -> None:
+    """Deploy the cluster's router application (deploy/ray/replica.py) if it is missing or
+    an older version runs."""
+    from ray import serve
+    from ray.experimental import internal_kv
+
+    from releasekit.deploy.ray.replica import KV_NAMESPACE, ROUTER_APP, ROUTER_VERSION, Router
+
+    key = b"_router_version"
+    running = app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING"
+    if running and internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE) == ROUTER_VERSION:
+        return
+    try:  # missing, or an older router (one without the secret check) still runs: replace it
         serve._run(Router.bind(), _blocking=True, name=ROUTER_APP, route_prefix="/")  # type: ignore[attr-defined]
+        internal_kv._internal_kv_put(key, ROUTER_VERSION, namespace=KV_NAMESPACE)
     except Exception as exc:
         raise DeployError(f"could not deploy Serve application {ROUTER_APP}: {exc}") from exc
 
@@ -133,14 +161,24 @@ class RayTarget(LocalTarget):
         self.ray: RayTargetConfig = config.ray
         self.replicas = replicas or self.ray.replicas
         self._proxy: str | None = None
+        self._secret = router_secret(settings.state_dir, env)
 
     # -- cluster -----------------------------------------------------------------------
 
     def connect(self) -> str:
-        """Join the cluster and make sure Serve runs; the proxy's URL."""
+        """Join the cluster and make sure Serve runs, with the router and this
+        environment's router secret; the proxy's URL."""
         if self._proxy is None:
+            from releasekit.deploy.ray.replica import publish_secret
+
             connect(self.ray)
             self._proxy = ensure_serve(self.ray)
+            try:
+                publish_secret(self.env, self._secret)
+            except Exception as exc:  # Ray's key-value store raises its own errors
+                raise DeployError(
+                    f"could not record the router secret of {self.env}: {exc}"
+                ) from exc
             ensure_router_app()
         return self._proxy
 
@@ -236,7 +274,7 @@ class RayTarget(LocalTarget):
             port=self.ray.serve_port,
             pid=0,
             model=spec.served_name,
-            api_key=routing_token(app, spec.api_key),
+            api_key=routing_token(app, self._secret, spec.api_key),
             log_path=str(log_dir / f"{app}-*.log"),
             role="starting",
             started_at=time.time(),
@@ -281,7 +319,9 @@ class RayTarget(LocalTarget):
             from ray import serve
 
             try:
-                serve._run(bound, _blocking=False, name=app, route_prefix=f"/{app}")
+                # No HTTP route of its own: the router (with the environment's secret) is
+                # the only way to a release's servers.
+                serve._run(bound, _blocking=False, name=app, route_prefix=None)
             except Exception as exc:
                 raise ReleaseStartError(
                     f"Ray Serve refused release {spec.release_id[:12]}: {exc}"

@@ -160,7 +160,16 @@ class LedgerVerification:
                 except anchors.AnchorError as exc:
                     remote_bad = (1, exc.message, None)
                 else:
-                    if remote_head is not None:
+                    if remote_head is None:
+                        # Fail closed: the keys to trust come from the remote, never
+                        # silently from this clone (which a forger may have changed).
+                        remote_bad = (
+                            1,
+                            f"cannot read the default branch of remote {remote}, whose "
+                            "committed keys are the ones to trust",
+                            None,
+                        )
+                    else:
                         trusted = trusted_keys(repo, rev=remote_head)
                         trusted_from = f"{remote}'s default branch"
         expected_seq, prev_hash, n = 1, GENESIS, 0
