@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promote_kit import Kit, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, commit_config, kill_everything, make_kit, mlflow_template_db
 from sqlalchemy import create_engine, select
 from typer.testing import CliRunner
 
@@ -23,8 +23,10 @@ from releasekit.cli import app
 from releasekit.config import load_settings
 from releasekit.notify import close_all
 from releasekit.promote.approvals import ApprovalError, approve, check_approval
+from releasekit.promote.policy import PolicyError
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
+from releasekit.releases.assign import assign
 from releasekit.releases.queries import history
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores import signing
@@ -291,6 +293,7 @@ def _approvers(k: Kit, *kids: str) -> None:
         for ln in toml.read_text().splitlines()
     ]
     toml.write_text("\n".join(lines) + "\n")
+    commit_config(k.root, "name the approvers")
     k.settings = load_settings(root=k.root)
 
 
@@ -388,9 +391,9 @@ def test_an_approval_counts_only_from_a_named_approver_other_than_the_promoter(
 def test_ledger_verify_reports_a_promotion_without_a_distinct_approver(
     akit: Kit, keys: Keys
 ) -> None:
-    """A promotion into staging (which requires an approval) made with its approval switched
-    off for one command is promoted, and `ledger verify` under the committed settings then
-    fails naming its record; one approved by the approver verifies."""
+    """A release put live in staging (which requires an approval) without one, through the
+    record-only `assign` (promote refuses a policy switched off for one command), makes
+    `ledger verify` fail naming its record; one approved by the approver verifies."""
     rid = akit.build("demo-bf16")
     _approve(akit, keys, rid)
     assert promote(akit.settings, rid, env="staging", reason="approved").status == "promoted"
@@ -401,10 +404,13 @@ def test_ledger_verify_reports_a_promotion_without_a_distinct_approver(
     envs = dict(akit.settings.environments)
     envs["staging"] = envs["staging"].model_copy(update={"requires_approval": False})
     loose = akit.settings.model_copy(update={"environments": envs})
-    done = promote(loose, v2, env="staging", reason="no approval this once")
-    assert done.status == "promoted" and done.record is not None
+    with pytest.raises(PolicyError, match=r"differs from releasekit\.toml"):
+        promote(loose, v2, env="staging", reason="no approval this once")
+    done = assign(akit.settings, v2, env="staging", reason="no approval this once")
+    assert done.record is not None
+    seq = done.record.seq
     res = open_ledger(akit.settings, read_only=True).verify()
-    assert not res.ok and res.unapproved == [done.record.seq]
-    assert res.first_bad_seq == done.record.seq and "requires an approval" in (res.problem or "")
+    assert not res.ok and res.unapproved == [seq]
+    assert res.first_bad_seq == seq and "requires an approval" in (res.problem or "")
     cli = CliRunner().invoke(app, ["ledger", "verify"], env={"COLUMNS": "300"})
-    assert cli.exit_code != 0 and f"record {done.record.seq} (promote)" in cli.output
+    assert cli.exit_code != 0 and f"record {seq} (assign)" in cli.output
