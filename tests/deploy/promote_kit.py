@@ -245,6 +245,10 @@ def _toml(ports: dict[str, int], smoke: str, extra: dict[str, str], lines: list[
     return "\n".join(out)
 
 
+GOODPUT_LINE = "  - {metric: bench.knee.goodput, kind: non_inferior, margin: 0.25}\n"
+"""The demo manifests' goodput tolerance (25%); a variant without it gets the default (10%)."""
+
+
 def commit_config(project: Path, message: str = "environments and their policy") -> None:
     """Commit the project's releasekit.toml: an environment's policy is read from a commit
     (releasekit.promote.policy), so a change to it is a commit, as in a real repository."""

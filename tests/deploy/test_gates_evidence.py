@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from promote_kit import Kit, kit, mlflow_template_db
+from promote_kit import GOODPUT_LINE, Kit, kit, mlflow_template_db
 
 from releasekit.promote.context import load_release
 from releasekit.promote.gates import GateReport, evaluate_gates
@@ -106,7 +106,7 @@ def test_slower_knee_fails_the_ttft_gate_and_lower_goodput_the_goodput_gate(kit:
     """TTFT p95 at the live knee above live x 1.5 (the manifest's margin) fails; goodput
     below live x 0.9 (the default tolerance) fails."""
     kit.build("demo-bf16", register=False)
-    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16", GOODPUT_LINE: ""})
     kit.build("demo-v2", knee_ttft=0.31, knee_goodput=7.0, register=False)
     rep = _gates(kit, "demo-v2", "demo-bf16")
     assert {g.name for g in rep.failed} == {"ttft_p95_s at the knee", "goodput at the knee"}
@@ -120,7 +120,7 @@ def test_a_difference_within_the_run_to_run_spread_is_noise_not_a_regression(kit
     that load spread wider than that (here 25%): then the host's noise is the tolerance, and
     the rule says so."""
     kit.build("demo-bf16", register=False)
-    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16", GOODPUT_LINE: ""})
     kit.build("demo-v2", knee_goodput=7.0, register=False)
     assert not _gate(_gates(kit, "demo-v2", "demo-bf16"), "goodput at the knee").passed
     bench = ReleasePaths.of(kit.settings, kit.rids["demo-bf16"]).bench

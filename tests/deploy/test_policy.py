@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promote_kit import Kit, commit_config, kill_everything, kit, make_kit, mlflow_template_db
+from promote_kit import (
+    GOODPUT_LINE,
+    Kit,
+    commit_config,
+    kill_everything,
+    kit,
+    make_kit,
+    mlflow_template_db,
+)
 from typer.testing import CliRunner
 
 from releasekit._support.digests import digest_obj
@@ -313,7 +321,11 @@ def test_the_candidates_own_spread_never_widens_its_tolerance(kit: Kit) -> None:
     """Goodput 12.5% below live fails a 10% tolerance; the candidate's own runs spreading
     0.25 (within the cap) do not widen it: only the live release's spread does."""
     kit.build("demo-bf16", register=False)
-    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.variant(
+        "demo-bf16",
+        "demo-v2",
+        {"max-num-seqs: 32": "max-num-seqs: 16", GOODPUT_LINE: ""},  # the default tolerance
+    )
     kit.build("demo-v2", knee_goodput=7.0, register=False)
     _spread(kit, "demo-v2", "goodput", {"n": 3, "min": 6.0, "median": 7.0, "max": 7.75})
     policy = kit.settings.environments["staging"]
