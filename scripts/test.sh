@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/system-deps.sh  # Prometheus and Alertmanager for the watch tests
-export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# A crash in native code (at exit too) prints every thread's Python stack.
+export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONFAULTHANDLER=1
 .venv/bin/ruff check releasekit tests pipelines
 .venv/bin/ruff format --check releasekit tests pipelines
 .venv/bin/mypy releasekit
