@@ -27,8 +27,6 @@ Rollback records its policy without refusing (`read_policy`): a way back must al
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -38,8 +36,7 @@ from pydantic import BaseModel, Field, ValidationError
 from releasekit._support.digests import digest_obj
 from releasekit.config import CONFIG_FILE, POLICY_FIELDS, EnvironmentConfig, Settings
 from releasekit.errors import ConfigError
-
-_GIT_ENV_DROP = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
+from releasekit.stores.anchor import git_dir, read_committed_file, resolve_commit
 
 
 class PolicyError(ConfigError):
@@ -94,35 +91,22 @@ class EnvironmentPolicy(BaseModel):
         return f"{s.path} at {s.rev} ({(s.commit or '')[:12]})"
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes] | None:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROP}
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    try:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, env=env, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def _in_git(root: Path) -> bool:
-    proc = _git(root, "rev-parse", "--is-inside-work-tree") if root.is_dir() else None
-    return proc is not None and proc.returncode == 0 and proc.stdout.strip() == b"true"
+    return root.is_dir() and git_dir(root) is not None
 
 
 def _committed_table(
     root: Path, rev: str, env: str
 ) -> tuple[str, dict[str, Any] | None, str | None]:
     """(commit, the environment's committed table or None, why not)."""
-    proc = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    commit = proc.stdout.decode().strip() if proc is not None and proc.returncode == 0 else ""
+    commit = resolve_commit(root, rev) or ""
     if not commit:
         return "", None, f"revision {rev} does not resolve (nothing committed yet?)"
-    shown = _git(root, "show", f"{commit}:./{CONFIG_FILE}")
-    if shown is None or shown.returncode != 0:
+    shown = read_committed_file(root, commit, CONFIG_FILE)
+    if shown is None:
         return commit, None, f"{CONFIG_FILE} is not committed at {rev} ({commit[:12]})"
     try:
-        data = tomllib.loads(shown.stdout.decode("utf-8"))
+        data = tomllib.loads(shown.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PolicyError(
             f"{CONFIG_FILE} at {rev} ({commit[:12]}) is not valid TOML: {exc}",

@@ -348,6 +348,34 @@ def revision_exists(repo: Path, rev: str) -> bool:
     return _resolve(repo, rev) is not None
 
 
+def resolve_commit(repo: Path, rev: str) -> str | None:
+    """The commit `rev` names in the git repository `repo`; None when it names none (or
+    `repo` is not a git repository)."""
+    if not repo.is_dir() or git_dir(repo) is None:
+        return None
+    return _resolve(repo, rev)
+
+
+def _blob(repo: Path, obj: str) -> bytes | None:
+    """A blob's bytes, as committed (`obj`: a blob id or `<commit>:<path>`)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "blob", obj],
+            capture_output=True,
+            env=_env(),
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def read_committed_file(repo: Path, commit: str, path: str) -> bytes | None:
+    """The bytes of `path` (relative to the repository root) as committed at `commit`; None
+    when it is not committed there. What the working tree holds does not matter."""
+    return _blob(repo, f"{commit}:{path.removeprefix('./')}")
+
+
 def read_tree_files(repo: Path, rev: str, folder: str) -> dict[str, bytes] | None:
     """The files directly in `folder` at the committed revision `rev`, by name: {} when
     `rev` does not resolve (no commit yet), None when `repo` is not a git repository. What
@@ -366,12 +394,7 @@ def read_tree_files(repo: Path, rev: str, folder: str) -> dict[str, bytes] | Non
         _mode, kind, obj = meta.split()
         if kind != "blob":
             continue
-        blob = subprocess.run(
-            ["git", "-C", str(repo), "cat-file", "blob", obj],
-            capture_output=True,
-            env=_env(),
-            timeout=30,
-        )
-        if blob.returncode == 0:
-            out[path.rsplit("/", 1)[-1]] = blob.stdout
+        data = _blob(repo, obj)
+        if data is not None:
+            out[path.rsplit("/", 1)[-1]] = data
     return out
