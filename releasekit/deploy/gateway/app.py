@@ -351,7 +351,6 @@ class Gateway:
             if self._auth_failures.wait(address) > 0:
                 # Too many wrong keys from this address: refuse without checking this one,
                 # so a guess cannot be confirmed while throttled.
-                self._metrics.reject("auth")
                 return self._too_many(self._auth_failures.wait(address), "auth"), address
             token = bearer_token(request)
             ok = False
@@ -360,8 +359,8 @@ class Gateway:
                     ok |= hmac.compare_digest(token, k)
             if not ok:
                 self._auth_failures.take(address)
-                self._metrics.reject("auth")
-                answer = error_response(
+                answer = self._reject(
+                    "auth",
                     401,
                     "missing API key" if token is None else "incorrect API key provided",
                     type_="invalid_request_error",
@@ -375,13 +374,26 @@ class Gateway:
         if self._buckets is not None:
             wait = self._buckets.take(client)
             if wait > 0:
-                self._metrics.reject("rate_limit")
                 return self._too_many(wait, "rate_limit"), client
         return None, client
 
-    @staticmethod
-    def _too_many(wait: float, why: str) -> Response:
-        return error_response(
+    def _reject(
+        self,
+        reason: str,
+        status: int,
+        message: str,
+        *,
+        type_: str,
+        code: str,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """Count a refused request under `reason` and build its OpenAI-style error answer."""
+        self._metrics.reject(reason)
+        return error_response(status, message, type_=type_, code=code, headers=headers)
+
+    def _too_many(self, wait: float, why: str) -> Response:
+        return self._reject(
+            why,
             429,
             "too many failed authentications" if why == "auth" else "rate limit exceeded",
             type_="rate_limit_error",
@@ -395,9 +407,9 @@ class Gateway:
         body = await read_body(request, limit)
         if body is not None:
             return body
-        self._metrics.reject("bad_request")
         # Close the connection: the rest of an oversize body is not worth reading.
-        return error_response(
+        return self._reject(
+            "bad_request",
             413,
             f"request body over {limit} bytes",
             type_="invalid_request_error",
@@ -412,8 +424,9 @@ class Gateway:
         try:
             return parse_json(body, self.config.max_json_depth)
         except JsonBodyError as exc:
-            self._metrics.reject("bad_request")
-            return error_response(400, str(exc), type_="invalid_request_error", code="invalid_json")
+            return self._reject(
+                "bad_request", 400, str(exc), type_="invalid_request_error", code="invalid_json"
+            )
 
     def _refuse_path(self, request: Request) -> Response | None:
         """404 for a path outside the allowlist (or spelled with escapes or dot segments),
@@ -423,16 +436,16 @@ class Gateway:
         raw = scope.get("raw_path")
         methods = UPSTREAM_ROUTES.get(path)
         if methods is None or (raw is not None and raw != path.encode("latin-1")):
-            self._metrics.reject("bad_request")
-            return error_response(
+            return self._reject(
+                "bad_request",
                 404,
                 f"unknown route {path[:200]!r}",
                 type_="invalid_request_error",
                 code="unknown_route",
             )
         if request.method not in methods:
-            self._metrics.reject("bad_request")
-            return error_response(
+            return self._reject(
+                "bad_request",
                 405,
                 f"{request.method} is not allowed on {path}",
                 type_="invalid_request_error",
@@ -589,8 +602,8 @@ class Gateway:
         client: str,
     ) -> Response:
         if not self._hold_client(client):
-            self._metrics.reject("client_in_flight")
-            return error_response(
+            return self._reject(
+                "client_in_flight",
                 429,
                 f"too many requests in flight for this client (at most {self._client_cap})",
                 type_="rate_limit_error",
@@ -616,8 +629,8 @@ class Gateway:
             if route is None:
                 self._sem.release()
                 self._release_client(client)
-                self._metrics.reject("no_route")
-                return error_response(
+                return self._reject(
+                    "no_route",
                     503,
                     "no release is routed",
                     type_="server_error",
@@ -708,8 +721,8 @@ class Gateway:
                 body = templated_body(route, prompt, payload)
         except PromptTemplateError as exc:
             flight.finish(400, got_response=False)
-            self._metrics.reject("bad_request")
-            return error_response(
+            return self._reject(
+                "bad_request",
                 400,
                 exc.message,
                 type_="invalid_request_error",
@@ -752,13 +765,14 @@ class Gateway:
             watcher.cancel()
             if flight.stream:
                 flight.finish(504, got_response=False)
-                self._metrics.reject("timeout")
+                reason = "timeout"
             else:
                 # A non-stream answer's first byte comes after the whole generation, whose
                 # length the client chose: the client's outcome, not the server's.
                 flight.finish(504, got_response=False, label="client_timeout")
-                self._metrics.reject("client_timeout")
-            return error_response(
+                reason = "client_timeout"
+            return self._reject(
+                reason,
                 504,
                 f"upstream {route.release_id} timed out ({type(exc).__name__})",
                 type_="server_error",
@@ -769,9 +783,9 @@ class Gateway:
             flag.armed = False
             watcher.cancel()
             flight.finish(502, got_response=False)
-            self._metrics.reject("upstream_error")
             log.warning("upstream %s failed: %r", route.base_url, exc)
-            return error_response(
+            return self._reject(
+                "upstream_error",
                 502,
                 f"upstream {route.release_id} failed: {type(exc).__name__}",
                 type_="server_error",
