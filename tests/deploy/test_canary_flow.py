@@ -144,6 +144,23 @@ def _gateway_state(k: Kit, env: str = "staging") -> Any:
         return c.state()
 
 
+def _canary_under_two_streams(
+    ckit: Kit, new: str, progress: Callable[[str, int, int], None]
+) -> tuple[Any, Streamer, Streamer]:
+    """Promote `new` into staging progressively while two clients stream through its
+    gateway, each answered at least 3 times before and after: (result, the two streams)."""
+    with (
+        Streamer(ckit.gateway("staging"), chunks=4) as s1,
+        Streamer(ckit.gateway("staging"), chunks=4) as s2,
+    ):
+        s1.wait_for(3)
+        res = promote_progressive(
+            ckit.settings, new, env="staging", reason="canary", progress=progress
+        )
+        s1.wait_for(3)
+    return res, s1, s2
+
+
 def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     """Under streaming load a canary no worse than stable passes every step (each a
     `canary_step` event) and then takes all traffic; no stream fails on the way. Its own
@@ -170,13 +187,7 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
             judged.append(_nices(ckit))
             placed.append(_cores(ckit))
 
-    with (
-        Streamer(ckit.gateway("staging"), chunks=4) as s1,
-        Streamer(ckit.gateway("staging"), chunks=4) as s2,
-    ):
-        s1.wait_for(3)
-        res = promote_progressive(ckit.settings, new, env="staging", reason="canary", progress=seen)
-        s1.wait_for(3)
+    res, s1, s2 = _canary_under_two_streams(ckit, new, seen)
     assert res.status == "promoted", (res.deploy, res.canary)
     assert res.canary is not None and res.canary["outcome"] == "passed"
     assert [s["weight"] for s in res.canary["steps"]] == [20, 50]
@@ -235,13 +246,7 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit) ->
             st = _gateway_state(ckit)
             tables.append({r.release_id: (r.weight, r.base_url) for r in st.routes})
 
-    with (
-        Streamer(ckit.gateway("staging"), chunks=4) as s1,
-        Streamer(ckit.gateway("staging"), chunks=4) as s2,
-    ):
-        s1.wait_for(3)
-        res = promote_progressive(ckit.settings, new, env="staging", reason="canary", progress=seen)
-        s1.wait_for(3)
+    res, s1, s2 = _canary_under_two_streams(ckit, new, seen)
     assert res.status == "promoted", (res.deploy, res.canary)
     assert res.canary is not None and res.canary["outcome"] == "passed"
     base = f"{old}:baseline"

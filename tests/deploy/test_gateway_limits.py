@@ -16,6 +16,7 @@ import httpx
 import pytest
 from gateway_fakes import FakeUpstream
 from prometheus_client.parser import text_string_to_metric_families
+from rawhttp import raw_exchange, status_of
 from starlette.requests import Request
 
 from releasekit.deploy.gateway import (
@@ -38,29 +39,8 @@ def _addr(tg: ThreadedGateway) -> tuple[str, int]:
 
 
 def raw_request(tg: ThreadedGateway, data: bytes, *, wait_s: float = 5.0) -> bytes:
-    """Send raw bytes to the gateway and read until it closes (or `wait_s` passes)."""
-    with socket.create_connection(_addr(tg), timeout=wait_s) as s:
-        s.sendall(data)
-        out = b""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                got = s.recv(65536)
-            except (TimeoutError, ConnectionResetError):
-                break
-            if not got:
-                break
-            out += got
-            if b"\r\n\r\n" in out and b"content-length: " in out.lower():
-                head, _, body = out.partition(b"\r\n\r\n")
-                n = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                if len(body) >= n:
-                    break
-    return out
-
-
-def status_of(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+    """Send raw bytes to the gateway and read its answer (tests/rawhttp.py)."""
+    return raw_exchange(_addr(tg), data, wait_s=wait_s)
 
 
 def is_closed(s: socket.socket, wait_s: float) -> tuple[bool, bytes]:

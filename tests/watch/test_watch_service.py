@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from rawhttp import raw_exchange
 from watchkit import AppServer, FakeClock, FaultyMetrics, Sim
 
 from releasekit.config import Settings, load_settings
@@ -472,23 +472,6 @@ def test_receiver_on_the_watch_port_rolls_back_once_and_shares_the_guard(
         assert "releasekit_watch_windows_judged" in metrics
 
 
-def _raw(url: str, data: bytes, *, wait_s: float = 30.0) -> bytes:
-    """Send raw bytes to the server at `url` and read until it closes the connection."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    out = b""
-    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
-        s.sendall(data)
-        while True:
-            try:
-                got = s.recv(65536)
-            except (TimeoutError, ConnectionResetError):
-                break
-            if not got:
-                break
-            out += got
-    return out
-
-
 def test_the_receiver_has_the_gateways_header_limits(
     wenv: WatchEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -508,10 +491,10 @@ def test_the_receiver_has_the_gateways_header_limits(
         start = b"POST /alertmanager HTTP/1.1\r\nhost: x\r\nauthorization: Bearer s3cret\r\n"
         many = start + b"".join(b"x-h%d: v\r\n" % i for i in range(150))
         many += b"content-length: 0\r\n\r\n"
-        assert _raw(url, many).startswith(b"HTTP/1.1 431")
+        assert raw_exchange(url, many, wait_s=30).startswith(b"HTTP/1.1 431")
         huge = start + b"x-pad: " + b"a" * (70 * 1024)  # never ends
-        assert _raw(url, huge).startswith(b"HTTP/1.1 431")
-        assert _raw(url, start).startswith(b"HTTP/1.1 408")  # stops mid-headers
+        assert raw_exchange(url, huge, wait_s=30).startswith(b"HTTP/1.1 431")
+        assert raw_exchange(url, start, wait_s=30).startswith(b"HTTP/1.1 408")  # stops mid-headers
         ok = httpx.post(
             f"{url}/alertmanager",
             json=_alert(ENV, wenv.r1),
