@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the whole test suite (installs first; trains the demo model if missing).
+# Run the whole test suite (installs first; the demo model is shipped in git, nothing trains).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda it: it.get_closest_marker("slow") is not None)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the threads still running when the session ends: a crash while the interpreter
+    exits (printed with every thread's stack by PYTHONFAULTHANDLER, set by scripts/test.sh)
+    then points at what left them running."""
+    extra = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if extra:
+        names = ", ".join(f"{t.name}{' (daemon)' if t.daemon else ''}" for t in extra)
+        terminalreporter.write_line(f"threads still running at the end of the session: {names}")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The releasekit repository root."""
