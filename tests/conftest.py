@@ -34,6 +34,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda it: it.get_closest_marker("slow") is not None)
 
 
+_EXIT_STATUS: list[int] = []
+NATIVE_EXIT_ENV = "RELEASEKIT_TEST_NATIVE_EXIT"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS[:] = [int(exitstatus)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process with the session's own exit status once pytest has reported
+    everything, without the interpreter's teardown: this process has loaded Ray's core
+    worker, torch and vLLM's probes, whose native threads have crashed the interpreter's
+    final teardown (a segmentation fault after "N passed", exit 139 on a green run). Every
+    server and cluster the tests started is stopped by its fixture before this point.
+    RELEASEKIT_TEST_NATIVE_EXIT=1 keeps the normal teardown (to see such a crash, with every
+    thread's stack: scripts/test.sh sets PYTHONFAULTHANDLER)."""
+    if not _EXIT_STATUS or os.environ.get(NATIVE_EXIT_ENV) == "1":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[0])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Name the threads still running when the session ends: a crash while the interpreter
     exits (printed with every thread's stack by PYTHONFAULTHANDLER, set by scripts/test.sh)
