@@ -120,7 +120,8 @@ def test_the_exported_serve_config_is_what_the_ray_target_deploys(ekit: Kit) -> 
     assert not (ekit.settings.state_dir / "deploy" / "staging-router.key").exists()
     assert "router.key" not in out.read_text()
     workers = doc["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
-    assert workers["replicas"] == 2 and "REPLACE-ME" in workers["template"]["spec"]["containers"][0]["image"]
+    assert workers["replicas"] == 2
+    assert "REPLACE-ME" in workers["template"]["spec"]["containers"][0]["image"]
 
     # without --out it prints the same manifest
     printed = _export(rid, "--env", "staging")
