@@ -226,27 +226,6 @@ def test_serve_deploy_of_the_export_serves_the_release(
         deployed = _serve(["deploy", str(config)], dash)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
-        # what releasekit does when it connects: record the environment's secret digest
-        secret = router_secret(k.settings.state_dir, "staging")
-        publish = (
-            "import sys\n"
-            "from releasekit.config import RayTargetConfig\n"
-            "from releasekit.deploy.ray.cluster import connect\n"
-            "from releasekit.deploy.ray.replica import publish_secret\n"
-            "connect(RayTargetConfig(address=sys.argv[1]))\n"
-            "publish_secret('staging', sys.stdin.read())\n"
-        )
-        p = subprocess.run(
-            [sys.executable, "-c", publish, c.address],
-            input=secret,
-            capture_output=True,
-            text=True,
-            check=False,
-            env=_ray_env(),
-            timeout=120,
-        )
-        assert p.returncode == 0, p.stderr[-2000:]
-
         name = app_name("staging", rid)
         end = time.monotonic() + 300
         seen: dict[str, str] = {}
@@ -260,8 +239,32 @@ def test_serve_deploy_of_the_export_serves_the_release(
 
         spec = _spec(k, rid)
         proxy = f"http://127.0.0.1:{c.serve_port}"
+        secret = router_secret(k.settings.state_dir, "staging")
         token = routing_token(name, secret, spec.api_key)
         with httpx.Client(base_url=proxy, timeout=60.0, trust_env=False) as h:
+            # the manifest holds no secret: until releasekit records it, nothing gets in
+            early = h.get("/v1/models", headers={"authorization": f"Bearer {token}"})
+            assert early.status_code == 401, early.text
+            # what releasekit does when it connects: record the environment's secret digest
+            publish = (
+                "import sys\n"
+                "from releasekit.config import RayTargetConfig\n"
+                "from releasekit.deploy.ray.cluster import connect\n"
+                "from releasekit.deploy.ray.replica import publish_secret\n"
+                "connect(RayTargetConfig(address=sys.argv[1]))\n"
+                "publish_secret('staging', sys.stdin.read())\n"
+            )
+            p = subprocess.run(
+                [sys.executable, "-c", publish, c.address],
+                input=secret,
+                capture_output=True,
+                text=True,
+                check=False,
+                env=_ray_env(),
+                timeout=120,
+            )
+            assert p.returncode == 0, p.stderr[-2000:]
+
             models = h.get("/v1/models", headers={"authorization": f"Bearer {token}"})
             assert models.status_code == 200, models.text
             assert spec.served_name in {m["id"] for m in models.json()["data"]}
