@@ -106,7 +106,7 @@ def k8s_name(text: str) -> str:
     return name[:63].rstrip("-") or "releasekit"
 
 
-def _quantity_gi(gb: float) -> str:
+def _mebibytes(gb: float) -> str:
     return f"{math.ceil(gb * 1024)}Mi"
 
 
@@ -199,7 +199,7 @@ def kuberay_export(
     worker_res: dict[str, Any] = {"cpu": str(cpus)}
     worker_params = {"num-cpus": str(cpus)}
     if ray_cfg.memory_gb_per_replica is not None:
-        worker_res["memory"] = _quantity_gi(ray_cfg.memory_gb_per_replica + 2.0)
+        worker_res["memory"] = _mebibytes(ray_cfg.memory_gb_per_replica + 2.0)
         worker_params["memory"] = str(int(ray_cfg.memory_gb_per_replica * 1024**3))
     model_dir = args["replica"]["model_dir"]
     mounts = [{"name": "model", "mountPath": model_dir, "readOnly": True}]
