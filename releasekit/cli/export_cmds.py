@@ -38,13 +38,16 @@ def kuberay(
 ) -> None:
     """Write a KubeRay RayService (apiVersion ray.io/v1) for RELEASE on ENV.
 
-    Its serveConfigV2 is the Ray Serve config the `ray` target deploys for the release
-    (same application name, deployment options and replica arguments) plus releasekit's
-    router; no secret is written (the router reads the environment's secret digest from
-    the cluster, where releasekit records it when it connects). rayClusterConfig is a
-    skeleton with placeholders (image, model volume) to fill in. Tested: the serveConfigV2
-    validates with Ray's schema and serves the release after Ray's `serve deploy` on a
-    local Ray cluster. Not tested: anything on Kubernetes. Reads only; writes --out.
+    Its serveConfigV2 is the Ray Serve config the `ray` target deploys for
+    the release (same application name, deployment options and replica
+    arguments) plus releasekit's router. No secret is written: the router
+    reads the environment's secret digest from the cluster, where releasekit
+    records it when it connects. rayClusterConfig is a skeleton with
+    placeholders (image, model volume) to fill in.
+
+    Tested: the serveConfigV2 passes Ray's Serve schema and, deployed with
+    Ray's `serve deploy` on a local Ray cluster, serves the release. Not
+    tested: anything on Kubernetes. Reads only; writes only --out.
     """
     from releasekit.deploy.ray.export import kuberay_export
     from releasekit.promote.context import load_release, release_spec
