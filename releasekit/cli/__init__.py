@@ -16,6 +16,7 @@ from releasekit.cli import (
     diagnose_cmds,
     doctor_cmds,
     eval_cmds,
+    export_cmds,
     manifest_cmds,
     rollout_cmds,
     watch_cmds,
@@ -62,6 +63,7 @@ for _group in (
     watch_cmds,
     doctor_cmds,
     rollout_cmds,
+    export_cmds,
 ):
     _group.register(app)
 

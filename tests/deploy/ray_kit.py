@@ -116,9 +116,16 @@ class RayCluster:
             f"--max-worker-port={b + 19}",
         ]
 
-    def add_node(self, *, num_cpus: int = 2, memory_gb: float = 4.0) -> RayNode:
+    @property
+    def dashboard_port(self) -> int:
+        return self.gcs_port + 98
+
+    def add_node(
+        self, *, num_cpus: int = 2, memory_gb: float = 4.0, dashboard: bool = False
+    ) -> RayNode:
         """Start the head (first call) or one more node joined to it; waits until the
-        cluster counts it."""
+        cluster counts it. `dashboard`: the head runs Ray's dashboard (on 127.0.0.1 at
+        `dashboard_port`), which Ray's `serve deploy` talks to."""
         i = len(self.nodes)
         head = i == 0
         temp = Path(tempfile.mkdtemp(prefix=f"rk-ray-{self.slot}-{i}-", dir="/tmp"))
@@ -131,8 +138,9 @@ class RayCluster:
                     "--head",
                     f"--port={self.gcs_port}",
                     f"--ray-client-server-port={self.gcs_port + 99}",
-                    "--include-dashboard=false",
-                    f"--dashboard-port={self.gcs_port + 98}",
+                    f"--include-dashboard={'true' if dashboard else 'false'}",
+                    *(["--dashboard-host=127.0.0.1"] if dashboard else []),
+                    f"--dashboard-port={self.dashboard_port}",
                 ]
                 if head
                 else [f"--address={self.address}"]

@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 import ray
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.experimental import internal_kv
 from starlette.background import BackgroundTask
@@ -617,3 +618,52 @@ def replica_options(
     if max_per_node is not None:
         opts["max_replicas_per_node"] = max_per_node
     return opts
+
+
+class ReplicaArgs(BaseModel):
+    """The constructor arguments of a release's `ReleaseReplica`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app: str = Field(description="the Serve application, rk-<env>-<12 hex>")
+    model_dir: str = Field(description="the model folder, as every node sees it")
+    served_name: str
+    engine_args: dict[str, str] = Field(description="the release's locked engine arguments")
+    env: dict[str, str] = Field(description="the server's environment")
+    python: str = Field(description="the interpreter that runs vLLM, on every node")
+    log_dir: str = Field(description="where each replica's server log goes, on its node")
+    start_timeout_s: float = Field(gt=0)
+    start_nice: int | None = None
+
+
+class AppArgs(BaseModel):
+    """What `build_app` builds a release's application from: the deployment's Serve
+    options (`replica_options`) and the replica's constructor arguments. The Ray target
+    deploys `build_app(args)`; a Serve config names `build_app` with the same args."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    options: dict[str, Any] = Field(description="Serve deployment options (replica_options)")
+    replica: ReplicaArgs
+
+
+APP_BUILDER = "releasekit.deploy.ray.replica:build_app"
+"""`import_path` of a release's application in a Serve config."""
+ROUTER_BUILDER = "releasekit.deploy.ray.replica:build_router"
+"""`import_path` of the router application in a Serve config."""
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """A release's Serve application (an application builder: Serve calls it with the
+    config's `args`; the Ray target calls it with the same). ValueError (pydantic's) on
+    arguments that are not `AppArgs`."""
+    a = AppArgs.model_validate(args)
+    return ReleaseReplica.options(**a.options).bind(**a.replica.model_dump())  # type: ignore[attr-defined]
+
+
+def build_router(args: dict[str, Any] | None = None) -> Any:
+    """The router application (`rk-router`, route "/"); it takes no arguments: each
+    environment's secret digest is read from the cluster's key-value store."""
+    if args:
+        raise ValueError(f"the router application takes no arguments, got {sorted(args)}")
+    return Router.bind()  # type: ignore[attr-defined]

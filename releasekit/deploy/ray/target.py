@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from releasekit._support.procs import last_error_line
 from releasekit.config import EnvironmentConfig, RayTargetConfig, Settings, load_settings
@@ -58,6 +58,9 @@ from releasekit.deploy.target import (
 from releasekit.errors import ConfigError
 from releasekit.serving.vllm import PORT_RANGE_ENV
 
+if TYPE_CHECKING:
+    from releasekit.deploy.ray.replica import AppArgs
+
 _CHILD_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -69,6 +72,66 @@ _CHILD_ENV = {
 def app_name(env: str, release_id: str) -> str:
     """The Serve application of a release in an environment."""
     return f"rk-{env}-{release_id[:12]}"
+
+
+def _child_env(spec: ReleaseSpec) -> dict[str, str]:
+    env = {**_CHILD_ENV, **spec.env}
+    if os.environ.get(PORT_RANGE_ENV):
+        env.setdefault(PORT_RANGE_ENV, os.environ[PORT_RANGE_ENV])
+    return env
+
+
+def release_app_args(
+    settings: Settings,
+    env: str,
+    config: EnvironmentConfig,
+    spec: ReleaseSpec,
+    *,
+    replicas: int | None = None,
+) -> AppArgs:
+    """The one description of a release's Serve application in `env` (its name is
+    `args.replica.app`): the deployment options and the replica's constructor arguments.
+    `RayTarget.start` deploys `build_app(args)`; `releasekit export kuberay` writes the
+    same args into a Serve config, so the two cannot differ. Reads only."""
+    from releasekit.deploy.ray.replica import AppArgs, ReplicaArgs, replica_options
+
+    ray = config.ray
+    if ray is None:
+        raise ConfigError(f"environment {env!r}: target ray needs [environments.{env}.ray]")
+    count = replicas or ray.replicas
+    auto = ray.autoscaling
+    autoscaling: dict[str, Any] | None = None
+    if auto is not None:
+        autoscaling = {
+            "min_replicas": auto.min_replicas,
+            "initial_replicas": max(auto.min_replicas, min(count, auto.max_replicas)),
+            "max_replicas": auto.max_replicas,
+            "target_ongoing_requests": auto.target_queue_depth,
+        }
+    opts = replica_options(
+        replicas=count,
+        cpus=ray.cpus_per_replica,
+        memory_gb=ray.memory_gb_per_replica,
+        max_per_node=ray.max_replicas_per_node,
+        autoscaling=autoscaling,
+        health_period_s=ray.health_check_period_s,
+        health_timeout_s=ray.health_check_timeout_s,
+        graceful_s=max(config.drain_deadline_s, 1.0),
+    )
+    return AppArgs(
+        options=opts,
+        replica=ReplicaArgs(
+            app=app_name(env, spec.release_id),
+            model_dir=str(Path(spec.model_dir).resolve()),
+            served_name=spec.served_name,
+            engine_args=dict(spec.engine_args),
+            env=_child_env(spec),
+            python=str(settings.python),
+            log_dir=str((settings.state_dir / "logs").resolve()),
+            start_timeout_s=settings.server_start_timeout_s,
+            start_nice=settings.server_start_nice,
+        ),
+    )
 
 
 def ensure_serve(cfg: RayTargetConfig) -> str:
@@ -127,14 +190,19 @@ def ensure_router_app() -> None:
     from ray import serve
     from ray.experimental import internal_kv
 
-    from releasekit.deploy.ray.replica import KV_NAMESPACE, ROUTER_APP, ROUTER_VERSION, Router
+    from releasekit.deploy.ray.replica import (
+        KV_NAMESPACE,
+        ROUTER_APP,
+        ROUTER_VERSION,
+        build_router,
+    )
 
     key = b"_router_version"
     running = app_statuses().get(ROUTER_APP, ("",))[0] == "RUNNING"
     if running and internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE) == ROUTER_VERSION:
         return
     try:  # missing, or an older router (one without the secret check) still runs: replace it
-        serve._run(Router.bind(), _blocking=True, name=ROUTER_APP, route_prefix="/")  # type: ignore[attr-defined]
+        serve._run(build_router(), _blocking=True, name=ROUTER_APP, route_prefix="/")
         internal_kv._internal_kv_put(key, ROUTER_VERSION, namespace=KV_NAMESPACE)
     except Exception as exc:
         raise DeployError(f"could not deploy Serve application {ROUTER_APP}: {exc}") from exc
@@ -247,18 +315,12 @@ class RayTarget(LocalTarget):
 
     # -- servers -----------------------------------------------------------------------
 
-    def _child_env(self, spec: ReleaseSpec) -> dict[str, str]:
-        env = {**_CHILD_ENV, **spec.env}
-        if os.environ.get(PORT_RANGE_ENV):
-            env.setdefault(PORT_RANGE_ENV, os.environ[PORT_RANGE_ENV])
-        return env
-
     def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
         """Deploy `spec` as a Serve application with this environment's replica count and
         wait until every replica is healthy. ReleaseDoesNotFitError before anything is
         deployed when the cluster lacks the resources; ReleaseStartError (application
         deleted, record forgotten) when a replica never becomes healthy, quoting its log."""
-        from releasekit.deploy.ray.replica import ReleaseReplica, replica_options, routing_token
+        from releasekit.deploy.ray.replica import build_app, routing_token
 
         proxy = self.connect()
         auto = self.ray.autoscaling
@@ -286,35 +348,8 @@ class RayTarget(LocalTarget):
         up = self.upstream_of(rec)
         if on_spawn is not None:
             on_spawn(up)
-        autoscaling: dict[str, Any] | None = None
-        if auto is not None:
-            autoscaling = {
-                "min_replicas": auto.min_replicas,
-                "initial_replicas": max(auto.min_replicas, min(self.replicas, auto.max_replicas)),
-                "max_replicas": auto.max_replicas,
-                "target_ongoing_requests": auto.target_queue_depth,
-            }
-        opts = replica_options(
-            replicas=self.replicas,
-            cpus=self.ray.cpus_per_replica,
-            memory_gb=self.ray.memory_gb_per_replica,
-            max_per_node=self.ray.max_replicas_per_node,
-            autoscaling=autoscaling,
-            health_period_s=self.ray.health_check_period_s,
-            health_timeout_s=self.ray.health_check_timeout_s,
-            graceful_s=max(self.config.drain_deadline_s, 1.0),
-        )
-        bound = ReleaseReplica.options(**opts).bind(  # type: ignore[attr-defined]
-            app=app,
-            model_dir=str(Path(spec.model_dir).resolve()),
-            served_name=spec.served_name,
-            engine_args=dict(spec.engine_args),
-            env=self._child_env(spec),
-            python=str(self.settings.python),
-            log_dir=str(log_dir),
-            start_timeout_s=self.settings.server_start_timeout_s,
-            start_nice=self.settings.server_start_nice,
-        )
+        args = release_app_args(self.settings, self.env, self.config, spec, replicas=self.replicas)
+        bound = build_app(args.model_dump())
         try:
             from ray import serve
 
