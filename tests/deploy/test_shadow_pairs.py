@@ -18,7 +18,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as SRoute
+from typer.testing import CliRunner
 
+from releasekit.cli import app
+from releasekit.cli._common import State
 from releasekit.config import load_settings
 from releasekit.deploy.gateway import Mirror, MirrorPairs, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway.mirror import TEXT_MAX, AnswerCapture
@@ -26,6 +29,7 @@ from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
 from releasekit.evaluate.agreement import AnswerPair, answer_agreement, answers_agree
 from releasekit.promote.policy import PolicyError
+from releasekit.rollout import shadow
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.rollout.shadow import _answer_pair, compare_shadow, start_shadow
 from releasekit.stores.ledger import Ledger
@@ -318,7 +322,9 @@ def _candidate(k: Kit, name: str, answer: str | None) -> str:
     return k.build(name)
 
 
-def test_shadow_compare_blocks_a_candidate_that_answers_differently(kit: Kit) -> None:
+def test_shadow_compare_blocks_a_candidate_that_answers_differently(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A candidate answering "Paris" where stable answers "The answer is 42." breaches on
     answer agreement, with examples side by side in the comparison and in its signed
     ledger event (digests, no prompts: the policy keeps none by default); too few pairs
@@ -347,6 +353,16 @@ def test_shadow_compare_blocks_a_candidate_that_answers_differently(kit: Kit) ->
     assert ev["verdict"] == "breach" and ev["pairs"] == 30 and len(ev["examples"]) == 10
     assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ev["examples"])
     assert "question" not in json.dumps(rec.evidence)
+
+    # The CLI prints the agreement line and the disagreeing pairs side by side; exit 1.
+    with monkeypatch.context() as m:
+        m.setattr(shadow, "compare_shadow", lambda *a, **kw: cmp)
+        State.reset()
+        r = CliRunner().invoke(app, ["shadow", "compare", "--env", "staging"])
+    assert r.exit_code == 1, r.output
+    assert "agreement 0.0% [0.0%, 11.4%] (0/30 pairs; floor 90%): breach" in r.output
+    assert "10 disagreeing pairs" in r.output and "stable answered" in r.output
+    assert "The answer is 42." in r.output and "Paris" in r.output
 
     # A lower floor for one command is refused; committed, it is the policy.
     toml = kit.root / "releasekit.toml"
