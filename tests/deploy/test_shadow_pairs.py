@@ -205,6 +205,31 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
         assert r.status_code == 401
 
 
+def test_a_failing_capture_never_fails_the_clients_answer(
+    servers: Any, gateway_factory: Gw, admin_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the answer capture raising on every chunk, clients still get stable's answers
+    byte for byte; the pairs are kept as not complete (not judged)."""
+
+    def broken(self: AnswerCapture, chunk: bytes) -> None:
+        raise RuntimeError("capture broke")
+
+    monkeypatch.setattr(AnswerCapture, "feed", broken)
+    stable, cand = servers(truth), servers(truth)
+    gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
+    auth = {"authorization": f"Bearer {KEY}"}
+    for i, q in enumerate(_questions(4)):
+        path, body = _request(q, i)
+        raw = json.dumps(body).encode()
+        via = httpx.post(gw.url + path, content=raw, headers=auth, timeout=10)
+        assert via.status_code == 200
+        assert via.content == httpx.post(stable.url + path, content=raw, timeout=10).content
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        assert _wait(lambda: c.state().mirror_pairs == 4)
+        got = c.mirror_pairs()
+    assert all(not p.complete and p.stable is None for p in got.pairs)
+
+
 def test_prompts_are_kept_only_where_allowed(
     servers: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
@@ -289,6 +314,12 @@ def test_capture_reads_streams_across_chunk_boundaries_and_caps_text() -> None:
     cap = AnswerCapture(sse=False)
     cap.feed(b'{"choices": [')
     assert cap.finish() == (None, False, False)
+    cap = AnswerCapture(sse=False)
+    cap.feed(b"[" * 100_000 + b"]" * 100_000)  # nested past what the parser reads
+    assert cap.finish() == (None, False, False)
+    cap = AnswerCapture(sse=True)
+    cap.feed(b'data: {"choices": 5}\n\ndata: ' + b"[" * 100_000 + b"\n\ndata: [DONE]\n\n")
+    assert cap.finish() == ("", True, False)
 
 
 # -- the shadow comparison on a deployed environment ---------------------------------------

@@ -70,9 +70,9 @@ class Route(BaseModel):
 
 class Mirror(BaseModel):
     """Shadow traffic: a copy of `share` of the admitted requests goes to `route` (a
-    candidate that takes no traffic); its answers are discarded, it takes no rate-limit
-    token and no in-flight slot, and at most `max_in_flight` copies run at once (more are
-    dropped, never queued)."""
+    candidate that takes no traffic); its answers reach no client (the latest `pairs` are
+    kept beside the client's answers), it takes no rate-limit token and no in-flight slot,
+    and at most `max_in_flight` copies run at once (more are dropped, never queued)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -90,7 +90,8 @@ def _choice_text(obj: Any) -> str:
     if not isinstance(obj, dict):
         return ""
     parts: list[str] = []
-    for c in obj.get("choices") or ():
+    choices = obj.get("choices")
+    for c in choices if isinstance(choices, list) else ():
         if not isinstance(c, dict):
             continue
         t = c.get("text")
@@ -149,7 +150,7 @@ class AnswerCapture:
             return
         try:
             self._add(_choice_text(json.loads(data)))
-        except ValueError:
+        except (ValueError, RecursionError):  # not an answer event (or nested past reading)
             return
 
     def _add(self, text: str) -> None:
@@ -169,7 +170,7 @@ class AnswerCapture:
         else:
             try:
                 self._add(_choice_text(json.loads(bytes(self._raw))))
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None, False, False
             whole = True
         text = "".join(self.parts)
@@ -420,7 +421,11 @@ class Mirroring:
                             m.ttft.observe(time.perf_counter() - t0)
                             need_ttft = False
                         if cap is not None:
-                            cap.feed(chunk)
+                            try:
+                                cap.feed(chunk)
+                            except Exception:
+                                log.exception("capture of a shadow copy's answer failed")
+                                cap = None
                     m.e2e.observe(time.perf_counter() - t0)
         except TimeoutError:
             status = 504
