@@ -8,8 +8,8 @@ demo's one-word answers need. The agreement rate gets a Wilson score interval
 (`paired_stats.wilson_interval`, as the suites' pass rates do), and the verdict is judged on
 it: fewer than `min_pairs` judged pairs is `insufficient` (never a pass); an upper bound
 below `min_agreement` is a `breach` (the evidence says the candidate agrees less than the
-floor); anything else passes. Pairs not judged (an error or a cut answer on either side)
-are counted apart.
+floor); anything else passes. Pairs not judged (a sampled request, an error or a cut
+answer on either side: the caller says which are judged) are counted apart.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class Agreement(BaseModel):
 
     pairs: int = Field(description="pairs judged")
     agreeing: int
-    not_judged: int = Field(0, description="pairs with an error or a cut answer on a side")
+    not_judged: int = Field(
+        0, description="pairs not compared: sampled, or an error or a cut answer on a side"
+    )
     rate: float | None = None
     low: float | None = None
     high: float | None = None
@@ -113,6 +115,8 @@ def answer_agreement(
     if n < min_pairs:
         verdict = "insufficient"
         reason = f"not enough pairs: {n} judged, at least {min_pairs} needed"
+        if len(pairs) > n:
+            reason += f" ({len(pairs) - n} not judged: sampled, failed or cut)"
     elif high is not None and high < min_agreement:
         verdict = "breach"
         reason = (

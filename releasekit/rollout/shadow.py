@@ -20,7 +20,8 @@ The comparison also judges answers: the gateway keeps, for each mirrored request
 answer the client got from stable and the candidate's (`GET /admin/mirror/pairs`; the
 prompt text only where the environment's `shadow_keep_prompts` allows, else a digest).
 The pairs completed in the window are compared (`releasekit.evaluate.agreement`: exact
-agreement after the suites' normalisation, a Wilson interval); fewer than the policy's
+agreement after the suites' normalisation, a Wilson interval; a request that samples,
+without `temperature` 0, is not judged: two samples may differ by chance); fewer than the policy's
 `shadow_min_pairs` is `insufficient`, an interval wholly below `shadow_min_agreement` a
 `breach`, with up to 10 disagreeing pairs in the ledger event's evidence. Both fields are
 the environment's committed policy (`releasekit.promote.policy`): a command's own settings
@@ -364,7 +365,7 @@ def compare_shadow(
         reason += "; also not judged: " + "; ".join(x.brief() for x in unjudged)
     if agreement.verdict != "pass":
         verdict = "breach" if "breach" in (verdict, agreement.verdict) else "insufficient"
-    reason = f"answers: {agreement.reason}; {reason}"
+    reason = "; ".join(x for x in (f"answers: {agreement.reason}", reason) if x)
     cmp = ShadowComparison(
         env=env,
         release_id=status.release_id,
@@ -421,7 +422,8 @@ def _window_pairs(
 ) -> list[MirrorPair]:
     """The answer pairs of the candidate recorded between two gateway states (all that are
     held when the mirror was replaced in between)."""
-    since = s0.mirror_pairs if s1.mirror == s0.mirror == candidate else 0
+    same = s1.mirror == s0.mirror == candidate and s1.mirror_pairs >= s0.mirror_pairs
+    since = s0.mirror_pairs if same else 0
     try:
         got = c.mirror_pairs(since)
     except GatewayError as exc:
@@ -436,7 +438,7 @@ def _answer_pair(p: MirrorPair) -> AnswerPair:
         seq=p.seq,
         stable=p.stable,
         candidate=p.candidate,
-        judged=p.complete,
+        judged=p.complete and not p.sampled,
         prompt=p.prompt,
         prompt_sha256=p.prompt_sha256,
     )

@@ -111,9 +111,10 @@ def _questions(n: int) -> list[str]:
 def _request(q: str, i: int) -> tuple[str, dict[str, Any]]:
     stream = i % 3 == 1
     if i % 2:
-        return "/v1/completions", {"prompt": q, "max_tokens": 4, "stream": stream}
+        return "/v1/completions", {"prompt": q, "max_tokens": 4, "stream": stream, "temperature": 0}
     msgs = [{"role": "user", "content": q}]
-    return "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "stream": stream}
+    body = {"messages": msgs, "max_tokens": 4, "stream": stream, "temperature": 0}
+    return "/v1/chat/completions", body
 
 
 def _wait(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
@@ -233,18 +234,29 @@ def test_a_failing_capture_never_fails_the_clients_answer(
 def test_prompts_are_kept_only_where_allowed(
     servers: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
-    """With `keep_prompts` the pair holds the prompt text (for chat: its messages)."""
+    """With `keep_prompts` the pair holds the prompt text (for chat: its messages). A
+    request that samples (no temperature 0) is marked so, and not judged: two samples may
+    differ by chance."""
     stable, cand = servers(truth), servers(truth)
     gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, keep_prompts=True)
     auth = {"authorization": f"Bearer {KEY}"}
-    for i, q in enumerate(_questions(2)):
+    for i, q in enumerate(_questions(3)):
         path, body = _request(q, i)
+        if i == 2:
+            del body["temperature"]
         assert httpx.post(gw.url + path, json=body, headers=auth, timeout=10).status_code == 200
     with GatewayClient(gw.url, admin_token=admin_token) as c:
-        assert _wait(lambda: c.state().mirror_pairs == 2)
+        assert _wait(lambda: c.state().mirror_pairs == 3)
         got = c.mirror_pairs()
-    assert [p.prompt for p in got.pairs] == ["user: capital of France?", "sum 1 2"]
+    assert [p.prompt for p in got.pairs] == [
+        "user: capital of France?",
+        "sum 1 2",
+        "user: of Italy?",
+    ]
     assert got.keep_prompts
+    assert [p.sampled for p in got.pairs] == [False, False, True]
+    a = answer_agreement([_answer_pair(p) for p in got.pairs], min_agreement=0.9, min_pairs=1)
+    assert (a.pairs, a.not_judged) == (2, 1)
 
 
 def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
@@ -337,6 +349,7 @@ def _asker(k: Kit, n: int) -> Callable[[float], None]:
                     "model": "demo",
                     "messages": [{"role": "user", "content": f"question {i}"}],
                     "max_tokens": 4,
+                    "temperature": 0,
                 }
                 assert http.post("/v1/chat/completions", json=body).status_code == 200
         with GatewayClient(gw.url, admin_token=gw.admin_token) as c:

@@ -20,7 +20,8 @@ no extra copy of the body, no wait added for the client; a capture that fails lo
 pair, never the client's answer). A pair holds no header and no key: the prompt text only
 with `Mirror.keep_prompts` (the environment's `shadow_keep_prompts`), else the sha256
 digest of the request body. A pair whose either side did not complete (an error status, a
-cut stream, an unreadable body) is kept with `complete` false.
+cut stream, an unreadable body) is kept with `complete` false; one whose request samples
+(no `temperature` of 0, or n > 1) with `sampled` true.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class MirrorPair(BaseModel):
     stable: str | None = Field(description="the client's answer text (None: unreadable)")
     candidate: str | None = Field(description="the candidate's answer text")
     complete: bool = Field(description="both answered 2xx and both answers were read whole")
+    sampled: bool = Field(
+        False,
+        description="the request samples (temperature not 0, or n > 1): its two "
+        "answers may differ by chance, so exact agreement does not judge them",
+    )
     truncated: bool = Field(False, description="an answer was cut at TEXT_MAX characters")
     prompt_sha256: str = Field(description="sha256 of the client's request body")
     prompt: str | None = Field(None, description="the prompt text, only where it may be kept")
@@ -178,6 +184,16 @@ class AnswerCapture:
         return text[:TEXT_MAX], whole, cut
 
 
+def sampled(payload: Any) -> bool:
+    """Whether a request asks for a sampled answer: no `temperature` of 0 (the server's
+    default samples), or more than one choice."""
+    if not isinstance(payload, dict):
+        return True
+    t = payload.get("temperature")
+    greedy = isinstance(t, int | float) and not isinstance(t, bool) and t == 0
+    return not greedy or payload.get("n", 1) not in (1, None)
+
+
 def prompt_text(payload: Any) -> str:
     """The prompt of a request, as text: its messages' content (one line each), its
     `prompt`, or its template variables; capped at TEXT_MAX characters."""
@@ -199,12 +215,20 @@ def prompt_text(payload: Any) -> str:
 class PendingPair:
     """A pair whose two answers are on their way; recorded once both arrived."""
 
-    __slots__ = ("book", "digest", "path", "prompt", "sides", "stable_id")
+    __slots__ = ("book", "digest", "path", "prompt", "sampled", "sides", "stable_id")
 
     def __init__(
-        self, book: PairBook, *, path: str, stable_id: str, digest: str, prompt: str | None
+        self,
+        book: PairBook,
+        *,
+        path: str,
+        stable_id: str,
+        digest: str,
+        prompt: str | None,
+        sampled: bool,
     ) -> None:
         self.book = book
+        self.sampled = sampled
         self.path = path
         self.stable_id = stable_id
         self.digest = digest
@@ -240,6 +264,7 @@ class PairBook:
             stable_id=stable_id,
             digest=hashlib.sha256(body).hexdigest(),
             prompt=prompt_text(payload) if self.keep_prompts else None,
+            sampled=sampled(payload),
         )
 
     def record(self, p: PendingPair) -> None:
@@ -265,6 +290,7 @@ class PairBook:
                 stable=texts["stable"],
                 candidate=texts["candidate"],
                 complete=ok,
+                sampled=p.sampled,
                 truncated=cut,
                 prompt_sha256=p.digest,
                 prompt=p.prompt,
