@@ -122,6 +122,9 @@ POLICY_FIELDS: tuple[str, ...] = (
     "max_perf_spread",
     "approvers",
     "shadow_max_age_s",
+    "shadow_min_agreement",
+    "shadow_min_pairs",
+    "shadow_keep_prompts",
 )
 """The fields of `[environments.NAME]` that decide what may go live there: read from a
 committed revision of releasekit.toml (`releasekit.promote.policy`), recorded with every
@@ -199,6 +202,25 @@ class EnvironmentConfig(BaseModel):
         gt=0,
         description="once a candidate was shadowed here, promote needs a passing shadow "
         "comparison against the current stable release at most this old",
+    )
+    shadow_min_agreement: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="a shadow comparison fails when the candidate's answers agree with the "
+        "stable release's on the same mirrored requests less often than this (judged on the "
+        "95% interval's upper bound: only evidence of lower agreement fails it)",
+    )
+    shadow_min_pairs: int = Field(
+        30,
+        ge=1,
+        description="answer pairs a shadow comparison needs at least; fewer fail it as not "
+        "enough pairs",
+    )
+    shadow_keep_prompts: bool = Field(
+        False,
+        description="the gateway keeps the prompt text of mirrored requests with their "
+        "answer pairs (otherwise only a sha256 digest of the request body)",
     )
     min_pass_rate: dict[str, float] = Field(
         default_factory=dict,

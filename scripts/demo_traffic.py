@@ -39,7 +39,8 @@ def main() -> int:
                 if i % 2:
                     path = "/v1/templates/chat/chat/completions"
                     body = {"variables": {"question": question}}
-                body.update(max_tokens=args.max_tokens, stream=True, ignore_eos=True)
+                # Greedy (temperature 0): a shadow compares these answers with stable's.
+                body.update(max_tokens=args.max_tokens, stream=True, ignore_eos=True, temperature=0)
                 i += 1
                 rel, ok = "-", False
                 try:

@@ -4,14 +4,18 @@ rendering of canary steps that `promote` prints."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out, table
 
+if TYPE_CHECKING:
+    from releasekit.evaluate.agreement import Agreement
+
 shadow_app = typer.Typer(
-    help="Mirror a share of an environment's requests to a candidate (answers discarded).",
+    help="Mirror a share of an environment's requests to a candidate (its answers reach no "
+    "client) and compare its figures and answers with stable's.",
     no_args_is_help=True,
 )
 
@@ -147,6 +151,32 @@ def shadow_start_cmd(
     )
 
 
+def _cell(text: str | None, width: int = 60) -> str:
+    if text is None:
+        return "-"
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def print_agreement(a: Agreement) -> None:
+    """The shadow's answer agreement: one line, then the disagreeing pairs side by side."""
+    out.print(f"{esc(a.line())}: {esc(a.verdict)} ({esc(a.reason)})", highlight=False)
+    if a.examples:
+        table(
+            f"{len(a.examples)} disagreeing pairs",
+            ["#", "stable answered", "candidate answered", "prompt (or its sha256)"],
+            [
+                [
+                    str(x.seq),
+                    _cell(x.stable),
+                    _cell(x.candidate),
+                    _cell(x.prompt) if x.prompt is not None else x.prompt_sha256[:16],
+                ]
+                for x in a.examples
+            ],
+        )
+
+
 @shadow_app.command("compare")
 @handle_errors
 def shadow_compare_cmd(
@@ -155,7 +185,8 @@ def shadow_compare_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Judge the shadow candidate's live figures against stable's over the next --window
-    seconds (the candidate's canary checks); promote reads the result as a gate."""
+    seconds (the candidate's canary checks) and its answers against stable's answers to the
+    same mirrored requests (agreement); promote reads the result as a gate."""
     from releasekit.rollout.shadow import compare_shadow
 
     res = compare_shadow(State.settings(), env=env, window_s=window)
@@ -184,6 +215,8 @@ def shadow_compare_cmd(
         )
         if res.dropped:
             out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
+        if res.agreement is not None:
+            print_agreement(res.agreement)
     if res.verdict == "breach":
         raise typer.Exit(1)
 

@@ -34,6 +34,7 @@ from releasekit.deploy.gateway import (
     GatewayStartError,
     GatewayState,
     GatewayUnreachableError,
+    MirrorPairs,
     Route,
     RouteTable,
 )
@@ -118,6 +119,11 @@ class GatewayClient:
         table = routes if isinstance(routes, RouteTable) else RouteTable(routes=list(routes))
         r = self._call("PUT", "/admin/routes", json=table.model_dump(mode="json"))
         return GatewayState.model_validate_json(r.content)
+
+    def mirror_pairs(self, since: int = 0) -> MirrorPairs:
+        """The mirror's answer pairs held with seq > `since`, oldest first."""
+        r = self._call("GET", f"/admin/mirror/pairs?since={int(since)}")
+        return MirrorPairs.model_validate_json(r.content)
 
     def renew_lease(self, generation: int) -> GatewayState:
         """Keep the leased table of `generation` for another lease period; GatewayRequestError

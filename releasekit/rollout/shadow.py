@@ -1,5 +1,6 @@
 """Shadow traffic: a candidate gets a copy of a share of an environment's live requests,
-its answers discarded, and its live figures are compared with the stable release's.
+its answers reach no client, and its live figures and its answers are compared with the
+stable release's.
 
     start_shadow(settings, "manifests/demo-w8a8.yaml", env="staging", share=0.2)
     comparison = compare_shadow(settings, env="staging", window_s=30)
@@ -14,6 +15,17 @@ manifest's canary checks (`rollout.judge`), as a canary step is judged: after th
 warm-up burst to the candidate's server and `settle_s`, both servers at the same priority
 and placement (`rollout.placement`). A promote or rollback replaces the table, which ends
 the mirroring.
+
+The comparison also judges answers: the gateway keeps, for each mirrored request, the
+answer the client got from stable and the candidate's (`GET /admin/mirror/pairs`; the
+prompt text only where the environment's `shadow_keep_prompts` allows, else a digest).
+The pairs completed in the window are compared (`releasekit.evaluate.agreement`: exact
+agreement after the suites' normalisation, a Wilson interval; a request that samples,
+without `temperature` 0, is not judged: two samples may differ by chance); fewer than the policy's
+`shadow_min_pairs` is `insufficient`, an interval wholly below `shadow_min_agreement` a
+`breach`, with up to 10 disagreeing pairs in the ledger event's evidence. Both fields are
+the environment's committed policy (`releasekit.promote.policy`): a command's own settings
+that differ from it are refused.
 
 What the shadow may do and what it proves:
 - `start_shadow` copies users' requests to a candidate only if `promote` would consider it
@@ -36,22 +48,24 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit.config import Settings
-from releasekit.deploy.gateway import GatewayError, Mirror, RouteTable
+from releasekit.deploy.gateway import GatewayError, GatewayState, Mirror, MirrorPair, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.deploy.target import ReleaseStartError
 from releasekit.errors import ReleasekitError
+from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
 from releasekit.promote.approvals import approval_gate_for
 from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import ShiftContext, env_config, target_for
 from releasekit.promote.gates import GateResult
+from releasekit.promote.policy import environment_policy
 from releasekit.promote.promote import policy_gates
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import (
@@ -102,6 +116,9 @@ class ShadowComparison(BaseModel):
     dropped: int = Field(0, description="copies dropped in the window (mirror at its cap)")
     reason: str = ""
     seq: int | None = Field(None, description="the ledger record of this comparison")
+    agreement: Agreement | None = Field(
+        None, description="the answers' agreement on the window's mirrored requests"
+    )
 
 
 def _dir(settings: Settings) -> Path:
@@ -148,6 +165,7 @@ def start_shadow(
     if not 0 < share <= 1:
         raise ShadowError(f"--share must be in (0, 1], got {share:g}")
     cfg = env_config(settings, env)
+    keep_prompts = bool(environment_policy(settings, env, cfg).policy["shadow_keep_prompts"])
     led = ledger or open_ledger(settings)
     led.verified()
     rid = resolve_release(settings, release_ref, ledger=led).release_id
@@ -183,7 +201,12 @@ def start_shadow(
             if rec is not None:
                 rec.role = "shadow"
             handle.save()
-        mirror = Mirror(route=up.route(spec), share=share, max_in_flight=cfg.shadow_max_in_flight)
+        mirror = Mirror(
+            route=up.route(spec),
+            share=share,
+            max_in_flight=cfg.shadow_max_in_flight,
+            keep_prompts=keep_prompts,
+        )
         try:
             target_client = GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token)
             with target_client as c:
@@ -274,6 +297,9 @@ def compare_shadow(
     if not live:
         raise ShadowError(f"nothing serves {env}")
     stable = max(live, key=lambda r: r.weight)
+    pol = environment_policy(settings, env, env_config(settings, env)).policy
+    min_agreement = float(pol["shadow_min_agreement"])
+    min_pairs = int(pol["shadow_min_pairs"])
     led = ledger or open_ledger(settings)
     policy = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
     if checks is None:
@@ -320,10 +346,16 @@ def compare_shadow(
             sleep(window_s)
             after = snap()
             s1 = c.state()
+            pairs = _window_pairs(c, status.release_id, s0, s1)
     finally:
         release(held)
     cw, sw = pair_windows(env, status.release_id, stable.release_id, before, after)
     j = judge_step(checks, cw, sw)
+    agreement = answer_agreement(
+        [_answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
+        min_agreement=min_agreement,
+        min_pairs=min_pairs,
+    )
     breached = [x for x in j.checks if x.verdict == "breach"]
     undecided = [x for x in j.checks if x.required and x.verdict != "pass"]
     verdict: ShadowVerdict = "breach" if breached else "insufficient" if undecided else "pass"
@@ -331,6 +363,9 @@ def compare_shadow(
     unjudged = [x for x in j.checks if x.verdict in ("wait", "not_measured") and x not in undecided]
     if (breached or undecided) and unjudged:
         reason += "; also not judged: " + "; ".join(x.brief() for x in unjudged)
+    if agreement.verdict != "pass":
+        verdict = "breach" if "breach" in (verdict, agreement.verdict) else "insufficient"
+    reason = "; ".join(x for x in (f"answers: {agreement.reason}", reason) if x)
     cmp = ShadowComparison(
         env=env,
         release_id=status.release_id,
@@ -344,6 +379,7 @@ def compare_shadow(
         if s1.mirror == s0.mirror
         else s1.mirror_dropped,
         reason=reason[:2000],
+        agreement=agreement,
     )
     rec = led.append(
         Event(
@@ -370,6 +406,7 @@ def compare_shadow(
                     for x in j.checks
                 ],
                 "detail": reason[:1000],
+                "agreement": _agreement_evidence(agreement),
             },
             live=False,
         )
@@ -378,6 +415,56 @@ def compare_shadow(
     path = _dir(settings) / f"{env}-{status.release_id[:16]}.comparison.json"
     write_atomic(path, cmp.model_dump_json(indent=2).encode())  # a copy; the ledger decides
     return cmp
+
+
+def _window_pairs(
+    c: GatewayClient, candidate: str, s0: GatewayState, s1: GatewayState
+) -> list[MirrorPair]:
+    """The answer pairs of the candidate recorded between two gateway states (all that are
+    held when the mirror was replaced in between)."""
+    same = s1.mirror == s0.mirror == candidate and s1.mirror_pairs >= s0.mirror_pairs
+    since = s0.mirror_pairs if same else 0
+    try:
+        got = c.mirror_pairs(since)
+    except GatewayError as exc:
+        raise ShadowError(f"the gateway did not answer its answer pairs: {exc}") from exc
+    if got.release_id != candidate:
+        return []
+    return [p for p in got.pairs if p.seq <= s1.mirror_pairs]
+
+
+def _answer_pair(p: MirrorPair) -> AnswerPair:
+    return AnswerPair(
+        seq=p.seq,
+        stable=p.stable,
+        candidate=p.candidate,
+        judged=p.complete and not p.sampled,
+        prompt=p.prompt,
+        prompt_sha256=p.prompt_sha256,
+    )
+
+
+EVIDENCE_TEXT_MAX = 500
+"""Characters of one answer or prompt a ledger event keeps."""
+
+
+def _agreement_evidence(a: Agreement) -> dict[str, Any]:
+    """The agreement as a ledger event holds it: counts, interval, at most 10 examples
+    (each text cut at EVIDENCE_TEXT_MAX; a prompt only where it was kept)."""
+    cut = EVIDENCE_TEXT_MAX
+    return {
+        **a.model_dump(mode="json", exclude={"examples"}),
+        "examples": [
+            {
+                "seq": x.seq,
+                "stable": x.stable[:cut],
+                "candidate": x.candidate[:cut],
+                "prompt": x.prompt[:cut] if x.prompt is not None else None,
+                "prompt_sha256": x.prompt_sha256,
+            }
+            for x in a.examples[:10]
+        ],
+    }
 
 
 def stop_shadow(
@@ -454,7 +541,7 @@ def shadow_gate(
     max_age = env_config(settings, env).shadow_max_age_s
     rule = (
         "once shadowed, the candidate is no worse than the stable release live now on "
-        f"mirrored traffic (canary checks), judged at most {max_age:g} s ago"
+        f"mirrored traffic (canary checks, answer agreement), judged at most {max_age:g} s ago"
     )
     if not compares:
         return GateResult(

@@ -56,11 +56,12 @@ and a client cannot count along a fixed sequence to aim at it). Weight 0
 keeps a route in the table (its templates listed) without traffic.
 
 Shadow traffic: a table's `mirror` copies exactly `share` of admitted requests to a
-candidate that is not routed (`mirror`); its answers are discarded, copies take no rate-limit
-token and no in-flight slot, and past `max_in_flight` copies are dropped. A templated copy
-is rendered from its own deep copy of the request: the client's request is never changed,
-and a copy that cannot be sent is dropped, never the client's request. The candidate's
-figures are counted in the per-release families under its own release id.
+candidate that is not routed (`mirror`); its answers reach no client (each is kept only
+beside the client's answer as an answer pair, `GET /admin/mirror/pairs`), copies take no
+rate-limit token and no in-flight slot, and past `max_in_flight` copies are dropped. A
+templated copy is rendered from its own deep copy of the request: the client's request is
+never changed, and a copy that cannot be sent is dropped, never the client's request. The
+candidate's figures are counted in the per-release families under its own release id.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
 (401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
@@ -204,6 +205,7 @@ from releasekit.deploy.gateway.metrics import (
     QUEUE_BUCKETS,
     TTFT_BUCKETS,
 )
+from releasekit.deploy.gateway.mirror import MirrorPair, MirrorPairs
 from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
@@ -229,6 +231,8 @@ __all__ = [
     "GatewayUnreachableError",
     "LeaseRenewal",
     "Mirror",
+    "MirrorPair",
+    "MirrorPairs",
     "PromptTemplate",
     "PromptTemplateError",
     "RateLimit",

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
+PAIRS_LIMIT = 2000
+"""Answer pairs one `GET /admin/mirror/pairs` answers at most."""
+
 
 async def admin_body(
     request: Request, model: type[_Body], *, what: str, code: str
@@ -115,3 +118,21 @@ class AdminAPI:
             return error_response(
                 exc.status, exc.message, type_="invalid_request_error", code="routed"
             )
+
+    async def mirror_pairs(self, request: Request) -> Response:
+        """GET /admin/mirror/pairs?since=SEQ&limit=N: the mirror's answer pairs held with
+        seq > SEQ, oldest first (at most N, default and cap 2,000)."""
+        denied = self.denied(request)
+        if denied:
+            return denied
+        try:
+            since = int(request.query_params.get("since", "0"))
+            limit = int(request.query_params.get("limit", str(PAIRS_LIMIT)))
+        except ValueError:
+            return error_response(
+                422,
+                "since and limit must be integers",
+                type_="invalid_request_error",
+                code="invalid_query",
+            )
+        return json_response(self.gw.mirror_pairs(since, max(0, min(limit, PAIRS_LIMIT))))

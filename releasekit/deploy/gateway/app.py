@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -44,7 +45,7 @@ from releasekit.deploy.gateway.limits import (
     read_body,
 )
 from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
-from releasekit.deploy.gateway.mirror import Mirroring
+from releasekit.deploy.gateway.mirror import Mirroring, MirrorPairs, PairedRelay, PendingPair
 from releasekit.deploy.gateway.relay import (
     ADMIN_HEADER,
     DROP_REQUEST,
@@ -194,6 +195,23 @@ class Gateway:
             mirror_share=self._mirror.mirror.share if self._mirror else 0.0,
             mirrored=self._mirror.sent if self._mirror else 0,
             mirror_dropped=self._mirror.dropped if self._mirror else 0,
+            mirror_pairs=self._mirror.pairs.recorded if self._mirror else 0,
+            mirror_pairs_kept=self._mirror.pairs.kept if self._mirror else 0,
+        )
+
+    def mirror_pairs(self, since: int, limit: int) -> MirrorPairs:
+        """The mirror's answer pairs held with seq > `since` (oldest first, at most `limit`)."""
+        m = self._mirror
+        if m is None:
+            return MirrorPairs(release_id=None)
+        book = m.pairs
+        return MirrorPairs(
+            release_id=m.route.release_id,
+            recorded=book.recorded,
+            kept=book.kept,
+            capacity=book.capacity,
+            keep_prompts=book.keep_prompts,
+            pairs=book.since(since, limit),
         )
 
     async def drain(self, release_id: str, timeout_s: float) -> DrainResult:
@@ -322,6 +340,7 @@ class Gateway:
             _StarletteRoute("/admin/routes", self.admin.routes, methods=["PUT"]),
             _StarletteRoute("/admin/lease", self.admin.lease, methods=["POST"]),
             _StarletteRoute("/admin/drain", self.admin.drain, methods=["POST"]),
+            _StarletteRoute("/admin/mirror/pairs", self.admin.mirror_pairs, methods=["GET"]),
             _StarletteRoute("/v1/feedback", self.feedback.endpoint, methods=["POST"]),
             _StarletteRoute(
                 "/v1/templates/{prompt}/chat/completions", self._templated, methods=["POST"]
@@ -649,9 +668,11 @@ class Gateway:
             )
             self._pin(route.release_id, pending.m)
             flight = pending
-            self._mirror_copy(request, path, body, payload, prompt, route_label)
+            pair = self._mirror_copy(
+                request, path, body, payload, prompt, route_label, route.release_id
+            )
             return await self._upstream(request, flight, path=path, body=body,
-                                        payload=payload, prompt=prompt)  # fmt: skip
+                                        payload=payload, prompt=prompt, pair=pair)  # fmt: skip
         except Exception as exc:
             if flight is None:
                 self._sem.release()
@@ -682,14 +703,16 @@ class Gateway:
         payload: Any,
         prompt: str | None,
         route_label: str,
-    ) -> None:
+        stable_id: str,
+    ) -> PendingPair | None:
         """Copy the request to the mirror when it takes this one; a copy that fails to go
-        out is dropped, never the client's request."""
+        out is dropped, never the client's request. Answers the pair the client's answer
+        goes into (None: no copy, or no pairs kept)."""
         mirror = self._mirror
         if mirror is None or self._session is None or not mirror.take():
-            return
+            return None
         try:
-            mirror.copy(
+            return mirror.copy(
                 self._session,
                 method=request.method,
                 path=path,
@@ -699,10 +722,12 @@ class Gateway:
                 payload=payload,
                 prompt=prompt,
                 route_label=route_label,
+                stable_id=stable_id,
             )
         except Exception:
             log.exception("shadow copy to %s not sent", mirror.route.release_id)
             mirror.drop()
+            return None
 
     async def _upstream(
         self,
@@ -713,6 +738,7 @@ class Gateway:
         body: bytes,
         payload: Any,
         prompt: str | None,
+        pair: PendingPair | None = None,
     ) -> Response:
         route = flight.route
         rel_header = flight.release_header()
@@ -802,7 +828,8 @@ class Gateway:
         if conn is not None and conn.protocol is not None:
             # From the next body chunk on, a gap over stream_idle_timeout_s is a stall.
             conn.protocol.read_timeout = self._idle_s
-        return Relay(
+        relay = Relay if pair is None else functools.partial(PairedRelay, pair=pair)
+        return relay(
             flight,
             upstream,
             capture_id=request.method == "POST",

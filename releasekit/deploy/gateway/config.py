@@ -70,15 +70,21 @@ class Route(BaseModel):
 
 class Mirror(BaseModel):
     """Shadow traffic: a copy of `share` of the admitted requests goes to `route` (a
-    candidate that takes no traffic); its answers are discarded, it takes no rate-limit
-    token and no in-flight slot, and at most `max_in_flight` copies run at once (more are
-    dropped, never queued)."""
+    candidate that takes no traffic); its answers reach no client (the latest `pairs` are
+    kept beside the client's answers), it takes no rate-limit token and no in-flight slot,
+    and at most `max_in_flight` copies run at once (more are dropped, never queued)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     route: Route
     share: float = Field(gt=0, le=1, allow_inf_nan=False)
     max_in_flight: int = Field(4, ge=1, le=10_000)
+    pairs: int = Field(
+        2000, ge=0, le=100_000, description="answer pairs kept (the latest; 0: none)"
+    )
+    keep_prompts: bool = Field(
+        False, description="keep the prompt text with a pair (else a digest of the body)"
+    )
 
 
 class RouteTable(BaseModel):
@@ -234,6 +240,8 @@ class GatewayState(BaseModel):
     mirror_share: float = 0.0
     mirrored: int = Field(0, description="shadow copies sent")
     mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
+    mirror_pairs: int = Field(0, description="answer pairs recorded (the last pair's seq)")
+    mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
 
 
 class DrainRequest(BaseModel):

@@ -1,5 +1,5 @@
-"""Shadow traffic: copies of admitted requests sent to a candidate whose answers are
-discarded.
+"""Shadow traffic: copies of admitted requests sent to a candidate whose answers never
+reach a client (they are kept only as answer pairs, below).
 
 A copy is made after the client's request was admitted (its rate-limit token and in-flight
 slot are the original's, never the candidate's) and goes out on its own task: the client's
@@ -10,27 +10,331 @@ figures land in the gateway's per-release families under its own release id (req
 status, TTFT, E2E), so a window over them reads like any release's;
 `releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and `dropped`
 copies.
+
+Answer pairs: for each copy sent, the gateway keeps the text the live release answered the
+client and the text the candidate answered (`MirrorPair`: non-stream JSON and SSE streams,
+the choices' text or message/delta content concatenated, each capped at `TEXT_MAX`
+characters), in a ring of the latest `Mirror.pairs` per mirror (`GET /admin/mirror/pairs`).
+The client's answer is read as it passes (`PairedRelay` tees each chunk after it was sent:
+no extra copy of the body, no wait added for the client; a capture that fails loses the
+pair, never the client's answer). A pair holds no header and no key: the prompt text only
+with `Mirror.keep_prompts` (the environment's `shadow_keep_prompts`), else the sha256
+digest of the request body. A pair whose either side did not complete (an error status, a
+cut stream, an unreadable body) is kept with `complete` false; one whose request samples
+(no `temperature` of 0, or n > 1) with `sampled` true.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
+import json
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from pydantic import BaseModel, Field
+from starlette.types import Message, Receive, Scope, Send
 
 from releasekit.deploy.gateway.config import Mirror
 from releasekit.deploy.gateway.errors import PromptTemplateError
-from releasekit.deploy.gateway.relay import CONTENT_RE
+from releasekit.deploy.gateway.relay import CONTENT_RE, Relay
 from releasekit.deploy.gateway.templates import templated_body
 
 if TYPE_CHECKING:
     from releasekit.deploy.gateway.metrics import Metrics
 
 log = logging.getLogger("releasekit.gateway")
+
+TEXT_MAX = 4096
+"""Characters of one answer (or one prompt) a pair keeps at most."""
+RAW_MAX = 256 * 1024
+"""Bytes of a non-stream answer (or of one SSE line) read for its text at most."""
+
+
+class MirrorPair(BaseModel):
+    """One mirrored request's two answers: the live release's (what the client got) and
+    the candidate's. Never a header or a key; the prompt only where it may be kept."""
+
+    seq: int
+    at: float = Field(description="when the pair completed (unix time)")
+    path: str
+    stable_release_id: str
+    candidate_release_id: str
+    stable_status: int | str
+    candidate_status: int | str
+    stable: str | None = Field(description="the client's answer text (None: unreadable)")
+    candidate: str | None = Field(description="the candidate's answer text")
+    complete: bool = Field(description="both answered 2xx and both answers were read whole")
+    sampled: bool = Field(
+        False,
+        description="the request samples (temperature not 0, or n > 1): its two "
+        "answers may differ by chance, so exact agreement does not judge them",
+    )
+    truncated: bool = Field(False, description="an answer was cut at TEXT_MAX characters")
+    prompt_sha256: str = Field(description="sha256 of the client's request body")
+    prompt: str | None = Field(None, description="the prompt text, only where it may be kept")
+
+
+class MirrorPairs(BaseModel):
+    """`GET /admin/mirror/pairs`: the pairs held with seq > `since`, oldest first."""
+
+    release_id: str | None = Field(description="the mirror's candidate (None: no mirror)")
+    recorded: int = Field(0, description="pairs recorded by this mirror (the last seq)")
+    kept: int = Field(0, description="pairs held now")
+    capacity: int = 0
+    keep_prompts: bool = False
+    pairs: list[MirrorPair] = Field(default_factory=list)
+
+
+def _choice_text(obj: Any) -> str:
+    """The text of an OpenAI answer or stream event: its choices' text or message/delta
+    content, concatenated."""
+    if not isinstance(obj, dict):
+        return ""
+    parts: list[str] = []
+    choices = obj.get("choices")
+    for c in choices if isinstance(choices, list) else ():
+        if not isinstance(c, dict):
+            continue
+        t = c.get("text")
+        if t is None:
+            d = c.get("delta") or c.get("message")
+            t = d.get("content") if isinstance(d, dict) else None
+        if isinstance(t, str):
+            parts.append(t)
+    return "".join(parts)
+
+
+class AnswerCapture:
+    """The text of one answer, fed its body chunk by chunk: SSE events parsed line by line
+    (nothing buffered past a line), a JSON body buffered up to RAW_MAX and parsed at the end."""
+
+    __slots__ = ("_raw", "_rest", "broken", "done", "parts", "size", "sse", "truncated")
+
+    def __init__(self, *, sse: bool) -> None:
+        self.sse = sse
+        self._rest = b""
+        self._raw = bytearray()
+        self.parts: list[str] = []
+        self.size = 0
+        self.truncated = False
+        self.broken = False
+        self.done = False  # an SSE stream's [DONE] was seen
+
+    def feed(self, chunk: bytes) -> None:
+        if self.broken or not chunk:
+            return
+        if not self.sse:
+            if len(self._raw) + len(chunk) > RAW_MAX:
+                self.broken = True
+                self._raw = bytearray()
+            else:
+                self._raw += chunk
+            return
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > RAW_MAX:
+            self.broken = True
+            return
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return
+        if self.size >= TEXT_MAX:
+            self.truncated = True
+            return
+        try:
+            self._add(_choice_text(json.loads(data)))
+        except (ValueError, RecursionError):  # not an answer event (or nested past reading)
+            return
+
+    def _add(self, text: str) -> None:
+        if text:
+            self.parts.append(text)
+            self.size += len(text)
+
+    def finish(self) -> tuple[str | None, bool, bool]:
+        """(the text or None when unreadable, whether it is whole, whether it was cut)."""
+        if self.broken:
+            return None, False, False
+        if self.sse:
+            if self._rest:
+                self._line(self._rest)
+                self._rest = b""
+            whole = self.done
+        else:
+            try:
+                self._add(_choice_text(json.loads(bytes(self._raw))))
+            except (ValueError, RecursionError):
+                return None, False, False
+            whole = True
+        text = "".join(self.parts)
+        cut = self.truncated or len(text) > TEXT_MAX
+        return text[:TEXT_MAX], whole, cut
+
+
+def sampled(payload: Any) -> bool:
+    """Whether a request asks for a sampled answer: no `temperature` of 0 (the server's
+    default samples), or more than one choice."""
+    if not isinstance(payload, dict):
+        return True
+    t = payload.get("temperature")
+    greedy = isinstance(t, int | float) and not isinstance(t, bool) and t == 0
+    return not greedy or payload.get("n", 1) not in (1, None)
+
+
+def prompt_text(payload: Any) -> str:
+    """The prompt of a request, as text: its messages' content (one line each), its
+    `prompt`, or its template variables; capped at TEXT_MAX characters."""
+    text = ""
+    if isinstance(payload, dict):
+        msgs = payload.get("messages")
+        if isinstance(msgs, list):
+            text = "\n".join(
+                f"{m.get('role', '?')}: {m.get('content')}" for m in msgs if isinstance(m, dict)
+            )
+        elif "prompt" in payload:
+            p = payload["prompt"]
+            text = p if isinstance(p, str) else json.dumps(p)
+        elif "variables" in payload:
+            text = json.dumps(payload["variables"], sort_keys=True)
+    return text[:TEXT_MAX]
+
+
+class PendingPair:
+    """A pair whose two answers are on their way; recorded once both arrived."""
+
+    __slots__ = ("book", "digest", "path", "prompt", "sampled", "sides", "stable_id")
+
+    def __init__(
+        self,
+        book: PairBook,
+        *,
+        path: str,
+        stable_id: str,
+        digest: str,
+        prompt: str | None,
+        sampled: bool,
+    ) -> None:
+        self.book = book
+        self.sampled = sampled
+        self.path = path
+        self.stable_id = stable_id
+        self.digest = digest
+        self.prompt = prompt
+        self.sides: dict[str, tuple[int | str, AnswerCapture | None]] = {}
+
+    def answered(self, side: str, status: int | str, capture: AnswerCapture | None) -> None:
+        """One side's answer ended (`stable` or `candidate`); the second records the pair."""
+        if side in self.sides:
+            return
+        self.sides[side] = (status, capture)
+        if len(self.sides) == 2:
+            self.book.record(self)
+
+
+class PairBook:
+    """The latest answer pairs of one mirror (a ring: the oldest go first)."""
+
+    def __init__(self, candidate_id: str, capacity: int, *, keep_prompts: bool) -> None:
+        self.candidate_id = candidate_id
+        self.capacity = capacity
+        self.keep_prompts = keep_prompts
+        self.recorded = 0
+        self._ring: deque[MirrorPair] = deque(maxlen=max(1, capacity))
+
+    def open(self, *, path: str, stable_id: str, body: bytes, payload: Any) -> PendingPair | None:
+        """A pending pair for one copied request (None when no pairs are kept)."""
+        if self.capacity <= 0:
+            return None
+        return PendingPair(
+            self,
+            path=path,
+            stable_id=stable_id,
+            digest=hashlib.sha256(body).hexdigest(),
+            prompt=prompt_text(payload) if self.keep_prompts else None,
+            sampled=sampled(payload),
+        )
+
+    def record(self, p: PendingPair) -> None:
+        texts: dict[str, str | None] = {}
+        cut = False
+        ok = True
+        for side in ("stable", "candidate"):
+            status, cap = p.sides[side]
+            text, w, c = cap.finish() if cap is not None else (None, False, False)
+            texts[side] = text
+            cut |= c
+            ok &= w and text is not None and isinstance(status, int) and 200 <= status < 300
+        self.recorded += 1
+        self._ring.append(
+            MirrorPair(
+                seq=self.recorded,
+                at=time.time(),
+                path=p.path,
+                stable_release_id=p.stable_id,
+                candidate_release_id=self.candidate_id,
+                stable_status=p.sides["stable"][0],
+                candidate_status=p.sides["candidate"][0],
+                stable=texts["stable"],
+                candidate=texts["candidate"],
+                complete=ok,
+                sampled=p.sampled,
+                truncated=cut,
+                prompt_sha256=p.digest,
+                prompt=p.prompt,
+            )
+        )
+
+    @property
+    def kept(self) -> int:
+        return len(self._ring) if self.capacity > 0 else 0
+
+    def since(self, seq: int, limit: int) -> list[MirrorPair]:
+        """The pairs held with seq > `seq`, oldest first, at most `limit`."""
+        out = [x for x in self._ring if x.seq > seq]
+        return out[:limit]
+
+
+class PairedRelay(Relay):
+    """The client's answer relayed as `Relay` does, each body chunk read into the pair's
+    stable side after it was sent (a capture error loses the pair, never the answer)."""
+
+    def __init__(self, *args: Any, pair: PendingPair, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pair = pair
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cap: AnswerCapture | None = AnswerCapture(sse=self.sse)
+
+        async def tee(message: Message) -> None:
+            nonlocal cap
+            await send(message)
+            if cap is not None and message["type"] == "http.response.body":
+                try:
+                    cap.feed(message.get("body", b""))
+                except Exception:  # never the client's problem
+                    log.exception("capture of a mirrored request's answer failed")
+                    cap = None
+
+        try:
+            await super().__call__(scope, receive, tee)
+        finally:
+            try:
+                self.pair.answered("stable", self.status_code, cap)
+            except Exception:
+                log.exception("answer pair not recorded")
 
 
 class Mirroring:
@@ -48,6 +352,9 @@ class Mirroring:
         self.dropped = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = metrics.mirrored
+        self.pairs = PairBook(
+            mirror.route.release_id, mirror.pairs, keep_prompts=mirror.keep_prompts
+        )
 
     def take(self) -> bool:
         """Whether this request is copied: exactly `share` of requests over any long run."""
@@ -74,12 +381,15 @@ class Mirroring:
         payload: Any,
         prompt: str | None,
         route_label: str,
-    ) -> None:
-        """Send a copy on its own task (or drop it when the mirror is at its cap)."""
+        stable_id: str = "",
+    ) -> PendingPair | None:
+        """Send a copy on its own task (or drop it when the mirror is at its cap); the
+        pair its answer goes into (None when dropped or no pairs are kept)."""
         rid = self.route.release_id
         if self.in_flight >= self.mirror.max_in_flight:
             self.drop()
-            return
+            return None
+        client_body = body
         if prompt is not None:
             try:
                 # The copy renders from its own deep copy of the parsed body: the client's
@@ -87,7 +397,8 @@ class Mirroring:
                 body = templated_body(self.route, prompt, copy.deepcopy(payload))
             except PromptTemplateError:
                 self.drop()
-                return
+                return None
+        pair = self.pairs.open(path=path, stable_id=stable_id, body=client_body, payload=payload)
         hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
         if self.route.api_key is not None:
             hdrs.append(("authorization", "Bearer " + self.route.api_key))
@@ -97,10 +408,13 @@ class Mirroring:
         self.sent += 1
         self._counter.labels(self.metrics.env, rid, "sent").inc()
         task = asyncio.ensure_future(
-            self._send(session, method, url, hdrs, body, stream=stream, route_label=route_label)
+            self._send(
+                session, method, url, hdrs, body, stream=stream, route_label=route_label, pair=pair
+            )
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return pair
 
     async def _send(
         self,
@@ -112,11 +426,13 @@ class Mirroring:
         *,
         stream: bool,
         route_label: str,
+        pair: PendingPair | None = None,
     ) -> None:
         rid = self.route.release_id
         m = self.metrics.release(rid)
         t0 = time.perf_counter()
         status: int | str = 502
+        cap: AnswerCapture | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with session.request(
@@ -124,10 +440,18 @@ class Mirroring:
                 ) as r:
                     status = r.status
                     need_ttft = stream
+                    if pair is not None:
+                        cap = AnswerCapture(sse=r.content_type == "text/event-stream")
                     async for chunk in r.content.iter_any():
                         if need_ttft and CONTENT_RE.search(chunk):
                             m.ttft.observe(time.perf_counter() - t0)
                             need_ttft = False
+                        if cap is not None:
+                            try:
+                                cap.feed(chunk)
+                            except Exception:
+                                log.exception("capture of a shadow copy's answer failed")
+                                cap = None
                     m.e2e.observe(time.perf_counter() - t0)
         except TimeoutError:
             status = 504
@@ -140,6 +464,11 @@ class Mirroring:
         finally:
             self.in_flight -= 1
             self.metrics.request(rid, route_label, status)
+            if pair is not None:
+                try:
+                    pair.answered("candidate", status, cap)
+                except Exception:
+                    log.exception("answer pair not recorded")
 
     def cancel_all(self) -> None:
         """Cancel every copy in flight (the mirror was removed or the gateway stops)."""

@@ -1,0 +1,441 @@
+"""Answer pairs on mirrored traffic: the gateway keeps, beside each client's answer, the
+shadow candidate's answer to the same request (bounded, no key, the prompt only where the
+environment allows), and the shadow comparison gates on how often they agree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from gateway_fakes import _ServerThread, admin_token, gateway_factory, upstream_factory
+from promote_kit import Kit, commit_config, kit, mlflow_template_db
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as SRoute
+from typer.testing import CliRunner
+
+from releasekit.cli import app
+from releasekit.cli._common import State
+from releasekit.config import load_settings
+from releasekit.deploy.gateway import Mirror, MirrorPairs, Route, RouteTable, ThreadedGateway
+from releasekit.deploy.gateway.mirror import TEXT_MAX, AnswerCapture
+from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.state import read_state
+from releasekit.evaluate.agreement import AnswerPair, answer_agreement, answers_agree
+from releasekit.promote.policy import PolicyError
+from releasekit.rollout import shadow
+from releasekit.rollout.progressive import promote_progressive
+from releasekit.rollout.shadow import _answer_pair, compare_shadow, start_shadow
+from releasekit.stores.ledger import Ledger
+
+__all__ = ["admin_token", "gateway_factory", "kit", "mlflow_template_db", "upstream_factory"]
+
+Gw = Callable[..., ThreadedGateway]
+KEY = "sk-client-key-0123456789"
+
+
+class Answering:
+    """A fake model server whose answer depends on the question: `answer(question)`.
+    Deterministic bodies (no ids that change), so a client's answer through the gateway
+    can be compared byte for byte with the server's own."""
+
+    def __init__(self, answer: Callable[[str], str]) -> None:
+        self.answer = answer
+        self.received = 0
+        self.server = _ServerThread(self.app())
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    def app(self) -> Starlette:
+        async def completions(request: Request) -> Response:
+            self.received += 1
+            body = json.loads(await request.body())
+            chat = "messages" in body
+            q = body["messages"][-1]["content"] if chat else body["prompt"]
+            text = self.answer(q)
+            if not body.get("stream"):
+                choice: dict[str, Any] = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}}
+                    if chat
+                    else {"index": 0, "text": text}
+                )
+                return JSONResponse({"id": "cmpl-1", "choices": [choice]})
+
+            async def events() -> Any:
+                for i in range(0, len(text), 3):
+                    piece = text[i : i + 3]
+                    c = {"delta": {"content": piece}} if chat else {"text": piece}
+                    yield b"data: " + json.dumps({"id": "cmpl-1", "choices": [c]}).encode()
+                    yield b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        return Starlette(
+            routes=[
+                SRoute("/v1/completions", completions, methods=["POST"]),
+                SRoute("/v1/chat/completions", completions, methods=["POST"]),
+            ]
+        )
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def truth(q: str) -> str:
+    """The stable release's answers: capitals and sums."""
+    if q.startswith("sum"):
+        a, b = q.split()[1:3]
+        return str(int(a) + int(b))
+    return "Paris" if "France" in q else "Rome"
+
+
+def bad_at_sums(q: str) -> str:
+    """A candidate that answers every sum wrong (a class of questions) and the rest right."""
+    return "I cannot count." if q.startswith("sum") else truth(q)
+
+
+def _questions(n: int) -> list[str]:
+    return [
+        f"sum {i} {i + 1}" if i % 2 else ("capital of France?" if i % 4 == 0 else "of Italy?")
+        for i in range(n)
+    ]
+
+
+def _request(q: str, i: int) -> tuple[str, dict[str, Any]]:
+    stream = i % 3 == 1
+    if i % 2:
+        return "/v1/completions", {"prompt": q, "max_tokens": 4, "stream": stream, "temperature": 0}
+    msgs = [{"role": "user", "content": q}]
+    body = {"messages": msgs, "max_tokens": 4, "stream": stream, "temperature": 0}
+    return "/v1/chat/completions", body
+
+
+def _wait(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+@pytest.fixture
+def servers() -> Any:
+    made: list[Answering] = []
+
+    def make(answer: Callable[[str], str]) -> Answering:
+        made.append(Answering(answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def _mirrored_gateway(
+    gateway_factory: Gw, admin_token: str, stable: Answering, cand: Answering, **mirror: Any
+) -> ThreadedGateway:
+    route = Route(release_id="s", base_url=stable.url)
+    gw = gateway_factory(routes=[route], api_keys=[KEY])
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        c.set_routes(
+            RouteTable(
+                routes=[route],
+                mirror=Mirror(
+                    route=Route(release_id="c", base_url=cand.url),
+                    share=1.0,
+                    max_in_flight=64,
+                    **mirror,
+                ),
+            )
+        )
+    return gw
+
+
+def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
+    servers: Any, gateway_factory: Gw, admin_token: str
+) -> None:
+    """Every request mirrored (streamed and not, chat and completions): each client's answer
+    is byte for byte what stable itself answers; the gateway keeps the latest 5 pairs of 8
+    (a ring), each with both texts, a digest of the body and no prompt, key or header; the
+    pairs need the admin token."""
+    stable, cand = servers(truth), servers(bad_at_sums)
+    gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, pairs=5)
+    auth = {"authorization": f"Bearer {KEY}"}
+    bodies = []
+    for i, q in enumerate(_questions(8)):
+        path, body = _request(q, i)
+        raw = json.dumps(body).encode()
+        bodies.append(raw)
+        via = httpx.post(gw.url + path, content=raw, headers=auth, timeout=10)
+        direct = httpx.post(stable.url + path, content=raw, timeout=10)
+        assert via.status_code == 200 and via.content == direct.content
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        assert _wait(lambda: c.state().mirror_pairs == 8), c.state()
+        st = c.state()
+        got = c.mirror_pairs()
+    assert (st.mirror_pairs, st.mirror_pairs_kept) == (8, 5)
+    assert (got.release_id, got.recorded, got.kept, got.capacity) == ("c", 8, 5, 5)
+    assert [p.seq for p in got.pairs] == [4, 5, 6, 7, 8]
+    qs = _questions(8)
+    for p in got.pairs:
+        q = qs[p.seq - 1]
+        assert p.complete and (p.stable, p.candidate) == (truth(q), bad_at_sums(q))
+        assert p.prompt is None
+        assert p.prompt_sha256 == hashlib.sha256(bodies[p.seq - 1]).hexdigest()
+        assert (p.stable_release_id, p.candidate_release_id) == ("s", "c")
+    raw_pairs = httpx.get(
+        gw.url + "/admin/mirror/pairs",
+        headers={"authorization": f"Bearer {admin_token}"},
+        timeout=10,
+    ).text
+    assert KEY not in raw_pairs and "authorization" not in raw_pairs.lower()
+    assert "sum 3 4" not in raw_pairs  # no prompt text
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        assert [p.seq for p in c.mirror_pairs(since=6).pairs] == [7, 8]
+    for token in (None, KEY):
+        h = {"authorization": f"Bearer {token}"} if token else {}
+        r = httpx.get(gw.url + "/admin/mirror/pairs", headers=h, timeout=10)
+        assert r.status_code == 401
+
+
+def test_a_failing_capture_never_fails_the_clients_answer(
+    servers: Any, gateway_factory: Gw, admin_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the answer capture raising on every chunk, clients still get stable's answers
+    byte for byte; the pairs are kept as not complete (not judged)."""
+
+    def broken(self: AnswerCapture, chunk: bytes) -> None:
+        raise RuntimeError("capture broke")
+
+    monkeypatch.setattr(AnswerCapture, "feed", broken)
+    stable, cand = servers(truth), servers(truth)
+    gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
+    auth = {"authorization": f"Bearer {KEY}"}
+    for i, q in enumerate(_questions(4)):
+        path, body = _request(q, i)
+        raw = json.dumps(body).encode()
+        via = httpx.post(gw.url + path, content=raw, headers=auth, timeout=10)
+        assert via.status_code == 200
+        assert via.content == httpx.post(stable.url + path, content=raw, timeout=10).content
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        assert _wait(lambda: c.state().mirror_pairs == 4)
+        got = c.mirror_pairs()
+    assert all(not p.complete and p.stable is None for p in got.pairs)
+
+
+def test_prompts_are_kept_only_where_allowed(
+    servers: Any, gateway_factory: Gw, admin_token: str
+) -> None:
+    """With `keep_prompts` the pair holds the prompt text (for chat: its messages). A
+    request that samples (no temperature 0) is marked so, and not judged: two samples may
+    differ by chance."""
+    stable, cand = servers(truth), servers(truth)
+    gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, keep_prompts=True)
+    auth = {"authorization": f"Bearer {KEY}"}
+    for i, q in enumerate(_questions(3)):
+        path, body = _request(q, i)
+        if i == 2:
+            del body["temperature"]
+        assert httpx.post(gw.url + path, json=body, headers=auth, timeout=10).status_code == 200
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        assert _wait(lambda: c.state().mirror_pairs == 3)
+        got = c.mirror_pairs()
+    assert [p.prompt for p in got.pairs] == [
+        "user: capital of France?",
+        "sum 1 2",
+        "user: of Italy?",
+    ]
+    assert got.keep_prompts
+    assert [p.sampled for p in got.pairs] == [False, False, True]
+    a = answer_agreement([_answer_pair(p) for p in got.pairs], min_agreement=0.9, min_pairs=1)
+    assert (a.pairs, a.not_judged) == (2, 1)
+
+
+def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
+    servers: Any, gateway_factory: Gw, admin_token: str
+) -> None:
+    """The pairs of a candidate that answers every sum wrong breach a 0.9 agreement floor,
+    naming the disagreeing pairs (stable's answer, the candidate's); an agreeing candidate's
+    pass; fewer pairs than the minimum never pass."""
+    auth = {"authorization": f"Bearer {KEY}"}
+
+    def pairs_of(answer: Callable[[str], str], n: int) -> MirrorPairs:
+        stable, cand = servers(truth), servers(answer)
+        gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
+        for i, q in enumerate(_questions(n)):
+            path, body = _request(q, i)
+            r = httpx.post(gw.url + path, json=body, headers=auth, timeout=10)
+            assert r.status_code == 200
+        with GatewayClient(gw.url, admin_token=admin_token) as c:
+            assert _wait(lambda: c.state().mirror_pairs == n)
+            return c.mirror_pairs()
+
+    bad = pairs_of(bad_at_sums, 40)
+    a = answer_agreement([_answer_pair(p) for p in bad.pairs], min_agreement=0.9, min_pairs=30)
+    assert (a.pairs, a.agreeing, a.verdict) == (40, 20, "breach")
+    assert a.high is not None and a.high < 0.9 and "below the floor of 90%" in a.reason
+    assert len(a.examples) == 10
+    assert all(x.candidate == "I cannot count." and x.stable.isdigit() for x in a.examples)
+    assert all(x.prompt is None and len(x.prompt_sha256) == 64 for x in a.examples)
+
+    good = pairs_of(truth, 40)
+    a = answer_agreement([_answer_pair(p) for p in good.pairs], min_agreement=0.9, min_pairs=30)
+    assert (a.pairs, a.agreeing, a.verdict, a.examples) == (40, 40, "pass", [])
+    a = answer_agreement(
+        [_answer_pair(p) for p in good.pairs[:10]], min_agreement=0.9, min_pairs=30
+    )
+    assert a.verdict == "insufficient" and "not enough pairs: 10 judged" in a.reason
+
+
+def test_agreement_uses_the_suites_normalisation_and_counts_unjudged_pairs_apart() -> None:
+    """'Paris.' agrees with ' paris'; a pair with a side cut or failed is not judged; one
+    disagreement in 40 stays above a 0.9 floor (the interval's upper bound decides)."""
+    assert answers_agree(" Paris.", "paris") and not answers_agree("Paris", "Rome")
+    pairs = [AnswerPair(seq=i, stable="4", candidate="4") for i in range(39)]
+    pairs.append(AnswerPair(seq=39, stable="4", candidate="5"))
+    pairs.append(AnswerPair(seq=40, stable="4", candidate=None, judged=False))
+    a = answer_agreement(pairs, min_agreement=0.9, min_pairs=30)
+    assert (a.pairs, a.agreeing, a.not_judged, a.verdict) == (40, 39, 1, "pass")
+
+
+def test_capture_reads_streams_across_chunk_boundaries_and_caps_text() -> None:
+    """An SSE line split over two chunks is read whole; a stream without [DONE] is not
+    whole; an answer is cut at TEXT_MAX characters."""
+    cap = AnswerCapture(sse=True)
+    event = (
+        b'data: {"choices":[{"delta":{"content":"Par"}}]}\n\ndata: {"choices":[{"text":"is"}]}\n\n'
+    )
+    cap.feed(event[:20])
+    cap.feed(event[20:] + b"data: [DONE]\n\n")
+    assert cap.finish() == ("Paris", True, False)
+    cap = AnswerCapture(sse=True)
+    cap.feed(event)
+    assert cap.finish() == ("Paris", False, False)
+    cap = AnswerCapture(sse=False)
+    cap.feed(json.dumps({"choices": [{"text": "x" * (TEXT_MAX + 10)}]}).encode())
+    text, whole, cut = cap.finish()
+    assert text == "x" * TEXT_MAX and whole and cut
+    cap = AnswerCapture(sse=False)
+    cap.feed(b'{"choices": [')
+    assert cap.finish() == (None, False, False)
+    cap = AnswerCapture(sse=False)
+    cap.feed(b"[" * 100_000 + b"]" * 100_000)  # nested past what the parser reads
+    assert cap.finish() == (None, False, False)
+    cap = AnswerCapture(sse=True)
+    cap.feed(b'data: {"choices": 5}\n\ndata: ' + b"[" * 100_000 + b"\n\ndata: [DONE]\n\n")
+    assert cap.finish() == ("", True, False)
+
+
+# -- the shadow comparison on a deployed environment ---------------------------------------
+
+
+def _asker(k: Kit, n: int) -> Callable[[float], None]:
+    """A `sleep` for compare_shadow that asks `n` chat questions instead of waiting, then
+    waits until every copy sent has its pair (no wall-clock window)."""
+    gw: Any = read_state(k.settings.state_dir, "staging").gateway
+
+    def ask(_: float) -> None:
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            for i in range(n):
+                body = {
+                    "model": "demo",
+                    "messages": [{"role": "user", "content": f"question {i}"}],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                }
+                assert http.post("/v1/chat/completions", json=body).status_code == 200
+        with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+            assert _wait(lambda: c.state().mirror_pairs == c.state().mirrored, 30)
+
+    return ask
+
+
+def _candidate(k: Kit, name: str, answer: str | None) -> str:
+    path = k.variant("demo-bf16", name, {"max-num-seqs: 32": "max-num-seqs: 16"})
+    if answer is not None:
+        kv = 'VLLM_CPU_KVCACHE_SPACE: "1"'
+        path.write_text(path.read_text().replace(kv, f'{kv}\n    FAKE_ANSWER: "{answer}"'))
+    return k.build(name)
+
+
+def test_shadow_compare_blocks_a_candidate_that_answers_differently(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate answering "Paris" where stable answers "The answer is 42." breaches on
+    answer agreement, with examples side by side in the comparison and in its signed
+    ledger event (digests, no prompts: the policy keeps none by default); too few pairs
+    is "not enough pairs"; the floor and minimum are the committed policy's, and a
+    policy changed for one command is refused."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    cand = _candidate(kit, "demo-shadow-paris", "Paris")
+    start_shadow(kit.settings, cand, env="staging", share=1.0, reason="try it")
+    few = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 5))
+    assert few.verdict == "insufficient" and few.agreement is not None
+    assert "not enough pairs: 5 judged, at least 30 needed" in few.reason
+
+    cmp = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 30))
+    a = cmp.agreement
+    assert cmp.verdict == "breach" and a is not None, cmp.reason
+    assert (a.pairs, a.agreeing, a.min_agreement, a.min_pairs) == (30, 0, 0.9, 30)
+    assert len(a.examples) == 10
+    assert {(x.stable, x.candidate) for x in a.examples} == {("The answer is 42.", "Paris")}
+    [rec] = [
+        r
+        for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])
+        if r.seq == cmp.seq
+    ]
+    ev = rec.evidence["agreement"]
+    assert ev["verdict"] == "breach" and ev["pairs"] == 30 and len(ev["examples"]) == 10
+    assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ev["examples"])
+    assert "question" not in json.dumps(rec.evidence)
+
+    # The CLI prints the agreement line and the disagreeing pairs side by side; exit 1.
+    with monkeypatch.context() as m:
+        m.setattr(shadow, "compare_shadow", lambda *a, **kw: cmp)
+        State.reset()
+        r = CliRunner().invoke(app, ["shadow", "compare", "--env", "staging"])
+    assert r.exit_code == 1, r.output
+    assert "agreement 0.0% [0.0%, 11.4%] (0/30 pairs; floor 90%): breach" in r.output
+    assert "10 disagreeing pairs" in r.output and "stable answered" in r.output
+    assert "The answer is 42." in r.output and "Paris" in r.output
+
+    # A lower floor for one command is refused; committed, it is the policy.
+    toml = kit.root / "releasekit.toml"
+    head = "[environments.staging]\n"
+    toml.write_text(toml.read_text().replace(head, head + "shadow_min_pairs = 5\n"))
+    with pytest.raises(PolicyError, match="shadow_min_pairs"):
+        compare_shadow(
+            load_settings(root=kit.root), env="staging", window_s=1, checks=[], sleep=_asker(kit, 5)
+        )
+    commit_config(kit.root, "staging: 5 shadow pairs are enough")
+    kit.settings = load_settings(root=kit.root)
+    few = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 5))
+    assert few.verdict == "breach" and few.agreement is not None
+    assert few.agreement.min_pairs == 5
+
+
+def test_shadow_compare_passes_a_candidate_that_answers_the_same(kit: Kit) -> None:
+    """A candidate with stable's answers passes on agreement (30 of 30 pairs)."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    cand = _candidate(kit, "demo-shadow-same", None)
+    start_shadow(kit.settings, cand, env="staging", share=1.0, reason="try it")
+    cmp = compare_shadow(
+        kit.settings,
+        env="staging",
+        window_s=1,
+        checks=[],
+        sleep=_asker(kit, 30),
+    )
+    a = cmp.agreement
+    assert cmp.verdict == "pass" and a is not None, cmp.reason
+    assert (a.pairs, a.agreeing, a.examples) == (30, 30, [])
