@@ -159,10 +159,11 @@ expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: be
 releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
 
-step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (answers discarded), compare it with stable"
+step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its answers reach no client), compare it with stable"
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
-# 25% of admitted requests to it (no client waits for a copy), and `compare` judges it with
-# its canary checks over 40 s. The comparison is a signed ledger event bound to the stable
+# 25% of admitted requests to it (no client waits for a copy) and keeps both answers of each
+# copied request, and `compare` judges it with its canary checks and the answers' agreement
+# (the policy's shadow_min_agreement) over 40 s. The comparison is a signed ledger event bound to the stable
 # release: promote reads it as a gate.
 releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
 if ! releasekit shadow compare --env staging --window 40; then

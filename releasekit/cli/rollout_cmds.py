@@ -136,7 +136,8 @@ def shadow_start_cmd(
     json_: JsonOpt = False,
 ) -> None:
     """Start RELEASE's server beside ENV's and mirror a share of ENV's requests to it: its
-    answers are discarded and the copies never count against clients' rate limits."""
+    answers reach no client (the gateway keeps them beside stable's, for `shadow compare`)
+    and the copies never count against clients' rate limits."""
     from releasekit.rollout.shadow import start_shadow
 
     res = start_shadow(State.settings(), release, env=env, share=share, reason=reason)
