@@ -147,6 +147,16 @@ class FakeUpstream:
         )
 
 
+def wait_until(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
+    """Poll `pred` until it holds or `timeout_s` passes; its last answer."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 

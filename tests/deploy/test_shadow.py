@@ -8,13 +8,12 @@ import datetime as dt
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
+from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory, wait_until
 from promote_kit import Kit, Streamer, kit, mlflow_template_db
 from sqlalchemy import create_engine, select
 
@@ -60,15 +59,6 @@ Up = Callable[[str], FakeUpstream]
 Gw = Callable[..., ThreadedGateway]
 
 
-def _wait(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 def test_mirror_copies_an_exact_share_and_clients_never_see_it(
     upstream_factory: Up, gateway_factory: Gw, admin_token: str
 ) -> None:
@@ -97,7 +87,7 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
         assert all(b"cand" not in r.content for r in answers)
         # 8 admitted = the whole burst: the 2 copies took none of it, the 9th is refused.
         assert httpx.post(f"{gw.url}/v1/completions", json={}, timeout=10).status_code == 429
-        assert _wait(lambda: len(cand.finished) == 2), cand.finished
+        assert wait_until(lambda: len(cand.finished) == 2), cand.finished
         st = c.state()
     assert st.mirror == "c" and st.mirrored == 2 and st.served == {"s": 8}
     assert len(stable.received) == 8
@@ -152,7 +142,7 @@ def test_mirroring_never_changes_a_clients_request(
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         c.set_routes(RouteTable(routes=[route], mirror=Mirror(route=shadow, share=1.0)))
         mirrored = _client_answers(gw.url)
-        assert _wait(lambda: c.state().mirrored == 6 and len(cand.received) == 6)
+        assert wait_until(lambda: c.state().mirrored == 6 and len(cand.received) == 6)
     assert [s for s, _ in plain] == [200] * 6
     assert mirrored == plain
     assert [json.loads(r["body"]) for r in stable.received] == plain_bodies
@@ -314,7 +304,7 @@ def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:
     assert st.mirror is not None and st.mirror.route.release_id == cand
     gw: Any = st.gateway
     os.killpg(gw.pid, signal.SIGKILL)
-    assert _wait(lambda: not _answers(gw.url))
+    assert wait_until(lambda: not _answers(gw.url))
     with locked_state(kit.settings.state_dir, "staging") as handle:
         cfg = kit.settings.environments["staging"]
         url = target_for(kit.settings, "staging", cfg, handle).ensure_router(handle.state.routes)
@@ -324,7 +314,7 @@ def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:
         assert c.state().mirror == cand
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "p", "max_tokens": 2}, timeout=30)
         assert r.status_code == 200 and r.headers["x-releasekit-release"] == old
-        assert _wait(lambda: c.state().mirrored >= 1)
+        assert wait_until(lambda: c.state().mirrored >= 1)
     with locked_state(kit.settings.state_dir, "staging") as handle:
         target_for(kit.settings, "staging", cfg, handle).route(handle.state.routes)
     assert read_state(kit.settings.state_dir, "staging").mirror is None

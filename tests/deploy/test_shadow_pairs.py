@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from gateway_fakes import _ServerThread, admin_token, gateway_factory, upstream_factory
+from gateway_fakes import _ServerThread, admin_token, gateway_factory, upstream_factory, wait_until
 from promote_kit import Kit, commit_config, kit, mlflow_template_db
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -117,15 +116,6 @@ def _request(q: str, i: int) -> tuple[str, dict[str, Any]]:
     return "/v1/chat/completions", body
 
 
-def _wait(pred: Callable[[], bool], timeout_s: float = 10) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 @pytest.fixture
 def servers() -> Any:
     made: list[Answering] = []
@@ -178,7 +168,7 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
         direct = httpx.post(stable.url + path, content=raw, timeout=10)
         assert via.status_code == 200 and via.content == direct.content
     with GatewayClient(gw.url, admin_token=admin_token) as c:
-        assert _wait(lambda: c.state().mirror_pairs == 8), c.state()
+        assert wait_until(lambda: c.state().mirror_pairs == 8), c.state()
         st = c.state()
         got = c.mirror_pairs()
     assert (st.mirror_pairs, st.mirror_pairs_kept) == (8, 5)
@@ -226,7 +216,7 @@ def test_a_failing_capture_never_fails_the_clients_answer(
         assert via.status_code == 200
         assert via.content == httpx.post(stable.url + path, content=raw, timeout=10).content
     with GatewayClient(gw.url, admin_token=admin_token) as c:
-        assert _wait(lambda: c.state().mirror_pairs == 4)
+        assert wait_until(lambda: c.state().mirror_pairs == 4)
         got = c.mirror_pairs()
     assert all(not p.complete and p.stable is None for p in got.pairs)
 
@@ -246,7 +236,7 @@ def test_prompts_are_kept_only_where_allowed(
             del body["temperature"]
         assert httpx.post(gw.url + path, json=body, headers=auth, timeout=10).status_code == 200
     with GatewayClient(gw.url, admin_token=admin_token) as c:
-        assert _wait(lambda: c.state().mirror_pairs == 3)
+        assert wait_until(lambda: c.state().mirror_pairs == 3)
         got = c.mirror_pairs()
     assert [p.prompt for p in got.pairs] == [
         "user: capital of France?",
@@ -275,7 +265,7 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
             r = httpx.post(gw.url + path, json=body, headers=auth, timeout=10)
             assert r.status_code == 200
         with GatewayClient(gw.url, admin_token=admin_token) as c:
-            assert _wait(lambda: c.state().mirror_pairs == n)
+            assert wait_until(lambda: c.state().mirror_pairs == n)
             return c.mirror_pairs()
 
     bad = pairs_of(bad_at_sums, 40)
@@ -353,7 +343,7 @@ def _asker(k: Kit, n: int) -> Callable[[float], None]:
                 }
                 assert http.post("/v1/chat/completions", json=body).status_code == 200
         with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
-            assert _wait(lambda: c.state().mirror_pairs == c.state().mirrored, 30)
+            assert wait_until(lambda: c.state().mirror_pairs == c.state().mirrored, 30)
 
     return ask
 
