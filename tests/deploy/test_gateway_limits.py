@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_fakes import FakeUpstream
+from gateway_fakes import FakeUpstream, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from rawhttp import raw_exchange, status_of
 from starlette.requests import Request
@@ -63,15 +63,6 @@ def is_closed(s: socket.socket, wait_s: float) -> tuple[bool, bytes]:
 
 def in_flight(tg: ThreadedGateway, admin_token: str) -> int:
     return GatewayClient(tg.url, admin_token=admin_token).state().in_flight_total
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def series(url: str, name: str) -> list[dict[str, str]]:
