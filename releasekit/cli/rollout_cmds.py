@@ -145,6 +145,8 @@ def shadow_start_cmd(
         emit_json(res)
         return
     how = "reused a running server" if res.reused_server else f"server at {res.base_url}"
+    if res.baseline_url:
+        how += f"; judged against a fresh baseline of stable at {res.baseline_url}"
     out.print(
         f"mirroring {res.share:.0%} of {esc(env)}'s requests to {_short(res.release_id)} "
         f"({esc(how)}); compare with `releasekit shadow compare --env {esc(env)}`",
@@ -207,11 +209,21 @@ def shadow_compare_cmd(
             ]
             for c in res.judgement.checks
         ]
+        fresh = res.judged_against == "fresh baseline"
         table(
             f"shadow {_short(res.release_id)} vs stable {_short(res.stable_release_id)} "
-            f"over {res.window_s:g} s ({res.judgement.canary_requests:g} mirrored / "
-            f"{res.judgement.stable_requests:g} live requests): {res.verdict}",
-            ["metric", "candidate", "stable", "limit", "source", "verdict"],
+            + ("(a fresh baseline server) " if fresh else "")
+            + f"over {res.window_s:g} s ({res.judgement.canary_requests:g} mirrored / "
+            f"{res.judgement.stable_requests:g} {'baseline' if fresh else 'live'} requests): "
+            f"{res.verdict}",
+            [
+                "metric",
+                "candidate",
+                "baseline" if fresh else "stable",
+                "limit",
+                "source",
+                "verdict",
+            ],
             rows,
         )
         if res.dropped:

@@ -16,6 +16,12 @@ warm-up burst to the candidate's server and `settle_s`, both servers at the same
 and placement (`rollout.placement`). A promote or rollback replaces the table, which ends
 the mirroring.
 
+With `baseline: fresh` in the candidate's canary policy (as for its canary steps), a fresh
+server of the stable release starts with the shadow and the gateway sends it the same
+copies at the same moment, under its own label (`Mirror.baseline`): the candidate's figures
+are compared with that server's, both fresh and both loaded alike, not with the live server
+that has run for hours beside other work. The comparison says which it was judged against.
+
 The comparison also judges answers: the gateway keeps, for each mirrored request, the
 answer the client got from stable and the candidate's (`GET /admin/mirror/pairs`; the
 prompt text only where the environment's `shadow_keep_prompts` allows, else a digest).
@@ -55,8 +61,16 @@ from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit.config import Settings
-from releasekit.deploy.gateway import GatewayError, GatewayState, Mirror, MirrorPair, RouteTable
+from releasekit.deploy.gateway import (
+    GatewayError,
+    GatewayState,
+    Mirror,
+    MirrorPair,
+    Route,
+    RouteTable,
+)
 from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.deploy.target import ReleaseStartError
 from releasekit.errors import ReleasekitError
@@ -71,6 +85,7 @@ from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.canary import (
     SHARED_SERVER,
     Scrape,
+    baseline_label,
     pair_windows,
     scrape_pair,
     warm_up_server,
@@ -100,6 +115,9 @@ class ShadowStatus(BaseModel):
     base_url: str
     started_at: float
     reused_server: bool = False
+    baseline_url: str | None = Field(
+        None, description="the fresh baseline server of stable that gets the same copies"
+    )
 
 
 class ShadowComparison(BaseModel):
@@ -118,6 +136,11 @@ class ShadowComparison(BaseModel):
     seq: int | None = Field(None, description="the ledger record of this comparison")
     agreement: Agreement | None = Field(
         None, description="the answers' agreement on the window's mirrored requests"
+    )
+    judged_against: Literal["fresh baseline", "live server"] = Field(
+        "live server",
+        description="what the candidate's figures were compared with: a fresh server of "
+        "stable given the same copies, or the long-running live server",
     )
 
 
@@ -201,11 +224,30 @@ def start_shadow(
             if rec is not None:
                 rec.role = "shadow"
             handle.save()
+        baseline = None
+        canary_policy = info.lm.manifest.promotion.canary
+        if (
+            canary_policy is not None
+            and canary_policy.baseline == "fresh"
+            and live is not None
+            and live.to_release is not None
+            and isinstance(target, LocalTarget)
+            and all(r.base_url != up.base_url for r in st.routes)
+        ):
+            try:
+                baseline = _start_baseline(settings, target, handle, live.to_release, led)
+            except ShadowError:
+                if not reused:  # nothing is left running for a shadow that did not start
+                    target.stop(up, grace_s=settings.server_stop_grace_s)
+                    st.servers[:] = [s for s in st.servers if s.base_url != up.base_url]
+                    handle.save()
+                raise
         mirror = Mirror(
             route=up.route(spec),
             share=share,
             max_in_flight=cfg.shadow_max_in_flight,
             keep_prompts=keep_prompts,
+            baseline=baseline,
         )
         try:
             target_client = GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token)
@@ -223,6 +265,7 @@ def start_shadow(
         base_url=up.base_url,
         started_at=time.time(),
         reused_server=reused,
+        baseline_url=baseline.base_url if baseline is not None else None,
     )
     _dir(settings).mkdir(parents=True, exist_ok=True)
     write_atomic(_dir(settings) / f"{env}.json", status.model_dump_json(indent=2).encode())
@@ -233,12 +276,35 @@ def start_shadow(
             from_release=status.stable_release_id,
             to_release=rid,
             reason=reason or f"mirror {share:.0%} of {env}'s requests to {info.short_id}",
-            evidence={"action": "start", "share": share, "server": up.base_url},
+            evidence={
+                "action": "start",
+                "share": share,
+                "server": up.base_url,
+                "judged_against": "fresh baseline" if baseline is not None else "live server",
+            },
             live=False,
             actor=actor,
         )
     )
     return status
+
+
+def _start_baseline(
+    settings: Settings, target: LocalTarget, handle: Any, stable_id: str, led: Ledger
+) -> Route:
+    """Start a fresh server of the stable release for the shadow to be judged against
+    (`baseline: fresh` in the candidate's canary policy, as its canary steps are): it gets
+    the same copies at the same moment under its own label, and is stopped with the shadow."""
+    base = release_spec(settings, load_release(settings, stable_id, ledger=led), ledger=led)
+    try:
+        up = target.start(base)
+    except ReleaseStartError as exc:
+        raise ShadowError(f"the fresh baseline server did not start: {exc.message}") from exc
+    rec = target.record(up)
+    if rec is not None:
+        rec.role = "shadow"
+    handle.save()
+    return up.route(base).model_copy(update={"release_id": baseline_label(stable_id)})
 
 
 def shadow_admission(
@@ -309,18 +375,23 @@ def compare_shadow(
     settle = policy.settle_s if policy else float(fields["settle_s"].default)
     shared = stable.base_url == status.base_url
     candidate = state.mirror.route if state.mirror is not None else None
+    base = state.mirror.baseline if state.mirror is not None else None
+    # With a fresh baseline the candidate is compared with it (both fresh, both given the
+    # same copies at the same moment), else with the live server.
+    judged = base or stable
     gw_url = state.gateway.url
     # Judged as a canary is: the same priority and placement for both servers, the
     # candidate's first requests (a fresh server's) and the first seconds not in the window.
     held = []
     if candidate is not None and not shared:
+        placed = judged.model_copy(update={"release_id": stable.release_id})
         held = even_out(
             settings,
             ShiftContext(
                 env=env,
                 gateway=state.gateway,
                 canary=candidate,
-                stable=[stable],
+                stable=[placed],
                 previous_release_id=None,
             ),
         )
@@ -328,6 +399,8 @@ def compare_shadow(
         with httpx.Client(trust_env=False) as http, _client(settings, env) as c:
             if candidate is not None and not shared and warmup > 0:
                 warm_up_server(http, candidate, warmup)
+                if base is not None:  # warmed alike: both start from the same state
+                    warm_up_server(http, base, warmup)
             if settle > 0:
                 sleep(settle)
             s0 = c.state()
@@ -337,7 +410,7 @@ def compare_shadow(
                     http,
                     gw_url,
                     None if shared else status.base_url,
-                    None if shared else stable.base_url,
+                    None if shared else judged.base_url,
                     timeout_s=settings.scrape_timeout_s,
                     unscraped=SHARED_SERVER,
                 )
@@ -349,7 +422,7 @@ def compare_shadow(
             pairs = _window_pairs(c, status.release_id, s0, s1)
     finally:
         release(held)
-    cw, sw = pair_windows(env, status.release_id, stable.release_id, before, after)
+    cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
     j = judge_step(checks, cw, sw)
     agreement = answer_agreement(
         [_answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
@@ -380,6 +453,7 @@ def compare_shadow(
         else s1.mirror_dropped,
         reason=reason[:2000],
         agreement=agreement,
+        judged_against="fresh baseline" if base is not None else "live server",
     )
     rec = led.append(
         Event(
@@ -392,6 +466,7 @@ def compare_shadow(
                 "action": "compare",
                 "verdict": verdict,
                 "stable_release_id": stable.release_id,
+                "judged_against": cmp.judged_against,
                 "window_s": window_s,
                 "mirrored": cmp.mirrored,
                 "dropped": cmp.dropped,
@@ -493,7 +568,9 @@ def stop_shadow(
                 c.set_routes(RouteTable(routes=list(st.routes)))
         st.mirror = None
         for s in list(st.servers):
-            if s.role == "shadow" and s.release_id == status.release_id:
+            if s.role == "shadow" and (
+                s.release_id == status.release_id or s.base_url == status.baseline_url
+            ):
                 target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
                 if s in st.servers:  # the target forgets what it stopped
                     st.servers.remove(s)

@@ -96,6 +96,57 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
     assert 'release="c",route="completions",status="200"} 2.0' in metrics
 
 
+def test_a_mirror_with_a_baseline_copies_each_request_to_both_at_once(
+    upstream_factory: Up, gateway_factory: Gw, admin_token: str
+) -> None:
+    """With a fresh baseline, every copy taken goes to the candidate and to the baseline
+    (under its own label), both or neither; clients still get stable's answers only, and
+    only the candidate's answers are paired with theirs."""
+    stable, cand, base = (upstream_factory(n) for n in ("stable", "cand", "base"))
+    gw = gateway_factory(routes=[Route(release_id="s", base_url=stable.url)])
+    with GatewayClient(gw.url, admin_token=admin_token) as c:
+        c.set_routes(
+            RouteTable(
+                routes=[Route(release_id="s", base_url=stable.url)],
+                mirror=Mirror(
+                    route=Route(release_id="c", base_url=cand.url),
+                    share=0.5,
+                    baseline=Route(release_id="s:baseline", base_url=base.url),
+                ),
+            )
+        )
+        answers = [
+            httpx.post(
+                f"{gw.url}/v1/completions",
+                json={"prompt": f"p{i}", "stream": True, "temperature": 0},
+                timeout=10,
+            )
+            for i in range(8)
+        ]
+        assert {r.headers["x-releasekit-release"] for r in answers} == {"s"}
+        assert all(b"cand" not in r.content and b"base" not in r.content for r in answers)
+        assert wait_until(lambda: len(cand.finished) == 4 and len(base.finished) == 4)
+        st = c.state()
+        pairs = c.mirror_pairs()
+    assert st.mirror == "c" and st.mirrored == 4 and st.served == {"s": 8}
+    assert sorted(b["body"] for b in cand.received) == sorted(b["body"] for b in base.received)
+    assert {p.candidate_release_id for p in pairs.pairs} == {"c"}
+    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    for rid in ("c", "s:baseline"):
+        assert f'outcome="sent",release="{rid}"}} 4.0' in metrics
+        assert f'release="{rid}",route="completions",status="200"}} 4.0' in metrics
+    # A baseline under the stable release's own label is refused: its figures would mix.
+    with pytest.raises(ValueError, match="label of its own"):
+        RouteTable(
+            routes=[Route(release_id="s", base_url=stable.url)],
+            mirror=Mirror(
+                route=Route(release_id="c", base_url=cand.url),
+                share=0.5,
+                baseline=Route(release_id="s", base_url=base.url),
+            ),
+        )
+
+
 def _client_answers(gw_url: str) -> list[tuple[int, Any]]:
     """Templated and plain requests, streamed and not: each client answer as (status, the
     answer's choices)."""
@@ -215,6 +266,54 @@ def test_shadow_comparison_of_a_slow_candidate_blocks_its_promotion(kit: Kit) ->
     _delete_record(kit.settings.ledger_url or "", rec.seq)
     with pytest.raises(DecisionRecordsError, match="refusing to act on ledger"):
         promote_progressive(kit.settings, slow, env="staging", reason="row deleted")
+
+
+def test_a_shadow_with_a_fresh_baseline_is_judged_against_it_and_stops_it(kit: Kit) -> None:
+    """`baseline: fresh` in the candidate's canary policy: the shadow starts a fresh server
+    of stable beside the candidate, both get the same copies, the comparison is judged
+    against that server (the live one keeps serving every client), and stop ends both."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    path = kit.variant("demo-bf16", "demo-shadow-fresh", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    path.write_text(
+        path.read_text()
+        + "promotion:\n  canary:\n    baseline: fresh\n    steps:\n      - {weight: 10}\n"
+        "    checks:\n      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, "
+        "min_samples: 10}\n"
+    )
+    cand = kit.build("demo-shadow-fresh")
+    status = start_shadow(kit.settings, cand, env="staging", share=0.5, reason="try it")
+    assert status.baseline_url is not None
+    servers = read_state(kit.settings.state_dir, "staging").servers
+    assert sorted((s.release_id, s.role) for s in servers) == sorted(
+        [(old, "live"), (old, "shadow"), (cand, "shadow")]
+    )
+    [base] = [s for s in servers if s.release_id == old and s.role == "shadow"]
+    assert base.base_url == status.baseline_url
+    st = read_state(kit.settings.state_dir, "staging")
+    assert st.mirror is not None and st.mirror.baseline is not None
+    assert st.mirror.baseline.release_id == f"{old}:baseline"
+    with Streamer(kit.gateway("staging"), chunks=3) as s1:
+        s1.wait_for(2)
+        cmp = compare_shadow(kit.settings, env="staging", window_s=4)
+    assert s1.failures == [] and set(s1.releases) == {old}
+    assert cmp.judged_against == "fresh baseline" and cmp.stable_release_id == old
+    # The figures pass (the streamer samples, so its answers are not judged: insufficient).
+    [ttft] = cmp.judgement.checks
+    assert ttft.verdict == "pass" and cmp.verdict != "breach", cmp.reason
+    # Both sides of the judgement are copies: as many baseline requests as candidate ones.
+    assert cmp.judgement.canary_requests > 0
+    assert cmp.judgement.stable_requests == cmp.judgement.canary_requests
+    [rec] = [
+        r
+        for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])
+        if r.evidence.get("action") == "compare"
+    ]
+    assert rec.evidence["judged_against"] == "fresh baseline"
+    stop_shadow(kit.settings, env="staging")
+    servers = read_state(kit.settings.state_dir, "staging").servers
+    assert [(s.release_id, s.role) for s in servers] == [(old, "live")]
+    assert not _answers(status.baseline_url)
 
 
 def _delete_record(url: str, seq: int) -> None:

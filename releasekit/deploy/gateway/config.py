@@ -85,6 +85,12 @@ class Mirror(BaseModel):
     keep_prompts: bool = Field(
         False, description="keep the prompt text with a pair (else a digest of the body)"
     )
+    baseline: Route | None = Field(
+        None,
+        description="a fresh server of the stable release, under its own label, that gets "
+        "the same copies as `route` at the same moment: the candidate is judged against it "
+        "(both fresh, both copies), not against the long-running live server",
+    )
 
 
 class RouteTable(BaseModel):
@@ -120,6 +126,12 @@ class RouteTable(BaseModel):
             r.release_id == self.mirror.route.release_id for r in self.routes
         ):
             raise ValueError("the mirrored release must not also be routed")
+        b = self.mirror.baseline if self.mirror is not None else None
+        if b is not None and (
+            b.release_id == self.mirror.route.release_id  # type: ignore[union-attr]
+            or any(r.release_id == b.release_id for r in self.routes)
+        ):
+            raise ValueError("the mirror's baseline needs a label of its own")
         return self
 
 

@@ -9,7 +9,10 @@ flight are capped; one past the cap is dropped and counted, never queued. The ca
 figures land in the gateway's per-release families under its own release id (requests by
 status, TTFT, E2E), so a window over them reads like any release's;
 `releasekit_gateway_mirrored_total{env,release,outcome}` counts `sent` and `dropped`
-copies.
+copies. With a `baseline` (a fresh server of the stable release under its own label), each
+copy taken goes to the candidate and to the baseline at the same moment (both or neither,
+within the same in-flight cap), so the candidate is judged against a server in its own
+conditions; the baseline's answers are not paired.
 
 Answer pairs: for each copy sent, the gateway keeps the text the live release answered the
 client and the text the candidate answered (`MirrorPair`: non-stream JSON and SSE streams,
@@ -386,34 +389,51 @@ class Mirroring:
         """Send a copy on its own task (or drop it when the mirror is at its cap); the
         pair its answer goes into (None when dropped or no pairs are kept)."""
         rid = self.route.release_id
-        if self.in_flight >= self.mirror.max_in_flight:
+        base = self.mirror.baseline
+        # With a fresh baseline both copies go out together or neither does.
+        if self.in_flight + (2 if base is not None else 1) > self.mirror.max_in_flight:
             self.drop()
             return None
         client_body = body
+        bodies = {rid: body}
         if prompt is not None:
             try:
                 # The copy renders from its own deep copy of the parsed body: the client's
                 # request is rendered for its own route after this and must be untouched.
-                body = templated_body(self.route, prompt, copy.deepcopy(payload))
+                for r in (self.route, base):
+                    if r is not None:
+                        bodies[r.release_id] = templated_body(r, prompt, copy.deepcopy(payload))
             except PromptTemplateError:
                 self.drop()
                 return None
         pair = self.pairs.open(path=path, stable_id=stable_id, body=client_body, payload=payload)
-        hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
-        if self.route.api_key is not None:
-            hdrs.append(("authorization", "Bearer " + self.route.api_key))
-        url = self.route.base_url + path + ("?" + query.decode("latin-1") if query else "")
         stream = isinstance(payload, dict) and payload.get("stream") is True
-        self.in_flight += 1
-        self.sent += 1
-        self._counter.labels(self.metrics.env, rid, "sent").inc()
-        task = asyncio.ensure_future(
-            self._send(
-                session, method, url, hdrs, body, stream=stream, route_label=route_label, pair=pair
+        for r in (self.route, base):
+            if r is None:
+                continue
+            hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
+            if r.api_key is not None:
+                hdrs.append(("authorization", "Bearer " + r.api_key))
+            url = r.base_url + path + ("?" + query.decode("latin-1") if query else "")
+            self.in_flight += 1
+            if r is self.route:
+                self.sent += 1
+            self._counter.labels(self.metrics.env, r.release_id, "sent").inc()
+            task = asyncio.ensure_future(
+                self._send(
+                    session,
+                    method,
+                    url,
+                    hdrs,
+                    bodies.get(r.release_id, body),
+                    stream=stream,
+                    route_label=route_label,
+                    pair=pair if r is self.route else None,
+                    release_id=r.release_id,
+                )
             )
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return pair
 
     async def _send(
@@ -427,8 +447,9 @@ class Mirroring:
         stream: bool,
         route_label: str,
         pair: PendingPair | None = None,
+        release_id: str | None = None,
     ) -> None:
-        rid = self.route.release_id
+        rid = release_id or self.route.release_id
         m = self.metrics.release(rid)
         t0 = time.perf_counter()
         status: int | str = 502
