@@ -125,7 +125,9 @@ def assign_cmd(
     force: Annotated[bool, typer.Option(help="record an event even if already live")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Record that ENV now runs RELEASE: move the MLflow alias and append the event."""
+    """Record that ENV now runs RELEASE: move the MLflow alias and append the event. Only for
+    environments releasekit does not deploy; one in releasekit.toml moves through
+    `promote` (its gates) and `rollback`."""
     from releasekit.releases.assign import assign
 
     res = assign(State.settings(), release, env=env, reason=reason, force=force)

@@ -1,5 +1,10 @@
 """Assign a release to an environment: the ledger event first, then the MLflow alias, under
-the environment's lock; drift an earlier crash left is repaired from the ledger."""
+the environment's lock; drift an earlier crash left is repaired from the ledger.
+
+A record-only `assign` (the `releasekit assign` command) is for environments releasekit
+does not deploy (a registry of aliases, as GTO keeps); an environment releasekit.toml
+deploys moves only through `promote` and `rollback`, which record through here with their
+own event types after their gates."""
 
 from __future__ import annotations
 
@@ -68,6 +73,23 @@ def _check_env(env: str, allowed: list[str] | None) -> None:
         )
 
 
+class DeployedEnvironmentError(RegistryError):
+    """Raised when a record-only `assign` names an environment releasekit deploys."""
+
+    remedy = "move a deployed environment with `releasekit promote RELEASE --to ENV` (its gates)"
+
+
+def _check_record_only(settings: Settings, env: str, event_type: str) -> None:
+    """A record-only `assign` moves what the ledger says is live without gates, approval
+    or a deploy: refused where releasekit.toml deploys the environment (`promote` and
+    `rollback` record those), allowed where the ledger is only a registry of aliases."""
+    if event_type == EventType.ASSIGN.value and env in settings.environments:
+        raise DeployedEnvironmentError(
+            f"{env} is deployed by releasekit ([environments.{env}] in releasekit.toml): "
+            "`assign` only records, so it cannot move it"
+        )
+
+
 def _pause_for_tests() -> None:
     """Test hook: with RELEASEKIT_TEST_PAUSE_AFTER_APPEND=<seconds>, stop between the ledger
     append and the alias move (touching RELEASEKIT_TEST_PAUSE_MARKER, if set, first) so a
@@ -113,6 +135,7 @@ def assign(
     from releasekit.releases.resolve import resolve_release
 
     etype = EventType(event_type)
+    _check_record_only(settings, env, etype.value)
     led = ledger or open_ledger(settings)
     ref = resolve_release(settings, release_ref, ledger=led)
     rid = ref.release_id

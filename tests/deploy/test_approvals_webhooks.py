@@ -26,7 +26,7 @@ from releasekit.promote.approvals import ApprovalError, approve, check_approval
 from releasekit.promote.policy import PolicyError
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
-from releasekit.releases.assign import assign
+from releasekit.releases.assign import DeployedEnvironmentError, assign
 from releasekit.releases.queries import history
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores import signing
@@ -392,8 +392,9 @@ def test_ledger_verify_reports_a_promotion_without_a_distinct_approver(
     akit: Kit, keys: Keys
 ) -> None:
     """A release put live in staging (which requires an approval) without one, through the
-    record-only `assign` (promote refuses a policy switched off for one command), makes
-    `ledger verify` fail naming its record; one approved by the approver verifies."""
+    signed record written past promote (promote refuses a policy switched off for one
+    command, and the record-only `assign` refuses a deployed environment), makes `ledger
+    verify` fail naming its record; one approved by the approver verifies."""
     rid = akit.build("demo-bf16")
     _approve(akit, keys, rid)
     assert promote(akit.settings, rid, env="staging", reason="approved").status == "promoted"
@@ -406,11 +407,34 @@ def test_ledger_verify_reports_a_promotion_without_a_distinct_approver(
     loose = akit.settings.model_copy(update={"environments": envs})
     with pytest.raises(PolicyError, match=r"differs from releasekit\.toml"):
         promote(loose, v2, env="staging", reason="no approval this once")
-    done = assign(akit.settings, v2, env="staging", reason="no approval this once")
-    assert done.record is not None
-    seq = done.record.seq
+    # The record-only `assign` is no side door either: staging is deployed, so it is
+    # refused and records nothing.
+    before = len(open_ledger(akit.settings, read_only=True).records())
+    with pytest.raises(DeployedEnvironmentError, match="staging is deployed by releasekit"):
+        assign(akit.settings, v2, env="staging", reason="no approval this once")
+    assert len(open_ledger(akit.settings, read_only=True).records()) == before
+    cli = CliRunner().invoke(
+        app, ["assign", v2[:12], "--env", "staging", "-r", "x"], env={"COLUMNS": "300"}
+    )
+    assert cli.exit_code == 1 and "`assign` only records" in cli.output
+    # Someone holding the signing key appends a promotion straight to the ledger: signed
+    # and chained, but with no approval behind it.
+    seq = (
+        open_ledger(akit.settings)
+        .append(
+            Event(
+                type=EventType.PROMOTE,
+                environment="staging",
+                from_release=rid,
+                to_release=v2,
+                reason="no approval this once",
+                live=True,
+            )
+        )
+        .seq
+    )
     res = open_ledger(akit.settings, read_only=True).verify()
     assert not res.ok and res.unapproved == [seq]
     assert res.first_bad_seq == seq and "requires an approval" in (res.problem or "")
     cli = CliRunner().invoke(app, ["ledger", "verify"], env={"COLUMNS": "300"})
-    assert cli.exit_code != 0 and f"record {seq} (assign)" in cli.output
+    assert cli.exit_code != 0 and f"record {seq} (promote)" in cli.output
