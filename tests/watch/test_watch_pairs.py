@@ -35,7 +35,13 @@ from gateway_fakes import (  # noqa: E402
     gateway_factory,
     wait_until,
 )
-from promote_kit import Kit, kill_everything, make_kit, mlflow_template_db  # noqa: E402
+from promote_kit import (  # noqa: E402
+    Kit,
+    commit_config,
+    kill_everything,
+    make_kit,
+    mlflow_template_db,
+)
 from watchkit import FakeClock  # noqa: E402
 
 from releasekit.cli import app  # noqa: E402
@@ -264,8 +270,6 @@ def test_window_0_mirrors_nothing_and_a_policy_changed_for_one_watch_is_refused(
     by the watch as by promote, naming the field."""
     toml = ckit.root / "releasekit.toml"
     toml.write_text(toml.read_text().replace(f"after_promotion_compare_s = {WINDOW_S}", ""))
-    from promote_kit import commit_config
-
     commit_config(ckit.root, "staging: no comparison after a promotion")
     ckit.settings = load_settings(root=ckit.root)
     good = _release(ckit, "demo-good")
