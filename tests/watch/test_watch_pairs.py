@@ -95,12 +95,13 @@ def ckit(
         kill_everything(k.settings)
 
 
-def _release(k: Kit, name: str, *, wrong_on: str | None = None) -> str:
-    """A variant of demo-bf16 on its own server; `wrong_on`: wrong on questions holding it."""
+def _release(k: Kit, name: str, **env: str) -> str:
+    """A variant of demo-bf16 with more serving `env` (its own server when that differs):
+    FAKE_WRONG_ON makes it wrong on the questions holding that text."""
     path = k.variant("demo-bf16", name, {"max-num-seqs: 32": "max-num-seqs: 16"})
-    if wrong_on is not None:
-        kv = 'VLLM_CPU_KVCACHE_SPACE: "1"'
-        path.write_text(path.read_text().replace(kv, f'{kv}\n    FAKE_WRONG_ON: "{wrong_on}"'))
+    kv = 'VLLM_CPU_KVCACHE_SPACE: "1"'
+    more = "".join(f'\n    {key}: "{value}"' for key, value in env.items())
+    path.write_text(path.read_text().replace(kv, kv + more))
     return k.build(name)
 
 
@@ -161,7 +162,7 @@ def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_by_the_watch(
     good = _release(ckit, "demo-good")
     assert promote(ckit.settings, good, env=ENV).status == "promoted"
     assert read_state(ckit.settings.state_dir, ENV).mirror is None  # nothing before it
-    sums = _release(ckit, "demo-sums", wrong_on="sum")
+    sums = _release(ckit, "demo-sums", FAKE_WRONG_ON="sum")
     res = promote(ckit.settings, sums, env=ENV)
     assert res.status == "promoted" and res.deploy is not None
     ap = res.deploy.after_promotion
@@ -221,7 +222,7 @@ def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
     end the watch removes the mirror and records the result as a signed ledger event."""
     good = _release(ckit, "demo-good")
     assert promote(ckit.settings, good, env=ENV).status == "promoted"
-    same = _release(ckit, "demo-same")
+    same = _release(ckit, "demo-same", FAKE_CHUNK_DELAY_S="0.01")  # its own server
     assert promote(ckit.settings, same, env=ENV).status == "promoted"
     led = open_ledger(ckit.settings)
     svc, clock = _watch(ckit, led)
@@ -274,7 +275,7 @@ def test_window_0_mirrors_nothing_and_a_policy_changed_for_one_watch_is_refused(
     ckit.settings = load_settings(root=ckit.root)
     good = _release(ckit, "demo-good")
     assert promote(ckit.settings, good, env=ENV).status == "promoted"
-    sums = _release(ckit, "demo-sums", wrong_on="sum")
+    sums = _release(ckit, "demo-sums", FAKE_WRONG_ON="sum")
     res = promote(ckit.settings, sums, env=ENV)
     assert res.status == "promoted" and res.deploy is not None
     assert res.deploy.after_promotion is None
