@@ -125,6 +125,8 @@ POLICY_FIELDS: tuple[str, ...] = (
     "shadow_min_agreement",
     "shadow_min_pairs",
     "shadow_keep_prompts",
+    "after_promotion_compare_s",
+    "after_promotion_share",
 )
 """The fields of `[environments.NAME]` that decide what may go live there: read from a
 committed revision of releasekit.toml (`releasekit.promote.policy`), recorded with every
@@ -144,7 +146,12 @@ class EnvironmentConfig(BaseModel):
     requires: str | None = Field(
         None, description="environment the release must have been live in first"
     )
-    warm_s: float = Field(300.0, ge=0, description="how long the previous release stays warm")
+    warm_s: float = Field(
+        300.0,
+        ge=0,
+        description="how long the previous release stays warm (after a promotion with "
+        "after_promotion_compare_s, at least that window plus drain_deadline_s)",
+    )
     drain_deadline_s: float = Field(60.0, ge=0, description="wait for in-flight requests")
     smoke: SmokeConfig = SmokeConfig()
     api_keys: list[str] = Field(default_factory=list, repr=False, description="client keys")
@@ -221,6 +228,24 @@ class EnvironmentConfig(BaseModel):
         False,
         description="the gateway keeps the prompt text of mirrored requests with their "
         "answer pairs (otherwise only a sha256 digest of the request body)",
+    )
+    after_promotion_compare_s: float = Field(
+        0.0,
+        ge=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="after a promotion, for this many seconds the gateway mirrors "
+        "after_promotion_share of the live requests to the previous release (kept warm at "
+        "least as long) and `watch` judges the answer pairs with shadow_min_agreement and "
+        "shadow_min_pairs, rolling back on a breach (0: off)",
+    )
+    after_promotion_share: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="share of the live requests mirrored to the previous release during "
+        "the after-promotion comparison",
     )
     min_pass_rate: dict[str, float] = Field(
         default_factory=dict,

@@ -307,6 +307,28 @@ def deploy_status_cmd(
         ["environment", "gateway", "state", "routes", "servers", "ledger live", "agrees"],
         rows,
     )
+    for e in envs:
+        m = e.mirror
+        if m is None:
+            continue
+        what = "answers compared with" if m.purpose == "after_promotion" else "shadow of"
+        left = (
+            "no end"
+            if m.left_s is None
+            else "window over (nothing copied)"
+            if m.left_s <= 0
+            else f"{m.left_s:.0f} s left"
+        )
+        counts = (
+            f", {m.mirrored} copies ({m.dropped} dropped), {m.pairs} pairs so far"
+            if m.mirrored is not None
+            else ""
+        )
+        out.print(
+            f"{esc(e.environment)}: {what} {_short(m.release_id)}: {m.share:.0%} of requests "
+            f"mirrored, {left}{counts}",
+            highlight=False,
+        )
     replica_rows = [
         [e.environment, _short(s.release_id), s.role, r.node_id[:12], r.replica, str(r.pid),
          str(r.server_pid), r.server_url]

@@ -66,6 +66,15 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         else:
             head += f" {w.requests or 0:g} req"
         out.print(head + " | " + " | ".join(_verdict(j) for j in judged), highlight=False)
+    if t.answers is not None:
+        a = t.answers
+        colour = {"pass": "green", "breach": "red"}.get(a.verdict, "dim")
+        line = f"{_hhmmss(t.t)} {esc(env)} {_short(a.release_id)} [{colour}]{esc(a.line())}"
+        if a.record_seq is not None:
+            line += f" (result recorded: ledger record {a.record_seq})"
+        elif a.status == "ended" and a.verdict != "breach":
+            line += " (mirror not removed yet)"
+        out.print(line + f"[/{colour}]", highlight=False)
     if t.rollback is not None:
         _print_rollback(t.rollback, env=env)
 
@@ -118,8 +127,10 @@ def watch_cmd(
     ] = False,
 ) -> None:
     """Watch ENV's live release: scrape its vLLM server and gateway, judge its watch rules
-    and SLOs window by window, and roll back (marking it bad) on a sustained breach. Runs
-    until Ctrl-C or SIGTERM, which let the current check finish."""
+    and SLOs window by window, and roll back (marking it bad) on a sustained breach. After
+    a promotion with after_promotion_compare_s, also compare its answers with the previous
+    release's on mirrored requests and roll back when they agree less than the policy's
+    floor. Runs until Ctrl-C or SIGTERM, which let the current check finish."""
     from releasekit.watch.service import open_service, receiver_auth, stop_on_signals
 
     settings = State.settings()

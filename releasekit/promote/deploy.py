@@ -11,7 +11,11 @@ environment.
 5. switch the gateway's table to it atomically;
 6. smoke it again through the environment's gateway;
 7. move the record (the caller's `record`: ledger event via `assign`, then aliases);
-8. drain the old upstream at the gateway, then keep its server warm for `warm_s` or stop it.
+8. drain the old upstream at the gateway, then keep its server warm for `warm_s` or stop it;
+   after a promotion (`compare_previous`) with the policy's `after_promotion_compare_s` > 0,
+   keep it warm at least that window (plus `drain_deadline_s`) and mirror the policy's
+   `after_promotion_share` of live requests to it (`Mirror.purpose` `after_promotion`,
+   ending at the window's end), so `watch` can compare the two releases' answers.
 
 A failure in 3-4 leaves the old release serving and is a `deploy_failed` ledger event; a
 failure in 6-7 switches the table back to what it was by itself, and records why.
@@ -29,7 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.config import EnvironmentConfig, Settings
-from releasekit.deploy.gateway import GatewayError, Route
+from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable
+from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget, check_health
 from releasekit.deploy.smoke import run_smoke
 from releasekit.deploy.state import (
@@ -76,6 +81,17 @@ class DeployStep(BaseModel):
     detail: str = ""
 
 
+class AfterPromotionMirror(BaseModel):
+    """The after-promotion comparison a deploy set up: `share` of the live requests copied
+    to the previous release's warm server until `until` (unix time)."""
+
+    previous_release_id: str
+    base_url: str
+    share: float
+    window_s: float
+    until: float
+
+
 class DeployOutcome(BaseModel):
     """What a deploy did: where the environment's traffic goes now, and why if it failed."""
 
@@ -98,6 +114,9 @@ class DeployOutcome(BaseModel):
     notes: list[str] = Field(default_factory=list)
     steps: list[DeployStep] = Field(default_factory=list)
     failure_event: LedgerRecord | None = None
+    after_promotion: AfterPromotionMirror | None = Field(
+        None, description="answers compared with the previous release's for a window"
+    )
 
 
 RecordFn = Callable[[str], Any]
@@ -226,6 +245,7 @@ def deploy_release(
     started_at: float | None = None,
     shift: ShiftFn | None = None,
     replicas: int | None = None,
+    compare_previous: bool = False,
 ) -> DeployOutcome:
     """Blue/green deploy of `spec` to `env` (see the module docstring). `probe` None skips
     both smoke runs (rollback to a known-good release). `expected_live` is the release the
@@ -234,7 +254,9 @@ def deploy_release(
     `replicas` (the `ray` target) overrides the environment's replica count.
     `shift` (canary steps) runs between the smoke and the switch when a release serves the
     environment already; when it fails, the candidate is drained and stopped, nothing else
-    changes, and the outcome's `failure_event` is the shift's record."""
+    changes, and the outcome's `failure_event` is the shift's record.
+    `compare_previous` (a promotion, not a rollback): mirror to the previous release for
+    the policy's `after_promotion_compare_s` (the caller checked the policy is committed)."""
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -465,10 +487,21 @@ def deploy_release(
 
         # 8. the old upstream: drain, then warm or stop
         ts = time.monotonic()
+        window = cfg.after_promotion_compare_s if compare_previous else 0.0
+        prev = next(
+            (r for r in previous_routes if r.release_id == live_now != spec.release_id), None
+        )
         new_ident = rec.ident if rec is not None else None
         olds = [s for s in handle.state.servers if s.ident != new_ident]
         leaving = [s for s in olds if s.role == "live"]
-        keep = leaving[0] if cfg.warm_s > 0 and leaving else None
+        # the previous release's own server first (the one the comparison copies to)
+        leaving.sort(key=lambda s: prev is None or s.base_url != prev.base_url)
+        keep = None
+        if leaving and (
+            cfg.warm_s > 0
+            or (window > 0 and prev is not None and leaving[0].base_url == prev.base_url)
+        ):
+            keep = leaving[0]
         to_stop = [s for s in olds if s is not keep]
         if to_stop:
             drained = True
@@ -480,14 +513,64 @@ def deploy_release(
         for s in to_stop:
             target.stop(target.upstream_of(s), grace_s=settings.server_stop_grace_s)
             out.stopped.append(s.release_id)
+        now = time.time()
         if keep is not None:
-            keep.role, keep.warm_until = "warm", time.time() + cfg.warm_s
+            keep.role, keep.warm_until = "warm", now + cfg.warm_s
+            if window > 0 and prev is not None and keep.base_url == prev.base_url:
+                keep.warm_until = max(keep.warm_until, now + window + cfg.drain_deadline_s)
             out.warm.append(keep.release_id)
         handle.save()
+        if window > 0 and prev is not None:
+            _mirror_previous(out, handle, cfg, prev, window=window, until=now + window)
         target.after_change()
         step("retire old", out.drained is not False, ts, f"warm {out.warm}, stopped {out.stopped}")
         out.ok = True
         return out
+
+
+def _mirror_previous(
+    out: DeployOutcome,
+    handle: StateHandle,
+    cfg: EnvironmentConfig,
+    prev: Route,
+    *,
+    window: float,
+    until: float,
+) -> None:
+    """Copy `cfg.after_promotion_share` of the live requests to the previous release's
+    server (still running: kept warm past `until`, or the live one a prompt-only release
+    shares) until `until`. A gateway that refuses leaves a note, never a failed deploy."""
+    st = handle.state
+    if st.gateway is None or prev.base_url not in {s.base_url for s in st.servers}:
+        out.notes.append("no answer comparison: the previous release's server is not running")
+        return
+    mirror = Mirror(
+        route=prev,
+        share=cfg.after_promotion_share,
+        max_in_flight=cfg.shadow_max_in_flight,
+        keep_prompts=cfg.shadow_keep_prompts,
+        purpose="after_promotion",
+        until=until,
+    )
+    try:
+        with GatewayClient(st.gateway.url, admin_token=st.gateway.admin_token) as c:
+            c.set_routes(RouteTable(routes=list(st.routes), mirror=mirror))
+    except GatewayError as exc:
+        out.notes.append(f"no answer comparison: the gateway refused the mirror: {exc}")
+        return
+    st.mirror = mirror  # a restarted gateway mirrors again; the next table ends it
+    handle.save()
+    out.after_promotion = AfterPromotionMirror(
+        previous_release_id=prev.release_id,
+        base_url=prev.base_url,
+        share=mirror.share,
+        window_s=window,
+        until=until,
+    )
+    out.notes.append(
+        f"comparing answers with {prev.release_id[:12]}: {mirror.share:.0%} of requests "
+        f"mirrored for {window:g} s (`releasekit watch` judges them)"
+    )
 
 
 class DownResult(BaseModel):
@@ -576,6 +659,19 @@ class ServerStatus(BaseModel):
     )
 
 
+class MirrorStatus(BaseModel):
+    """The gateway's mirror in an environment, as `deploy-status` shows it."""
+
+    purpose: str = Field(description="shadow, or after_promotion (answers compared)")
+    release_id: str = Field(description="the release receiving the copies")
+    share: float
+    until: dt.datetime | None = None
+    left_s: float | None = Field(None, description="seconds of the window left (0: over)")
+    mirrored: int | None = Field(None, description="copies sent (None: gateway not read)")
+    dropped: int | None = None
+    pairs: int | None = Field(None, description="answer pairs recorded so far")
+
+
 class EnvDeployStatus(BaseModel):
     """What runs for one environment right now, from its state file and a health check."""
 
@@ -592,6 +688,33 @@ class EnvDeployStatus(BaseModel):
         description="no contradiction: the gateway routes only to the release of record, "
         "or nothing runs (after `down`)"
     )
+    mirror: MirrorStatus | None = Field(
+        None, description="the gateway's mirror: a shadow, or the after-promotion comparison"
+    )
+
+
+def _mirror_status(state: EnvState, gw_ok: bool, now: float) -> MirrorStatus | None:
+    """The recorded mirror, with the gateway's counts when it answers."""
+    m = state.mirror
+    if m is None:
+        return None
+    ms = MirrorStatus(
+        purpose=m.purpose,
+        release_id=m.route.release_id,
+        share=m.share,
+        until=dt.datetime.fromtimestamp(m.until, dt.UTC) if m.until is not None else None,
+        left_s=max(0.0, m.until - now) if m.until is not None else None,
+    )
+    gw = state.gateway
+    if gw_ok and gw is not None:
+        with (
+            contextlib.suppress(GatewayError),
+            GatewayClient(gw.url, admin_token=gw.admin_token, timeout_s=2.0) as c,
+        ):
+            gs = c.state()
+            if gs.mirror == m.route.release_id:
+                ms.mirrored, ms.dropped, ms.pairs = gs.mirrored, gs.mirror_dropped, gs.mirror_pairs
+    return ms
 
 
 def _replicas(settings: Settings, env: str, app: str | None) -> list[ReplicaStatus]:
@@ -659,6 +782,7 @@ def deploy_status(
                 serving=gw_ok and bool(live) and routed == [live.to_release if live else None],
                 agrees=(not gw_ok and not routed)
                 or (bool(live) and routed == [live.to_release if live else None]),
+                mirror=_mirror_status(st, gw_ok, time.time()),
             )
         )
     return out

@@ -683,6 +683,7 @@ def deploy_and_record(
         actor=request.actor,
         shift=keep_shift,
         replicas=request.replicas,
+        compare_previous=True,
     )
     move: RecordMove | None = recorded.get("move")
     status: PromoteStatus = "promoted"

@@ -9,6 +9,12 @@ The watcher follows the environment: when the ledger says another release is liv
 own rollback, an Alertmanager one, or a promote), the next tick re-reads that release's
 rules, baseline and server and judges it from fresh windows.
 
+After a promotion with the environment's `after_promotion_compare_s`, each tick also judges
+the live release's answers against the previous release's on mirrored live requests
+(`releasekit.watch.pairs`): a breach rolls back through the same guard, with the agreement
+and the disagreeing pairs in the rollback's evidence; the window's end removes the mirror
+and records the result. The comparison's policy fields must be the committed ones.
+
 Errors (all `releasekit.errors.ReleasekitError`):
     WatchSetupError   the environment cannot be watched (nothing live, no manifest, no server)
 """
@@ -43,6 +49,7 @@ from releasekit.errors import (
 )
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import env_config
+from releasekit.promote.policy import environment_policy, read_policy
 from releasekit.promote.rollback import RollbackError, RollbackResult, previous_good_release
 from releasekit.releases.queries import status
 from releasekit.spec.loadprofile import SLO, load_profile
@@ -56,6 +63,7 @@ from releasekit.watch.alertrules import (
     alertmanager_config,
     scrape_configs,
 )
+from releasekit.watch.pairs import AnswerWatch
 from releasekit.watch.receiver import BasicCredential, ReceiverAuth, create_receiver
 from releasekit.watch.receiver import guard as receiver_guard
 from releasekit.watch.receiver import server_options as receiver_server_options
@@ -333,6 +341,9 @@ def rollback_adapter(
         }
         if req.alert is not None:
             evidence["alert"] = req.alert
+        if req.answers is not None:
+            evidence["rules"] = [*evidence["rules"], "after_promotion_agreement"]
+            evidence["answers"] = req.answers
         try:  # act only on verified records (what is live, what is marked bad)
             ledger.verified()
         except DecisionRecordsError as exc:
@@ -449,7 +460,7 @@ class _FollowingWatcher(Watcher):
 
     def tick(self) -> WatchTick:
         self._service.follow()
-        return super().tick()
+        return self._service.judge_answers(super().tick())
 
 
 class WatchService:
@@ -476,7 +487,8 @@ class WatchService:
         cooldown_from_ledger: bool | None = None,
         client: httpx.Client | None = None,
     ) -> None:
-        env_config(settings, env)  # an unknown environment fails first
+        cfg = env_config(settings, env)  # an unknown environment fails first
+        policy = comparison_policy(settings, env)
         self.settings = settings
         self.env = env
         self.ledger = ledger
@@ -498,6 +510,16 @@ class WatchService:
         )
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False
+        self.clock = clock
+        self.answers = AnswerWatch(
+            settings,
+            env,
+            ledger=ledger,
+            min_agreement=float(policy.get("shadow_min_agreement", cfg.shadow_min_agreement)),
+            min_pairs=int(policy.get("shadow_min_pairs", cfg.shadow_min_pairs)),
+            clock=clock,
+            timeout_s=scrape_timeout_s or settings.scrape_timeout_s,
+        )
         self.watcher = _FollowingWatcher(
             self,
             self.plan,
@@ -527,6 +549,33 @@ class WatchService:
         self.watcher.retarget(plan.target, plan.rules, plan.baseline)
         self.followed.append(live)
         return True
+
+    def judge_answers(self, tick: WatchTick) -> WatchTick:
+        """Judge the after-promotion comparison (when one runs) into `tick`: roll back on a
+        breach (unless the tick's rules just did), end it at the window's end."""
+        if tick.rollback is not None and tick.rollback.status == "rolled_back":
+            return tick  # the rollback replaced the gateway's table, and its mirror
+        check = self.answers.check(self.plan.release_id)
+        if check is None:
+            return tick
+        tick.answers = check
+        if check.verdict == "breach" and tick.rollback is None:
+            request = RollbackRequest(
+                env=self.env,
+                from_release=check.release_id,
+                reason=f"answers after the promotion: {check.agreement.reason}",
+                trigger="watch",
+                answers=check.evidence(),
+                requested_at=self.clock(),
+            )
+            tick.rollback = self.watcher.request_rollback(request)
+            if tick.rollback.status == "rolled_back":
+                self.answers.settled()
+                tick.answers = check.model_copy(update={"status": "ended"})
+                return tick
+        if check.status == "ended":
+            tick.answers = self.answers.finish(check)
+        return tick
 
     def once(self, *, sleep: Callable[[float], None] = time.sleep) -> WatchTick:
         """One check (`watch --once`): two scrapes a longest window apart, every rule judged
@@ -606,6 +655,26 @@ class WatchService:
         self.watcher.close()
         if self.owns_ledger:
             self.ledger.close()
+
+
+COMPARISON_FIELDS = (
+    "after_promotion_compare_s",
+    "after_promotion_share",
+    "shadow_min_agreement",
+    "shadow_min_pairs",
+)
+"""The policy fields the after-promotion comparison is judged by."""
+
+
+def comparison_policy(settings: Settings, env: str) -> dict[str, Any]:
+    """The environment's policy the after-promotion comparison is judged by; PolicyError
+    when this command's settings change one of COMPARISON_FIELDS from the committed
+    policy (a policy is changed by a commit, not for one watch)."""
+    cfg = env_config(settings, env)
+    pol = read_policy(settings, env, cfg)
+    if set(pol.differs) & set(COMPARISON_FIELDS):
+        environment_policy(settings, env, cfg)  # raises, naming the fields
+    return pol.policy
 
 
 def open_service(settings: Settings, env: str, **kw: Any) -> WatchService:

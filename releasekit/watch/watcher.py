@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
 from pydantic import BaseModel, Field
 
 from releasekit.errors import ReleasekitError
+from releasekit.watch.pairs import AnswersCheck
 from releasekit.watch.rules import Baseline, BreachEvidence, Judgement, Rule, RuleState, judge
 from releasekit.watch.windows import (
     ScrapeError,
@@ -53,6 +54,11 @@ class RollbackRequest(BaseModel):
     )
     alert: dict[str, Any] | None = Field(
         None, description="the Alertmanager alert: labels, annotations, fingerprint, startsAt"
+    )
+    answers: dict[str, Any] | None = Field(
+        None,
+        description="the after-promotion answer comparison that breached: agreement, "
+        "interval, disagreeing pairs (watch)",
     )
     requested_at: float = Field(description="the requester's clock, seconds")
 
@@ -159,6 +165,9 @@ class WatchTick(BaseModel):
     judgements: list[Judgement] = Field(default_factory=list)
     sustained: list[str] = Field(default_factory=list, description="rules breached long enough")
     rollback: RollbackOutcome | None = None
+    answers: AnswersCheck | None = Field(
+        None, description="the after-promotion answer comparison, when one runs"
+    )
 
 
 class WatchSummary(BaseModel):
@@ -367,6 +376,21 @@ class Watcher:
             evidence=evidence,
             requested_at=self.clock(),
         )
+        outcome = self.request_rollback(request, snap)
+        if outcome.status in ("no_known_good", "not_live"):
+            # Recorded; a new sustained run is needed before asking again.
+            for name in sustained:
+                self.states[name].reset()
+        # cooling_down and failed keep the run: the next breaching window asks again.
+        return outcome
+
+    def request_rollback(
+        self, request: RollbackRequest, snap: Snapshot | None = None
+    ) -> RollbackOutcome:
+        """Ask the guard to roll back (a rule's sustained breach, or the after-promotion
+        answer comparison); after a rollback, judge the new release from fresh windows
+        (from `snap`, else from the next scrape). Never raises."""
+        env = self.target.env
         try:
             outcome = self.guard(request)
         except Exception as exc:  # the loop must survive any rollback failure; retried later
@@ -387,12 +411,7 @@ class Watcher:
             for s in self.states.values():
                 s.reset()
             # Judge the new release from fresh windows only.
-            self._starts = {r.name: snap for r in self.rules}
-        elif outcome.status in ("no_known_good", "not_live"):
-            # Recorded; a new sustained run is needed before asking again.
-            for name in sustained:
-                self.states[name].reset()
-        # cooling_down and failed keep the run: the next breaching window asks again.
+            self._starts = {r.name: snap for r in self.rules} if snap is not None else {}
         return outcome
 
     # ------------------------------------------------------------------ loops

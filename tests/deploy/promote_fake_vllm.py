@@ -6,6 +6,8 @@ exit with argparse's `error:` line before listening; SIGTERM exits at once, cutt
 stream in flight (vLLM's default `--shutdown-timeout 0`), so only a drain at the gateway
 keeps streams whole. Steered by its environment (the manifest's `serving.env`):
   FAKE_ANSWER         the chat answer (default "The answer is 42.")
+  FAKE_WRONG_ON       a text: a chat question holding it gets FAKE_WRONG_ANSWER instead
+                      (default "I cannot count."): a release wrong on one class of questions
   FAKE_CHUNK_DELAY_S  seconds between streamed chunks (default 0.01)
   FAKE_START_DELAY_S  seconds before it listens (default 0)
 Like vLLM's CPU build it binds itself to the core VLLM_CPU_OMP_THREADS_BIND names.
@@ -47,6 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def app(served: str) -> Starlette:
     answer = os.environ.get("FAKE_ANSWER", "The answer is 42.")
     delay = float(os.environ.get("FAKE_CHUNK_DELAY_S", "0.01"))
+    wrong_on = os.environ.get("FAKE_WRONG_ON", "")
     seq = {"n": 0}
 
     def next_id() -> str:
@@ -95,10 +98,13 @@ def app(served: str) -> Starlette:
         if body.get("stream"):
             return StreamingResponse(stream(n, "delta", rid), media_type="text/event-stream")
         last = body.get("messages", [{}])[-1].get("content", "")
+        said = answer
+        if wrong_on and wrong_on in str(last):
+            said = os.environ.get("FAKE_WRONG_ANSWER", "I cannot count.")
         return JSONResponse(
             {
                 "id": rid,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": said}}],
                 "usage": {"prompt_tokens": len(str(last).split()), "completion_tokens": 5},
                 "echo_user": last,
             }

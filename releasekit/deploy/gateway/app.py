@@ -197,6 +197,8 @@ class Gateway:
             mirror_dropped=self._mirror.dropped if self._mirror else 0,
             mirror_pairs=self._mirror.pairs.recorded if self._mirror else 0,
             mirror_pairs_kept=self._mirror.pairs.kept if self._mirror else 0,
+            mirror_purpose=self._mirror.mirror.purpose if self._mirror else None,
+            mirror_until=self._mirror.mirror.until if self._mirror else None,
         )
 
     def mirror_pairs(self, since: int, limit: int) -> MirrorPairs:

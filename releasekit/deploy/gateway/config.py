@@ -68,11 +68,19 @@ class Route(BaseModel):
         return v
 
 
+MirrorPurpose = Literal["shadow", "after_promotion"]
+
+
 class Mirror(BaseModel):
     """Shadow traffic: a copy of `share` of the admitted requests goes to `route` (a
     candidate that takes no traffic); its answers reach no client (the latest `pairs` are
     kept beside the client's answers), it takes no rate-limit token and no in-flight slot,
-    and at most `max_in_flight` copies run at once (more are dropped, never queued)."""
+    and at most `max_in_flight` copies run at once (more are dropped, never queued).
+
+    `purpose` says why: a `shadow` candidate, or the previous release after a promotion
+    (`after_promotion`: the pairs' stable side is the new live release, the candidate side
+    the release it replaced). Past `until` (unix time) the gateway copies nothing more by
+    itself, so a mirror nobody removed never outlives the server it copies to."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -90,6 +98,10 @@ class Mirror(BaseModel):
         description="a fresh server of the stable release, under its own label, that gets "
         "the same copies as `route` at the same moment: the candidate is judged against it "
         "(both fresh, both copies), not against the long-running live server",
+    )
+    purpose: MirrorPurpose = Field("shadow", description="a shadow, or after a promotion")
+    until: float | None = Field(
+        None, allow_inf_nan=False, description="unix time copying stops (None: no end)"
     )
 
 
@@ -254,6 +266,8 @@ class GatewayState(BaseModel):
     mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
     mirror_pairs: int = Field(0, description="answer pairs recorded (the last pair's seq)")
     mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
+    mirror_purpose: MirrorPurpose | None = Field(None, description="why the mirror copies")
+    mirror_until: float | None = Field(None, description="unix time the mirror stops copying")
 
 
 class DrainRequest(BaseModel):

@@ -360,7 +360,10 @@ class Mirroring:
         )
 
     def take(self) -> bool:
-        """Whether this request is copied: exactly `share` of requests over any long run."""
+        """Whether this request is copied: exactly `share` of requests over any long run
+        (none past the mirror's `until`)."""
+        if self.mirror.until is not None and time.time() >= self.mirror.until:
+            return False
         self._acc += self.mirror.share
         if self._acc >= 1.0 - 1e-9:
             self._acc -= 1.0
