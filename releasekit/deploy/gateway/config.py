@@ -85,6 +85,14 @@ class Mirror(BaseModel):
     keep_prompts: bool = Field(
         False, description="keep the prompt text with a pair (else a digest of the body)"
     )
+    pairs_segment_mib: float = Field(
+        8.0,
+        gt=0,
+        le=1024,
+        allow_inf_nan=False,
+        description="with the gateway's pairs_dir: MiB of one segment of the pairs' disk "
+        "copy (two are kept, the oldest dropped)",
+    )
 
 
 class RouteTable(BaseModel):
@@ -192,6 +200,10 @@ class GatewayConfig(BaseModel):
     mirror: Mirror | None = Field(
         None, description="the initial mirror (a restarted gateway keeps mirroring)"
     )
+    pairs_dir: str | None = Field(
+        None,
+        description="folder for the disk copy of the mirror's answer pairs (None: memory only)",
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -242,6 +254,12 @@ class GatewayState(BaseModel):
     mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
     mirror_pairs: int = Field(0, description="answer pairs recorded (the last pair's seq)")
     mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
+    mirror_pairs_stored: int = Field(
+        0, description="answer pairs written to the disk copy by this gateway process"
+    )
+    mirror_pairs_store_failed: int = Field(
+        0, description="answer pairs not written to the disk copy (write errors, writer behind)"
+    )
 
 
 class DrainRequest(BaseModel):
