@@ -252,7 +252,11 @@ class GatewayState(BaseModel):
     mirror_share: float = 0.0
     mirrored: int = Field(0, description="shadow copies sent")
     mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
-    mirror_pairs: int = Field(0, description="answer pairs recorded (the last pair's seq)")
+    mirror_pairs: int = Field(
+        0,
+        description="the last answer pair's seq (pairs recorded; with pairs_dir the numbering "
+        "goes on from the candidate's pairs on disk)",
+    )
     mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
     mirror_pairs_stored: int = Field(
         0, description="answer pairs written to the disk copy by this gateway process"

@@ -86,7 +86,11 @@ class MirrorPairs(BaseModel):
     """`GET /admin/mirror/pairs`: the pairs held with seq > `since`, oldest first."""
 
     release_id: str | None = Field(description="the mirror's candidate (None: no mirror)")
-    recorded: int = Field(0, description="pairs recorded by this mirror (the last seq)")
+    recorded: int = Field(
+        0,
+        description="the last pair's seq: pairs recorded by this mirror (with the gateway's "
+        "pairs_dir, counted on from the candidate's pairs on disk)",
+    )
     kept: int = Field(0, description="pairs held now")
     capacity: int = 0
     keep_prompts: bool = False

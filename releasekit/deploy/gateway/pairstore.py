@@ -43,7 +43,7 @@ QUEUE_MAX = 10_000
 """Pairs waiting for the writer at most; one more is dropped (and counted)."""
 TAIL_BYTES = 1 << 20
 """Bytes at the end of a segment read to find the last pair's seq."""
-_SAFE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
+_SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no dot: "c.1" must not be c's older segment
 
 
 def store_dir(state_dir: Path, env: str) -> Path:
@@ -82,7 +82,7 @@ def read_pairs(
     directory: Path, release_id: str, *, since: int = 0, until: int | None = None
 ) -> list[MirrorPair]:
     """The stored pairs of `release_id` with `since` < seq <= `until`, oldest first."""
-    older, now = segment_paths(directory, release_id)[::-1]
+    now, older = segment_paths(directory, release_id)
     return [
         p
         for p in _pairs_of(older) + _pairs_of(now)
