@@ -293,7 +293,11 @@ class PairBook:
             texts[side] = text
             cut |= c
             ok &= w and text is not None and isinstance(status, int) and 200 <= status < 300
-        self.recorded += 1
+        if self.store is not None:  # numbered by the store: one sequence per candidate
+            self.store.seq += 1
+            self.recorded = self.store.seq
+        else:
+            self.recorded += 1
         pair = MirrorPair(
             seq=self.recorded,
             at=time.time(),

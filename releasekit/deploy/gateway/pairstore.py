@@ -110,8 +110,9 @@ def _last_seq(path: Path) -> int | None:
 
 class PairStore:
     """The disk copy of one candidate's pairs (see the module doc). `seq` is the last seq
-    recorded through this store (at start: the last one on disk, or `last_seq` handed over
-    by the store it replaces)."""
+    given out (`PairBook` numbers the candidate's pairs from it): at start the last one on
+    disk, or that of `after`, the same candidate's store this one replaces (whose writer
+    finishes before this one writes)."""
 
     def __init__(
         self,
