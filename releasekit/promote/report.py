@@ -10,9 +10,9 @@ import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from releasekit._support.files import write_atomic
-from releasekit.evaluate.agreement import DisagreeingPair
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
 
 COLUMNS = ("gate", "kind", "result", "candidate", "live", "limit", "rule", "detail")
@@ -130,13 +130,32 @@ table.pairs td { white-space: pre-wrap; max-width: 40em; font-family: monospace;
 """The style of every report page (the gate report's)."""
 
 
-def pairs_table_html(pairs: Sequence[DisagreeingPair], *, caption: str | None = None) -> str:
+class AnswerRow(Protocol):
+    """What a row of `pairs_table_html` reads: `evaluate.agreement.DisagreeingPair`, or a
+    gateway `MirrorPair` (an answer that could not be read is None)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def stable(self) -> str | None: ...
+    @property
+    def candidate(self) -> str | None: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def prompt_sha256(self) -> str: ...
+
+
+def pairs_table_html(pairs: Sequence[AnswerRow], *, caption: str | None = None) -> str:
     """Answer pairs side by side, one row a pair: its number, the prompt (or, where it was
-    not kept, its sha256), the stable release's answer and the candidate's. Every text is
-    HTML-escaped; "<p>No disagreeing pairs.</p>" for none."""
+    not kept, its sha256), the stable release's answer and the candidate's ("-": not
+    readable). Every text is HTML-escaped; "<p>No disagreeing pairs.</p>" for none."""
     if not pairs:
         return "<p>No disagreeing pairs.</p>"
-    e = html.escape
+
+    def e(text: str | None) -> str:
+        return "-" if text is None else html.escape(text)
+
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
     rows = "\n".join(
         '<tr class="fail">'

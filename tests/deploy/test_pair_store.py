@@ -274,4 +274,7 @@ def test_the_shadow_page_shows_disagreeing_pairs_side_by_side_escaped(tmp_path: 
     row = next(r for r in page.split("<tr") if "Paris" in r)
     assert row.index("Paris") < row.index("Milan")
     assert pairs_table_html([]) == "<p>No disagreeing pairs.</p>"
+    # The same table takes the gateway's pairs (an unreadable answer shows as "-").
+    unread = _pair(5).model_copy(update={"candidate": None})
+    assert "<td>x</td><td>-</td>" in pairs_table_html([unread])
     json.loads(cmp.model_dump_json())  # the comparison still round-trips
