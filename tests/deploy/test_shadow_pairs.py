@@ -403,7 +403,12 @@ def test_shadow_compare_blocks_a_candidate_that_answers_differently(
     assert "<td>The answer is 42.</td><td>Paris</td>" in page
     # The environment's gateway kept the pairs on disk too (no prompt: none is allowed).
     stored = store_dir(kit.settings.state_dir, "staging")
-    assert wait_until(lambda: len(read_pairs(stored, cmp.release_id)) == 35, 30)
+    gw: Any = read_state(kit.settings.state_dir, "staging").gateway
+    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        n = c.state().mirror_pairs
+    assert n >= 35
+    assert wait_until(lambda: len(read_pairs(stored, cmp.release_id)) == n, 30)
+    assert [p.seq for p in read_pairs(stored, cmp.release_id)] == list(range(1, n + 1))
     assert "question" not in "".join(f.read_text() for f in stored.iterdir())
 
     # The CLI prints the agreement line and the disagreeing pairs side by side; exit 1.

@@ -130,10 +130,11 @@ class PairStore:
         self.errors = 0
         self.dropped = 0
         self._after = after if after is not None and after.release_id == release_id else None
-        if self._after is not None:
-            self.seq = self._after.seq
-        else:
-            self.seq = _last_seq(self.path) or _last_seq(self.older) or 0
+        self.seq: int = (
+            self._after.seq
+            if self._after is not None
+            else _last_seq(self.path) or _last_seq(self.older) or 0
+        )
         self._queue: queue.Queue[MirrorPair | None] = queue.Queue(maxsize=QUEUE_MAX)
         self._thread: threading.Thread | None = None
         self._closing = False
