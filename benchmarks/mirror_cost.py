@@ -263,8 +263,12 @@ def main() -> int:
 
     ring_json = len(json.dumps([p.model_dump(mode="json") for p in pairs]).encode())
     k = 1000 / max(1, len(pairs))
-    added_proc = on["cpu_s_per_1000_proc_stat"] - off["cpu_s_per_1000_proc_stat"]
-    added_metrics = on["cpu_s_per_1000_metrics"] - off["cpu_s_per_1000_metrics"]
+    # The on phase's CPU less what its requests cost with the mirror off, per copy sent (a
+    # copy past the mirror's in-flight cap is dropped, not sent).
+    mirrored = max(1, st.mirrored)
+    added_proc = (on["cpu_s_proc_stat"] - off["cpu_s_proc_stat"] * on["requests"] / n) / mirrored
+    added_metrics = (on["cpu_s_metrics"] - off["cpu_s_metrics"] * on["requests"] / n) / mirrored
+    added_proc, added_metrics = added_proc * 1000, added_metrics * 1000
     doc: dict[str, Any] = {
         "setup": {
             "requests_per_phase": n,
@@ -327,9 +331,12 @@ def main() -> int:
         f"{doc['disk_bytes_per_1000_pairs']:,} B / 1,000 pairs; "
         f"{st.mirrored} mirrored, {st.mirror_dropped} dropped, {st.mirror_pairs_stored} stored"
     )
-    print(f"wrote {args.out}")
+    print(
+        f"client answers not as sent: {off['answers_not_as_sent']} off, "
+        f"{on['answers_not_as_sent']} on; wrote {args.out}"
+    )
     bad = off["answers_not_as_sent"] + on["answers_not_as_sent"]
-    return 0 if bad == 0 and st.mirror_dropped == 0 else 1
+    return 0 if bad == 0 else 1
 
 
 if __name__ == "__main__":
