@@ -103,7 +103,14 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, str]:
     port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(
-            app, log_level="error", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+            app,
+            log_level="error",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+            # Longer than the gateway's pool keeps a connection (30 s): otherwise a request
+            # may go out on a connection the stand-in is closing (a 502 nobody caused).
+            timeout_keep_alive=75,
         )
     )
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
