@@ -189,7 +189,8 @@ def shadow_compare_cmd(
 ) -> None:
     """Judge the shadow candidate's live figures against stable's over the next --window
     seconds (the candidate's canary checks) and its answers against stable's answers to the
-    same mirrored requests (agreement); promote reads the result as a gate."""
+    same mirrored requests (agreement); promote reads the result as a gate. Writes an HTML
+    page with the disagreeing pairs side by side and prints its path."""
     from releasekit.rollout.shadow import compare_shadow
 
     res = compare_shadow(State.settings(), env=env, window_s=window)
@@ -230,6 +231,8 @@ def shadow_compare_cmd(
             out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
         if res.agreement is not None:
             print_agreement(res.agreement)
+        if res.page:
+            out.print(f"report: {esc(res.page)}", highlight=False)
     if res.verdict == "breach":
         raise typer.Exit(1)
 

@@ -35,6 +35,7 @@ from releasekit.deploy.gateway import (
     RateLimit,
     Route,
     ThreadedGateway,
+    store_dir,
 )
 from releasekit.deploy.gateway_client import GatewayClient, launch_gateway
 from releasekit.deploy.smoke import run_smoke
@@ -440,6 +441,7 @@ class LocalTarget(DeployTarget):
             shutdown_timeout_s=max(self.config.drain_deadline_s, 1.0),
             routes=table,
             mirror=mirror,
+            pairs_dir=str(store_dir(self.settings.state_dir, self.env)),
         )
         launched = launch_gateway(
             config,

@@ -1,13 +1,16 @@
 """The gate report as table rows, JSON and a self-contained HTML page: what passed and failed
 with the numbers and rules, the candidate's and the live release's latency-throughput
-curves on one plot, and a link to the eval comparison."""
+curves on one plot, and a link to the eval comparison. `PAGE_CSS` and `pairs_table_html`
+(two releases' answers to the same requests, side by side) serve the other pages too."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from releasekit._support.files import write_atomic
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
@@ -116,6 +119,61 @@ def _row(g: GateResult) -> str:
     return f'<tr class="{cls}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
 
 
+PAGE_CSS = """
+body { font-family: sans-serif; margin: 2em; }
+table { border-collapse: collapse; }
+td, th { border: 1px solid #ccc; padding: 4px 8px; font-size: 13px; vertical-align: top; }
+tr.fail td { background: #fde2e2; } tr.pass td { background: #e6f4ea; }
+tr.advisory td { background: #fff4d6; }
+table.pairs td { white-space: pre-wrap; max-width: 40em; font-family: monospace; }
+"""
+"""The style of every report page (the gate report's)."""
+
+
+class AnswerRow(Protocol):
+    """What a row of `pairs_table_html` reads: `evaluate.agreement.DisagreeingPair`, or a
+    gateway `MirrorPair` (an answer that could not be read is None)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def stable(self) -> str | None: ...
+    @property
+    def candidate(self) -> str | None: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def prompt_sha256(self) -> str: ...
+
+
+def pairs_table_html(pairs: Sequence[AnswerRow], *, caption: str | None = None) -> str:
+    """Answer pairs side by side, one row a pair: its number, the prompt (or, where it was
+    not kept, its sha256), the stable release's answer and the candidate's ("-": not
+    readable). Every text is HTML-escaped; "<p>No disagreeing pairs.</p>" for none."""
+    if not pairs:
+        return "<p>No disagreeing pairs.</p>"
+
+    def e(text: str | None) -> str:
+        return "-" if text is None else html.escape(text)
+
+    cap = f"<caption>{e(caption)}</caption>" if caption else ""
+    rows = "\n".join(
+        '<tr class="fail">'
+        f"<td>{p.seq}</td>"
+        + (
+            f"<td>{e(p.prompt)}</td>"
+            if p.prompt is not None
+            else f'<td title="sha256 of the request body">sha256 {e(p.prompt_sha256[:16])}</td>'
+        )
+        + f"<td>{e(p.stable)}</td><td>{e(p.candidate)}</td></tr>"
+        for p in pairs
+    )
+    return (
+        f'<table class="pairs">{cap}<tr><th>#</th><th>prompt (or its digest)</th>'
+        f"<th>stable answered</th><th>candidate answered</th></tr>\n{rows}\n</table>"
+    )
+
+
 def render_html(report: GateReport, *, comparison_href: str | None = None) -> str:
     """The HTML page (plot embedded as a data URI, so the file stands alone)."""
     png = curve_png(report)
@@ -161,13 +219,7 @@ def render_html(report: GateReport, *, comparison_href: str | None = None) -> st
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; }}
-td, th {{ border: 1px solid #ccc; padding: 4px 8px; font-size: 13px; vertical-align: top; }}
-tr.fail td {{ background: #fde2e2; }} tr.pass td {{ background: #e6f4ea; }}
-tr.advisory td {{ background: #fff4d6; }}
-</style></head><body>
+<style>{PAGE_CSS}</style></head><body>
 <h1>{verdict}: {name} {cid} to {env}</h1>
 <p>Against: {live}. Mode: {report.mode}. {summary}. {when}</p>
 {policy}<table><tr>{head}</tr>

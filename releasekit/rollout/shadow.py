@@ -33,6 +33,13 @@ without `temperature` 0, is not judged: two samples may differ by chance); fewer
 the environment's committed policy (`releasekit.promote.policy`): a command's own settings
 that differ from it are refused.
 
+A local environment's gateway also keeps the pairs on disk, bounded
+(`<state dir>/mirror-pairs/<env>/`, `deploy.gateway.pairstore`): the durable copy, read
+here when the gateway's memory no longer holds the window (more pairs than its ring, or a
+gateway restart in between). Each comparison is written beside its JSON copy as an HTML
+page (`rollout.report`): verdict, agreement and interval, the checks, and the disagreeing
+pairs side by side.
+
 What the shadow may do and what it proves:
 - `start_shadow` copies users' requests to a candidate only if `promote` would consider it
   for that environment: registered, its manifest lists the environment, not marked bad,
@@ -68,6 +75,8 @@ from releasekit.deploy.gateway import (
     MirrorPair,
     Route,
     RouteTable,
+    read_pairs,
+    store_dir,
 )
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
@@ -92,6 +101,7 @@ from releasekit.rollout.canary import (
 )
 from releasekit.rollout.judge import StepJudgement, judge_step
 from releasekit.rollout.placement import even_out, release
+from releasekit.rollout.report import write_shadow_page
 from releasekit.spec.manifest import Canary, CanaryCheck, default_checks
 from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
 
@@ -141,6 +151,9 @@ class ShadowComparison(BaseModel):
         "live server",
         description="what the candidate's figures were compared with: a fresh server of "
         "stable given the same copies, or the long-running live server",
+    )
+    page: str | None = Field(
+        None, description="the comparison's HTML page (disagreeing pairs side by side)"
     )
 
 
@@ -419,7 +432,9 @@ def compare_shadow(
             sleep(window_s)
             after = snap()
             s1 = c.state()
-            pairs = _window_pairs(c, status.release_id, s0, s1)
+            pairs = _window_pairs(
+                c, status.release_id, s0, s1, stored=store_dir(settings.state_dir, env)
+            )
     finally:
         release(held)
     cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
@@ -486,17 +501,26 @@ def compare_shadow(
             live=False,
         )
     )
-    cmp = cmp.model_copy(update={"seq": rec.seq})
-    path = _dir(settings) / f"{env}-{status.release_id[:16]}.comparison.json"
-    write_atomic(path, cmp.model_dump_json(indent=2).encode())  # a copy; the ledger decides
+    stem = f"{env}-{status.release_id[:16]}.comparison"
+    page = _dir(settings) / f"{stem}.html"
+    cmp = cmp.model_copy(update={"seq": rec.seq, "page": str(page)})
+    write_atomic(_dir(settings) / f"{stem}.json", cmp.model_dump_json(indent=2).encode())
+    write_shadow_page(cmp, page)  # both are copies; the ledger decides
     return cmp
 
 
 def _window_pairs(
-    c: GatewayClient, candidate: str, s0: GatewayState, s1: GatewayState
+    c: GatewayClient,
+    candidate: str,
+    s0: GatewayState,
+    s1: GatewayState,
+    *,
+    stored: Path | None = None,
 ) -> list[MirrorPair]:
     """The answer pairs of the candidate recorded between two gateway states (all that are
-    held when the mirror was replaced in between)."""
+    held when the mirror was replaced in between). Where the gateway's memory no longer
+    holds the whole window (more pairs than its ring, or a restart in between) and its disk
+    copy is in `stored` (a local gateway's), the window is read from the disk copy."""
     same = s1.mirror == s0.mirror == candidate and s1.mirror_pairs >= s0.mirror_pairs
     since = s0.mirror_pairs if same else 0
     try:
@@ -505,7 +529,13 @@ def _window_pairs(
         raise ShadowError(f"the gateway did not answer its answer pairs: {exc}") from exc
     if got.release_id != candidate:
         return []
-    return [p for p in got.pairs if p.seq <= s1.mirror_pairs]
+    held = [p for p in got.pairs if p.seq <= s1.mirror_pairs]
+    first = held[0].seq if held else s1.mirror_pairs + 1
+    if same and first > since + 1 and stored is not None:
+        on_disk = read_pairs(stored, candidate, since=since, until=s1.mirror_pairs)
+        if len(on_disk) > len(held):
+            return on_disk
+    return held
 
 
 def _answer_pair(p: MirrorPair) -> AnswerPair:

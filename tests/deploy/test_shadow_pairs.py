@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +23,15 @@ from typer.testing import CliRunner
 from releasekit.cli import app
 from releasekit.cli._common import State
 from releasekit.config import load_settings
-from releasekit.deploy.gateway import Mirror, MirrorPairs, Route, RouteTable, ThreadedGateway
+from releasekit.deploy.gateway import (
+    Mirror,
+    MirrorPairs,
+    Route,
+    RouteTable,
+    ThreadedGateway,
+    read_pairs,
+    store_dir,
+)
 from releasekit.deploy.gateway.mirror import TEXT_MAX, AnswerCapture
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
@@ -387,6 +396,20 @@ def test_shadow_compare_blocks_a_candidate_that_answers_differently(
     assert ev["verdict"] == "breach" and ev["pairs"] == 30 and len(ev["examples"]) == 10
     assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ev["examples"])
     assert "question" not in json.dumps(rec.evidence)
+    # Its HTML page, beside the JSON copy: the disagreeing pairs side by side.
+    assert cmp.page is not None and cmp.page.endswith(".comparison.html")
+    page = Path(cmp.page).read_text()
+    assert "BREACH: shadow" in page and "10 of 30 disagreeing pairs" in page
+    assert "<td>The answer is 42.</td><td>Paris</td>" in page
+    # The environment's gateway kept the pairs on disk too (no prompt: none is allowed).
+    stored = store_dir(kit.settings.state_dir, "staging")
+    gw: Any = read_state(kit.settings.state_dir, "staging").gateway
+    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        n = c.state().mirror_pairs
+    assert n >= 35
+    assert wait_until(lambda: len(read_pairs(stored, cmp.release_id)) == n, 30)
+    assert [p.seq for p in read_pairs(stored, cmp.release_id)] == list(range(1, n + 1))
+    assert "question" not in "".join(f.read_text() for f in stored.iterdir())
 
     # The CLI prints the agreement line and the disagreeing pairs side by side; exit 1.
     with monkeypatch.context() as m:
@@ -397,6 +420,7 @@ def test_shadow_compare_blocks_a_candidate_that_answers_differently(
     assert "agreement 0.0% [0.0%, 11.4%] (0/30 pairs; floor 90%): breach" in r.output
     assert "10 disagreeing pairs" in r.output and "stable answered" in r.output
     assert "The answer is 42." in r.output and "Paris" in r.output
+    assert "report:" + cmp.page in "".join(r.output.split())
 
     # A lower floor for one command is refused; committed, it is the policy.
     toml = kit.root / "releasekit.toml"

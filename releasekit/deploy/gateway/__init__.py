@@ -11,7 +11,8 @@ It runs as its own process so that it outlives the releasekit command that start
 The deployer writes FILE.json (a `GatewayConfig`; keep it mode 0600, it holds the admin
 token). Once the gateway listens it writes `ready_file` (a `GatewayEndpoint`: url, port,
 pid) atomically; `GatewayClient.wait_ready` then confirms the admin API answers. The
-gateway knows upstreams only: it never reads MLflow, the ledger or any store.
+gateway knows upstreams only: it never reads MLflow, the ledger or any store (it writes
+only its ready file and, with `pairs_dir`, the mirror's answer pairs).
 
 Endpoints (one port)
 --------------------
@@ -61,7 +62,10 @@ beside the client's answer as an answer pair, `GET /admin/mirror/pairs`), copies
 rate-limit token and no in-flight slot, and past `max_in_flight` copies are dropped. A
 templated copy is rendered from its own deep copy of the request: the client's request is
 never changed, and a copy that cannot be sent is dropped, never the client's request. The
-candidate's figures are counted in the per-release families under its own release id.
+candidate's figures are counted in the per-release families under its own release id. With
+`pairs_dir` each pair is also appended to a bounded disk copy (`pairstore`: two segments of
+at most `Mirror.pairs_segment_mib`, written off the event loop; a write error is counted,
+never the client's), which outlives a restart of the gateway.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
 (401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
@@ -151,6 +155,8 @@ Metrics (own CollectorRegistry; `env` is the gateway's environment)
   `releasekit_gateway_route_switches_total{env}` table swaps.
 - `releasekit_gateway_lease_expiries_total{env}` leased tables that reverted by themselves;
   `releasekit_gateway_mirrored_total{env,release,outcome}` shadow copies `sent`/`dropped`.
+- `process_cpu_seconds_total`, `process_resident_memory_bytes`, ... (prometheus_client's
+  process collector, on Linux): the gateway process's own CPU time and memory.
 
 Modules
 -------
@@ -164,6 +170,7 @@ Modules
 - `relay`      one pinned request and the response that streams the upstream's answer
 - `lease`      leased tables that revert to their fallback
 - `mirror`     shadow copies to a candidate
+- `pairstore`  the bounded disk copy of the mirror's answer pairs
 - `admin`      the admin API
 - `feedback`   response ids and `POST /v1/feedback`
 - `app`        the `Gateway`: state, admission, the ASGI app
@@ -206,6 +213,7 @@ from releasekit.deploy.gateway.metrics import (
     TTFT_BUCKETS,
 )
 from releasekit.deploy.gateway.mirror import MirrorPair, MirrorPairs
+from releasekit.deploy.gateway.pairstore import PairStore, read_pairs, store_dir
 from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
@@ -233,6 +241,7 @@ __all__ = [
     "Mirror",
     "MirrorPair",
     "MirrorPairs",
+    "PairStore",
     "PromptTemplate",
     "PromptTemplateError",
     "RateLimit",
@@ -243,7 +252,9 @@ __all__ = [
     "bind_socket",
     "load_config",
     "main",
+    "read_pairs",
     "render_prompt",
     "running",
     "serve",
+    "store_dir",
 ]

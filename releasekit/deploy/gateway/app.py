@@ -13,10 +13,11 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 from prometheus_client import generate_latest as _generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,6 +30,7 @@ from releasekit.deploy.gateway.config import (
     DrainResult,
     GatewayConfig,
     GatewayState,
+    Mirror,
     Route,
     RouteState,
     RouteTable,
@@ -46,6 +48,7 @@ from releasekit.deploy.gateway.limits import (
 )
 from releasekit.deploy.gateway.metrics import Metrics, ReleaseMetrics, endpoint_label
 from releasekit.deploy.gateway.mirror import Mirroring, MirrorPairs, PairedRelay, PendingPair
+from releasekit.deploy.gateway.pairstore import PairStore
 from releasekit.deploy.gateway.relay import (
     ADMIN_HEADER,
     DROP_REQUEST,
@@ -75,7 +78,11 @@ class Gateway:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
-        self.registry = registry if registry is not None else CollectorRegistry()
+        if registry is None:
+            registry = CollectorRegistry()
+            # process_cpu_seconds_total, process_resident_memory_bytes, ... (Linux /proc)
+            ProcessCollector(registry=registry)
+        self.registry = registry
         self._metrics = Metrics(self.registry, config.env)
         self._table = Table(0, ())
         self._in_flight: dict[str, int] = {}
@@ -93,6 +100,7 @@ class Gateway:
         self._lease_expiries = 0
         self._lease_task: asyncio.Task[None] | None = None
         self._mirror: Mirroring | None = None
+        self._pair_store: PairStore | None = None
         self._api_keys = [k.encode() for k in config.api_keys]
         self._admin_token = config.admin_token.encode()
         self._client_cap = config.max_in_flight_per_client
@@ -129,11 +137,35 @@ class Gateway:
         )
         if table.mirror is None:
             self._mirror = None
+            if self._pair_store is not None:
+                self._pair_store.close()  # its writer finishes what is queued
         elif self._mirror is None or self._mirror.mirror != table.mirror:
-            self._mirror = Mirroring(table.mirror, self._metrics, self.config.request_timeout_s)
+            self._mirror = Mirroring(
+                table.mirror,
+                self._metrics,
+                self.config.request_timeout_s,
+                store=self._store_for(table.mirror),
+            )
         self._metrics.set_routes(new)
         self._metrics.switches.inc()
         return self.state()
+
+    def _store_for(self, mirror: Mirror) -> PairStore | None:
+        """The disk copy of `mirror`'s pairs (None without `pairs_dir` or when no pairs are
+        kept): the store in use when it is the same candidate's (its numbering goes on),
+        else a new one, after the previous store's writer."""
+        old = self._pair_store
+        if self.config.pairs_dir is None or mirror.pairs <= 0:
+            return None
+        cap = int(mirror.pairs_segment_mib * 2**20)
+        rid = mirror.route.release_id
+        if old is not None and old.release_id == rid and not old.closing:
+            old.segment_bytes = cap
+            return old
+        if old is not None:
+            old.close()
+        self._pair_store = PairStore(Path(self.config.pairs_dir), rid, segment_bytes=cap, after=old)
+        return self._pair_store
 
     def renew_lease(self, generation: int) -> bool:
         """Extend the leased table of `generation`; False when it is not in force."""
@@ -166,6 +198,7 @@ class Gateway:
     def state(self) -> GatewayState:
         """Routes, in-flight and served counts now."""
         t = self._table
+        store = self._mirror.pairs.store if self._mirror else None
         return GatewayState(
             env=self.config.env,
             generation=t.generation,
@@ -199,6 +232,8 @@ class Gateway:
             mirror_pairs_kept=self._mirror.pairs.kept if self._mirror else 0,
             mirror_purpose=self._mirror.mirror.purpose if self._mirror else None,
             mirror_until=self._mirror.mirror.until if self._mirror else None,
+            mirror_pairs_stored=store.written if store else 0,
+            mirror_pairs_store_failed=store.failed if store else 0,
         )
 
     def mirror_pairs(self, since: int, limit: int) -> MirrorPairs:
@@ -286,6 +321,10 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        store = self._pair_store
+        if store is not None:  # what is queued reaches the disk before the process ends
+            store.close()
+            await asyncio.to_thread(store.join, 5.0)
 
     def app(self) -> ASGIApp:
         """The ASGI application: plain `/v1/*` proxying on a direct path (it is the hot

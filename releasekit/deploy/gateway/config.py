@@ -103,6 +103,14 @@ class Mirror(BaseModel):
     until: float | None = Field(
         None, allow_inf_nan=False, description="unix time copying stops (None: no end)"
     )
+    pairs_segment_mib: float = Field(
+        8.0,
+        gt=0,
+        le=1024,
+        allow_inf_nan=False,
+        description="with the gateway's pairs_dir: MiB of one segment of the pairs' disk "
+        "copy (two are kept, the oldest dropped)",
+    )
 
 
 class RouteTable(BaseModel):
@@ -216,6 +224,10 @@ class GatewayConfig(BaseModel):
     mirror: Mirror | None = Field(
         None, description="the initial mirror (a restarted gateway keeps mirroring)"
     )
+    pairs_dir: str | None = Field(
+        None,
+        description="folder for the disk copy of the mirror's answer pairs (None: memory only)",
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -264,10 +276,20 @@ class GatewayState(BaseModel):
     mirror_share: float = 0.0
     mirrored: int = Field(0, description="shadow copies sent")
     mirror_dropped: int = Field(0, description="shadow copies dropped (mirror at its limit)")
-    mirror_pairs: int = Field(0, description="answer pairs recorded (the last pair's seq)")
+    mirror_pairs: int = Field(
+        0,
+        description="the last answer pair's seq (pairs recorded; with pairs_dir the numbering "
+        "goes on from the candidate's pairs on disk)",
+    )
     mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
     mirror_purpose: MirrorPurpose | None = Field(None, description="why the mirror copies")
     mirror_until: float | None = Field(None, description="unix time the mirror stops copying")
+    mirror_pairs_stored: int = Field(
+        0, description="answer pairs written to the disk copy by this gateway process"
+    )
+    mirror_pairs_store_failed: int = Field(
+        0, description="answer pairs not written to the disk copy (write errors, writer behind)"
+    )
 
 
 class DrainRequest(BaseModel):

@@ -24,7 +24,9 @@ pair, never the client's answer). A pair holds no header and no key: the prompt 
 with `Mirror.keep_prompts` (the environment's `shadow_keep_prompts`), else the sha256
 digest of the request body. A pair whose either side did not complete (an error status, a
 cut stream, an unreadable body) is kept with `complete` false; one whose request samples
-(no `temperature` of 0, or n > 1) with `sampled` true.
+(no `temperature` of 0, or n > 1) with `sampled` true. With a `PairStore` (the
+gateway's `pairs_dir`) each recorded pair is also appended to disk, off the event loop
+(`pairstore`), and the numbering continues from the pairs stored there.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from releasekit.deploy.gateway.templates import templated_body
 
 if TYPE_CHECKING:
     from releasekit.deploy.gateway.metrics import Metrics
+    from releasekit.deploy.gateway.pairstore import PairStore
 
 log = logging.getLogger("releasekit.gateway")
 
@@ -86,7 +89,11 @@ class MirrorPairs(BaseModel):
     """`GET /admin/mirror/pairs`: the pairs held with seq > `since`, oldest first."""
 
     release_id: str | None = Field(description="the mirror's candidate (None: no mirror)")
-    recorded: int = Field(0, description="pairs recorded by this mirror (the last seq)")
+    recorded: int = Field(
+        0,
+        description="the last pair's seq: pairs recorded by this mirror (with the gateway's "
+        "pairs_dir, counted on from the candidate's pairs on disk)",
+    )
     kept: int = Field(0, description="pairs held now")
     capacity: int = 0
     keep_prompts: bool = False
@@ -248,13 +255,22 @@ class PendingPair:
 
 
 class PairBook:
-    """The latest answer pairs of one mirror (a ring: the oldest go first)."""
+    """The latest answer pairs of one mirror (a ring: the oldest go first), each also
+    handed to `store` (the disk copy) when there is one."""
 
-    def __init__(self, candidate_id: str, capacity: int, *, keep_prompts: bool) -> None:
+    def __init__(
+        self,
+        candidate_id: str,
+        capacity: int,
+        *,
+        keep_prompts: bool,
+        store: PairStore | None = None,
+    ) -> None:
         self.candidate_id = candidate_id
         self.capacity = capacity
         self.keep_prompts = keep_prompts
-        self.recorded = 0
+        self.store = store
+        self.recorded = store.seq if store is not None else 0
         self._ring: deque[MirrorPair] = deque(maxlen=max(1, capacity))
 
     def open(self, *, path: str, stable_id: str, body: bytes, payload: Any) -> PendingPair | None:
@@ -280,25 +296,30 @@ class PairBook:
             texts[side] = text
             cut |= c
             ok &= w and text is not None and isinstance(status, int) and 200 <= status < 300
-        self.recorded += 1
-        self._ring.append(
-            MirrorPair(
-                seq=self.recorded,
-                at=time.time(),
-                path=p.path,
-                stable_release_id=p.stable_id,
-                candidate_release_id=self.candidate_id,
-                stable_status=p.sides["stable"][0],
-                candidate_status=p.sides["candidate"][0],
-                stable=texts["stable"],
-                candidate=texts["candidate"],
-                complete=ok,
-                sampled=p.sampled,
-                truncated=cut,
-                prompt_sha256=p.digest,
-                prompt=p.prompt,
-            )
+        if self.store is not None:  # numbered by the store: one sequence per candidate
+            self.store.seq += 1
+            self.recorded = self.store.seq
+        else:
+            self.recorded += 1
+        pair = MirrorPair(
+            seq=self.recorded,
+            at=time.time(),
+            path=p.path,
+            stable_release_id=p.stable_id,
+            candidate_release_id=self.candidate_id,
+            stable_status=p.sides["stable"][0],
+            candidate_status=p.sides["candidate"][0],
+            stable=texts["stable"],
+            candidate=texts["candidate"],
+            complete=ok,
+            sampled=p.sampled,
+            truncated=cut,
+            prompt_sha256=p.digest,
+            prompt=p.prompt,
         )
+        self._ring.append(pair)
+        if self.store is not None:
+            self.store.append(pair)  # queued for the store's writer: never raises or waits
 
     @property
     def kept(self) -> int:
@@ -344,7 +365,14 @@ class Mirroring:
     """One mirror configuration in force: which requests to copy (an exact share, by a
     deterministic accumulator), and the copies in flight."""
 
-    def __init__(self, mirror: Mirror, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(
+        self,
+        mirror: Mirror,
+        metrics: Metrics,
+        timeout_s: float,
+        *,
+        store: PairStore | None = None,
+    ) -> None:
         self.mirror = mirror
         self.route = mirror.route
         self.metrics = metrics
@@ -356,7 +384,7 @@ class Mirroring:
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = metrics.mirrored
         self.pairs = PairBook(
-            mirror.route.release_id, mirror.pairs, keep_prompts=mirror.keep_prompts
+            mirror.route.release_id, mirror.pairs, keep_prompts=mirror.keep_prompts, store=store
         )
 
     def take(self) -> bool:
