@@ -82,6 +82,16 @@ def collect(project: Path, env: str) -> dict[str, Any]:
     }
 
 
+def _head(project: Path) -> str | None:
+    """The commit the demo's checkout was at (None when it is not a git checkout)."""
+    import subprocess
+
+    r = subprocess.run(
+        ["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[1])
@@ -99,7 +109,11 @@ def main() -> int:
         print(f"shadow {rid}: {s.get('verdict')} ({why})")
     for line in result["clients"]:
         print(f"clients: {line}")
-    write_result(args.out, result)
+    path = write_result(args.out, result)
+    # The demo ran from the project's checkout: its commit is the one the figures belong to.
+    data = json.loads(path.read_text())
+    data["run"]["demo_project_commit"] = _head(args.project.resolve())
+    path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
