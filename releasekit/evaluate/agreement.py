@@ -15,7 +15,7 @@ answer on either side: the caller says which are judged) are counted apart.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -66,6 +66,25 @@ class Agreement(BaseModel):
     verdict: AgreementVerdict
     reason: str
     examples: list[DisagreeingPair] = Field(default_factory=list)
+
+    def evidence(self, *, text_max: int = 500) -> dict[str, Any]:
+        """The agreement as a ledger event holds it: counts, interval and at most
+        MAX_EXAMPLES disagreeing pairs, each text cut at `text_max` characters (a prompt
+        only where it was kept, else its digest)."""
+        cut = text_max
+        return {
+            **self.model_dump(mode="json", exclude={"examples"}),
+            "examples": [
+                {
+                    "seq": x.seq,
+                    "stable": x.stable[:cut],
+                    "candidate": x.candidate[:cut],
+                    "prompt": x.prompt[:cut] if x.prompt is not None else None,
+                    "prompt_sha256": x.prompt_sha256,
+                }
+                for x in self.examples[:MAX_EXAMPLES]
+            ],
+        }
 
     def line(self) -> str:
         """One line: the rate, its interval and the counts."""

@@ -83,7 +83,7 @@ from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.deploy.target import ReleaseStartError
 from releasekit.errors import ReleasekitError
-from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
+from releasekit.evaluate.agreement import Agreement, answer_agreement
 from releasekit.promote.approvals import approval_gate_for
 from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import ShiftContext, env_config, target_for
@@ -104,6 +104,7 @@ from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.report import write_shadow_page
 from releasekit.spec.manifest import Canary, CanaryCheck, default_checks
 from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
+from releasekit.watch.pairs import answer_pair
 
 ShadowVerdict = Literal["pass", "breach", "insufficient"]
 
@@ -440,7 +441,7 @@ def compare_shadow(
     cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
     j = judge_step(checks, cw, sw)
     agreement = answer_agreement(
-        [_answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
+        [answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
         min_agreement=min_agreement,
         min_pairs=min_pairs,
     )
@@ -496,7 +497,7 @@ def compare_shadow(
                     for x in j.checks
                 ],
                 "detail": reason[:1000],
-                "agreement": _agreement_evidence(agreement),
+                "agreement": agreement.evidence(),
             },
             live=False,
         )
@@ -536,40 +537,6 @@ def _window_pairs(
         if len(on_disk) > len(held):
             return on_disk
     return held
-
-
-def _answer_pair(p: MirrorPair) -> AnswerPair:
-    return AnswerPair(
-        seq=p.seq,
-        stable=p.stable,
-        candidate=p.candidate,
-        judged=p.complete and not p.sampled,
-        prompt=p.prompt,
-        prompt_sha256=p.prompt_sha256,
-    )
-
-
-EVIDENCE_TEXT_MAX = 500
-"""Characters of one answer or prompt a ledger event keeps."""
-
-
-def _agreement_evidence(a: Agreement) -> dict[str, Any]:
-    """The agreement as a ledger event holds it: counts, interval, at most 10 examples
-    (each text cut at EVIDENCE_TEXT_MAX; a prompt only where it was kept)."""
-    cut = EVIDENCE_TEXT_MAX
-    return {
-        **a.model_dump(mode="json", exclude={"examples"}),
-        "examples": [
-            {
-                "seq": x.seq,
-                "stable": x.stable[:cut],
-                "candidate": x.candidate[:cut],
-                "prompt": x.prompt[:cut] if x.prompt is not None else None,
-                "prompt_sha256": x.prompt_sha256,
-            }
-            for x in a.examples[:10]
-        ],
-    }
 
 
 def stop_shadow(

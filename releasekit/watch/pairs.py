@@ -57,7 +57,6 @@ MAX_READS = 50
 """Pages of pairs one check reads at most (the gateway answers 2,000 a page)."""
 EVIDENCE_TEXT_MAX = 500
 """Characters of one answer or prompt a ledger event keeps."""
-EVIDENCE_EXAMPLES = 10
 
 CheckStatus = Literal["running", "ended"]
 
@@ -110,7 +109,6 @@ class AnswersCheck(BaseModel):
         at most 10 disagreeing pairs (texts cut at EVIDENCE_TEXT_MAX characters; a prompt
         only where the environment keeps prompts, else its digest)."""
         a = self.agreement
-        cut = EVIDENCE_TEXT_MAX
         return {
             "check": "after_promotion_agreement",
             "release_id": self.release_id,
@@ -120,19 +118,7 @@ class AnswersCheck(BaseModel):
             "mirrored": self.mirrored,
             "dropped": self.dropped,
             "pairs_read": self.pairs_read,
-            "agreement": {
-                **a.model_dump(mode="json", exclude={"examples"}),
-                "examples": [
-                    {
-                        "seq": x.seq,
-                        "stable": x.stable[:cut],
-                        "candidate": x.candidate[:cut],
-                        "prompt": x.prompt[:cut] if x.prompt is not None else None,
-                        "prompt_sha256": x.prompt_sha256,
-                    }
-                    for x in a.examples[:EVIDENCE_EXAMPLES]
-                ],
-            },
+            "agreement": a.evidence(text_max=EVIDENCE_TEXT_MAX),
         }
 
 

@@ -39,8 +39,9 @@ from releasekit.evaluate.agreement import AnswerPair, answer_agreement, answers_
 from releasekit.promote.policy import PolicyError
 from releasekit.rollout import shadow
 from releasekit.rollout.progressive import promote_progressive
-from releasekit.rollout.shadow import _answer_pair, compare_shadow, start_shadow
+from releasekit.rollout.shadow import compare_shadow, start_shadow
 from releasekit.stores.ledger import Ledger
+from releasekit.watch.pairs import answer_pair
 
 __all__ = ["admin_token", "gateway_factory", "kit", "mlflow_template_db", "upstream_factory"]
 
@@ -254,7 +255,7 @@ def test_prompts_are_kept_only_where_allowed(
     ]
     assert got.keep_prompts
     assert [p.sampled for p in got.pairs] == [False, False, True]
-    a = answer_agreement([_answer_pair(p) for p in got.pairs], min_agreement=0.9, min_pairs=1)
+    a = answer_agreement([answer_pair(p) for p in got.pairs], min_agreement=0.9, min_pairs=1)
     assert (a.pairs, a.not_judged) == (2, 1)
 
 
@@ -278,7 +279,7 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
             return c.mirror_pairs()
 
     bad = pairs_of(bad_at_sums, 40)
-    a = answer_agreement([_answer_pair(p) for p in bad.pairs], min_agreement=0.9, min_pairs=30)
+    a = answer_agreement([answer_pair(p) for p in bad.pairs], min_agreement=0.9, min_pairs=30)
     assert (a.pairs, a.agreeing, a.verdict) == (40, 20, "breach")
     assert a.high is not None and a.high < 0.9 and "below the floor of 90%" in a.reason
     assert len(a.examples) == 10
@@ -286,11 +287,9 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
     assert all(x.prompt is None and len(x.prompt_sha256) == 64 for x in a.examples)
 
     good = pairs_of(truth, 40)
-    a = answer_agreement([_answer_pair(p) for p in good.pairs], min_agreement=0.9, min_pairs=30)
+    a = answer_agreement([answer_pair(p) for p in good.pairs], min_agreement=0.9, min_pairs=30)
     assert (a.pairs, a.agreeing, a.verdict, a.examples) == (40, 40, "pass", [])
-    a = answer_agreement(
-        [_answer_pair(p) for p in good.pairs[:10]], min_agreement=0.9, min_pairs=30
-    )
+    a = answer_agreement([answer_pair(p) for p in good.pairs[:10]], min_agreement=0.9, min_pairs=30)
     assert a.verdict == "insufficient" and "not enough pairs: 10 judged" in a.reason
 
 
