@@ -75,6 +75,8 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         elif a.status == "ended" and a.verdict != "breach":
             line += " (mirror not removed yet)"
         out.print(line + f"[/{colour}]", highlight=False)
+        if a.page:
+            out.print(f"  page: {esc(a.page)}", highlight=False)
     if t.rollback is not None:
         _print_rollback(t.rollback, env=env)
 

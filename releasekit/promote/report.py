@@ -10,10 +10,13 @@ import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from releasekit._support.files import write_atomic
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
+
+if TYPE_CHECKING:
+    from releasekit.evaluate.agreement import Agreement
 
 COLUMNS = ("gate", "kind", "result", "candidate", "live", "limit", "rule", "detail")
 """The gate table's columns."""
@@ -241,3 +244,27 @@ def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path,
     for p in (j, h):
         p.chmod(0o644)
     return j, h
+
+
+def agreement_html(a: Agreement) -> str:
+    """The answers' agreement as a page section: the rate with its interval, the counts,
+    the floor and the verdict, then the disagreeing pairs side by side."""
+    e = html.escape
+    cls = "pass" if a.verdict == "pass" else "fail" if a.verdict == "breach" else "advisory"
+    interval = (
+        f"{a.rate:.1%}, {a.confidence:.0%} interval [{a.low:.1%}, {a.high:.1%}]"
+        if a.rate is not None and a.low is not None and a.high is not None
+        else "no pairs judged"
+    )
+    disagreeing = a.pairs - a.agreeing
+    return (
+        "<h2>Answers</h2>\n<table>"
+        "<tr><th>agreement</th><th>pairs judged</th><th>agreeing</th><th>not judged</th>"
+        "<th>floor</th><th>at least</th><th>verdict</th></tr>"
+        f'<tr class="{cls}"><td>{e(interval)}</td><td>{a.pairs}</td><td>{a.agreeing}</td>'
+        f"<td>{a.not_judged}</td><td>{a.min_agreement:.0%}</td><td>{a.min_pairs} pairs</td>"
+        f"<td>{e(a.verdict)}: {e(a.reason)}</td></tr></table>\n"
+        + pairs_table_html(
+            a.examples, caption=f"{len(a.examples)} of {disagreeing} disagreeing pairs"
+        )
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from releasekit._support.files import write_atomic
-from releasekit.promote.report import PAGE_CSS, pairs_table_html
+from releasekit.promote.report import PAGE_CSS, agreement_html
 
 if TYPE_CHECKING:
     from releasekit.rollout.judge import CheckResult
@@ -45,34 +45,16 @@ def shadow_html(cmp: ShadowComparison) -> str:
     head = "".join(f"<th>{c}</th>" for c in CHECK_COLUMNS)
     rows = "\n".join(_check_row(c) for c in j.checks)
     a = cmp.agreement
-    if a is None:
-        answers = "<h2>Answers</h2>\n<p>Answers were not compared.</p>"
-    else:
-        cls = "pass" if a.verdict == "pass" else "fail" if a.verdict == "breach" else "advisory"
-        interval = (
-            f"{a.rate:.1%}, {a.confidence:.0%} interval [{a.low:.1%}, {a.high:.1%}]"
-            if a.rate is not None and a.low is not None and a.high is not None
-            else "no pairs judged"
-        )
-        disagreeing = a.pairs - a.agreeing
-        answers = (
-            "<h2>Answers</h2>\n<table>"
-            "<tr><th>agreement</th><th>pairs judged</th><th>agreeing</th><th>not judged</th>"
-            "<th>floor</th><th>at least</th><th>verdict</th></tr>"
-            f'<tr class="{cls}"><td>{e(interval)}</td><td>{a.pairs}</td><td>{a.agreeing}</td>'
-            f"<td>{a.not_judged}</td><td>{a.min_agreement:.0%}</td><td>{a.min_pairs} pairs</td>"
-            f"<td>{e(a.verdict)}: {e(a.reason)}</td></tr></table>\n"
-            + pairs_table_html(
-                a.examples,
-                caption=f"{len(a.examples)} of {disagreeing} disagreeing pairs",
-            )
-        )
+    answers = (
+        "<h2>Answers</h2>\n<p>Answers were not compared.</p>" if a is None else agreement_html(a)
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>shadow: {cid} vs {sid} in {env}</title>
 <style>{PAGE_CSS}</style></head><body>
 <h1>{e(cmp.verdict.upper())}: shadow {cid} vs stable {sid} in {env}</h1>
 <p>Over {cmp.window_s:g} s: {cmp.mirrored} copies mirrored, {cmp.dropped} dropped;
-{j.canary_requests:g} candidate / {j.stable_requests:g} stable requests. {e(when)},
+{j.canary_requests:g} candidate / {j.stable_requests:g} stable requests; judged against
+{e(cmp.judged_against)}. {e(when)},
 {e(record)}.</p>
 <p>{e(cmp.reason)}</p>
 {answers}

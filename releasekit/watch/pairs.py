@@ -33,6 +33,8 @@ replaces the table, which ends the mirror too.
 
 from __future__ import annotations
 
+import datetime as dt
+import html
 import logging
 import time
 from collections import deque
@@ -41,12 +43,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.files import write_atomic
 from releasekit.config import Settings
 from releasekit.deploy.gateway import GatewayError, Mirror, MirrorPair, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import GatewayRecord, locked_state, read_state
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
+from releasekit.promote.report import PAGE_CSS, agreement_html
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,9 @@ class AnswersCheck(BaseModel):
     status: CheckStatus = "running"
     problem: str | None = Field(None, description="why the pairs could not be read now")
     record_seq: int | None = Field(None, description="the ledger event of the result")
+    page: str | None = Field(
+        None, description="the comparison's HTML page (written on a breach and at the end)"
+    )
 
     @property
     def verdict(self) -> str:
@@ -118,6 +125,7 @@ class AnswersCheck(BaseModel):
             "mirrored": self.mirrored,
             "dropped": self.dropped,
             "pairs_read": self.pairs_read,
+            "page": self.page,
             "agreement": a.evidence(text_max=EVIDENCE_TEXT_MAX),
         }
 
@@ -294,3 +302,42 @@ class AnswerWatch:
         except ReleasekitError as exc:
             log.warning("after-promotion result of %s not recorded: %s", self.env, exc)
             return None
+
+
+def answers_html(check: AnswersCheck) -> str:
+    """The after-promotion comparison as a self-contained HTML page: what was compared,
+    the agreement with its interval and the disagreeing pairs side by side (the live
+    release's answer as "stable", the previous release's as "candidate"), escaped."""
+    e = html.escape
+    live, prev, env = e(check.release_id[:12]), e(check.previous_release_id[:12]), e(check.env)
+    a = check.agreement
+    until = (
+        dt.datetime.fromtimestamp(check.until, dt.UTC).isoformat(timespec="seconds")
+        if check.until is not None
+        else "no end"
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>answers after the promotion: {live} in {env}</title>
+<style>{PAGE_CSS}</style></head><body>
+<h1>{e(a.verdict.upper())}: answers of {live} against the previous release {prev} in {env}</h1>
+<p>{check.share:.0%} of live requests copied to the previous release (kept warm) until
+{e(until)}: {check.mirrored} copies, {check.dropped} dropped, {check.pairs_read} pairs read.
+"stable answered" is what clients got from {live}; "candidate answered" is {prev}'s answer
+to the same request.</p>
+{agreement_html(a)}
+</body></html>
+"""
+
+
+def write_answers_page(settings: Settings, check: AnswersCheck) -> AnswersCheck:
+    """Write the comparison's page under the state dir's `watch/` (one per environment and
+    release, replaced as the window goes on); the check with its path. A page that cannot
+    be written is logged, never a reason to hold a rollback."""
+    path = settings.state_dir / "watch" / f"{check.env}-{check.release_id[:16]}.answers.html"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, answers_html(check).encode())
+    except OSError as exc:
+        log.warning("after-promotion page of %s not written: %s", check.env, exc)
+        return check
+    return check.model_copy(update={"page": str(path)})

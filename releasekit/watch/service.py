@@ -63,7 +63,7 @@ from releasekit.watch.alertrules import (
     alertmanager_config,
     scrape_configs,
 )
-from releasekit.watch.pairs import AnswerWatch
+from releasekit.watch.pairs import AnswerWatch, write_answers_page
 from releasekit.watch.receiver import BasicCredential, ReceiverAuth, create_receiver
 from releasekit.watch.receiver import guard as receiver_guard
 from releasekit.watch.receiver import server_options as receiver_server_options
@@ -560,6 +560,8 @@ class WatchService:
             return tick
         tick.answers = check
         if check.verdict == "breach" and tick.rollback is None:
+            check = write_answers_page(self.settings, check)
+            tick.answers = check
             request = RollbackRequest(
                 env=self.env,
                 from_release=check.release_id,
@@ -574,7 +576,7 @@ class WatchService:
                 tick.answers = check.model_copy(update={"status": "ended"})
                 return tick
         if check.status == "ended":
-            tick.answers = self.answers.finish(check)
+            tick.answers = self.answers.finish(write_answers_page(self.settings, check))
         return tick
 
     def once(self, *, sleep: Callable[[float], None] = time.sleep) -> WatchTick:

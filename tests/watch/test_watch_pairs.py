@@ -10,6 +10,7 @@ The gateway-level checks use stand-in upstreams that answer by content."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import sys
@@ -205,6 +206,11 @@ def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_by_the_watch(
     assert {(x["stable"], x["candidate"]) for x in ag["examples"]} == {(WRONG, RIGHT)}
     assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ag["examples"])
     assert ev.evidence["answers"]["previous_release_id"] == good
+    # The page shows the disagreeing pairs side by side, and the rollback names it.
+    page = Path(ev.evidence["answers"]["page"])
+    text = page.read_text()
+    assert "BREACH: answers of" in text and "10 of 10 disagreeing pairs" in text
+    assert text.count(f"<td>{html.escape(WRONG)}</td><td>{html.escape(RIGHT)}</td>") == 10
     assert led.live_at(ENV).to_release == good  # type: ignore[union-attr]
     assert marked_bad(led, sums) is not None
     led.close()
@@ -260,6 +266,8 @@ def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
     assert (ev.from_release, ev.to_release, ev.actor) == (good, same, "releasekit-watch")
     assert ev.evidence["action"] == "after_promotion" and ev.evidence["verdict"] == "pass"
     assert ev.evidence["agreement"]["pairs"] == 12
+    page = Path(ev.evidence["page"]).read_text()
+    assert "PASS: answers of" in page and "No disagreeing pairs." in page
     led.close()
 
 
