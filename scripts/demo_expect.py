@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     gates = last.evidence.get("gates") or {}
     failed = list(gates.get("failed") or [])
     advisory = list(gates.get("advisory_failed") or [])
-    what = f"{last.type} (failed: {', '.join(failed) or '-'}; advisory: {', '.join(advisory) or '-'})"
+    what = (
+        f"{last.type} (failed: {', '.join(failed) or '-'}; "
+        f"advisory: {', '.join(advisory) or '-'})"
+    )
     problem = ""
     if args.outcome == "promoted":
         if last.type != "promote" or failed or advisory:
