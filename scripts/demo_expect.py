@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = list(gates.get("failed") or [])
     advisory = list(gates.get("advisory_failed") or [])
     what = (
-        f"{last.type} (failed: {', '.join(failed) or '-'}; "
-        f"advisory: {', '.join(advisory) or '-'})"
+        f"{last.type} (failed: {', '.join(failed) or '-'}; advisory: {', '.join(advisory) or '-'})"
     )
     problem = ""
     if args.outcome == "promoted":
