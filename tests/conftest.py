@@ -48,11 +48,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     everything, without the interpreter's teardown: this process has loaded Ray's core
     worker, torch and vLLM's probes, whose native threads have crashed the interpreter's
     final teardown (a segmentation fault after "N passed", exit 139 on a green run). Every
-    server and cluster the tests started is stopped by its fixture before this point.
+    server and cluster the tests started is stopped by its fixture before this point, and
+    the shared PostgreSQL (stopped at exit otherwise) just before it.
     RELEASEKIT_TEST_NATIVE_EXIT=1 keeps the normal teardown (to see such a crash, with every
     thread's stack: scripts/test.sh sets PYTHONFAULTHANDLER)."""
     if not _EXIT_STATUS or os.environ.get(NATIVE_EXIT_ENV) == "1":
         return
+    # The PostgreSQL the ledger tests share stops at exit (atexit), which os._exit skips.
+    harness = sys.modules.get("_releasekit_pg_harness")
+    if harness is not None:
+        harness.stop_server()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS[0])

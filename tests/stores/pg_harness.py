@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,14 @@ def _unavailable(reason: str) -> None:
 
 _server: PgServer | None = None
 _failed: str | None = None
+_stops: list[Callable[[], None]] = []
+
+
+def stop_server() -> None:
+    """Stop the session's server now (tests/conftest.py calls this before it ends the test
+    process without the interpreter's teardown, which would skip the atexit hook)."""
+    while _stops:
+        _stops.pop()()
 
 
 def server() -> PgServer:
@@ -144,5 +153,6 @@ def server() -> PgServer:
         stop()
         raise
     atexit.register(stop)
+    _stops.append(stop)
     _server = PgServer(host="127.0.0.1", port=port, user=PG_USER, bindir=bindir)
     return _server
