@@ -81,7 +81,7 @@ from releasekit.deploy.gateway import (
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.state import locked_state, read_state
-from releasekit.deploy.target import ReleaseStartError
+from releasekit.deploy.target import ReleaseSpec, ReleaseStartError, Upstream
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement, answer_agreement
 from releasekit.promote.approvals import approval_gate_for
@@ -230,14 +230,7 @@ def start_shadow(
         if rec is not None and reused:
             up = target.upstream_of(rec)
         else:
-            try:
-                up = target.start(spec)
-            except ReleaseStartError as exc:
-                raise ShadowError(f"the candidate's server did not start: {exc.message}") from exc
-            rec = target.record(up)
-            if rec is not None:
-                rec.role = "shadow"
-            handle.save()
+            up = _start_server(target, handle, spec, "the candidate's server")
         baseline = None
         canary_policy = info.lm.manifest.promotion.canary
         if (
@@ -310,15 +303,21 @@ def _start_baseline(
     (`baseline: fresh` in the candidate's canary policy, as its canary steps are): it gets
     the same copies at the same moment under its own label, and is stopped with the shadow."""
     base = release_spec(settings, load_release(settings, stable_id, ledger=led), ledger=led)
+    up = _start_server(target, handle, base, "the fresh baseline server")
+    return up.route(base).model_copy(update={"release_id": baseline_label(stable_id)})
+
+
+def _start_server(target: Any, handle: Any, spec: ReleaseSpec, what: str) -> Upstream:
+    """Start a server for the shadow and record it (role `shadow`: `shadow stop` ends it)."""
     try:
-        up = target.start(base)
+        up: Upstream = target.start(spec)
     except ReleaseStartError as exc:
-        raise ShadowError(f"the fresh baseline server did not start: {exc.message}") from exc
+        raise ShadowError(f"{what} did not start: {exc.message}") from exc
     rec = target.record(up)
     if rec is not None:
         rec.role = "shadow"
     handle.save()
-    return up.route(base).model_copy(update={"release_id": baseline_label(stable_id)})
+    return up
 
 
 def shadow_admission(

@@ -244,3 +244,51 @@ def refused_url() -> str:
     port = s.getsockname()[1]
     s.close()
     return f"http://127.0.0.1:{port}"
+
+
+class Answering:
+    """A fake model server whose answer depends on the question: `answer(question)`.
+    Deterministic bodies (no ids that change), so a client's answer through the gateway
+    can be compared byte for byte with the server's own."""
+
+    def __init__(self, answer: Callable[[str], str]) -> None:
+        self.answer = answer
+        self.received = 0
+        self.server = _ServerThread(self.app())
+        self.server.start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    def app(self) -> Starlette:
+        async def completions(request: Request) -> Response:
+            self.received += 1
+            body = json.loads(await request.body())
+            chat = "messages" in body
+            q = body["messages"][-1]["content"] if chat else body["prompt"]
+            text = self.answer(q)
+            if not body.get("stream"):
+                choice: dict[str, Any] = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}}
+                    if chat
+                    else {"index": 0, "text": text}
+                )
+                return JSONResponse({"id": "cmpl-1", "choices": [choice]})
+
+            async def events() -> Any:
+                for i in range(0, len(text), 3):
+                    piece = text[i : i + 3]
+                    c = {"delta": {"content": piece}} if chat else {"text": piece}
+                    yield b"data: " + json.dumps({"id": "cmpl-1", "choices": [c]}).encode()
+                    yield b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        return Starlette(
+            routes=[
+                SRoute("/v1/completions", completions, methods=["POST"]),
+                SRoute("/v1/chat/completions", completions, methods=["POST"]),
+            ]
+        )
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -21,17 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route as SRoute
 from typer.testing import CliRunner
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "deploy"))  # the deploy tests' fixtures
 
 from gateway_fakes import (  # noqa: E402
-    _ServerThread,
+    Answering,
     admin_token,
     gateway_factory,
     wait_until,
@@ -308,37 +304,6 @@ def test_window_0_mirrors_nothing_and_a_policy_changed_for_one_watch_is_refused(
 
 
 # -- the gateway and the check on their own -------------------------------------------------
-
-
-class Answering:
-    """A stand-in model server answering by content: sums from `answer`, the rest "Paris".
-    Deterministic bodies, so a client's answer can be compared byte for byte."""
-
-    def __init__(self, answer: Callable[[str], str]) -> None:
-        self.answer = answer
-        self.received = 0
-        self.server = _ServerThread(self.app())
-        self.server.start()
-        self.url = f"http://127.0.0.1:{self.server.port}"
-
-    def app(self) -> Starlette:
-        async def chat(request: Request) -> Response:
-            self.received += 1
-            body = json.loads(await request.body())
-            text = self.answer(body["messages"][-1]["content"])
-            if not body.get("stream"):
-                msg = {"role": "assistant", "content": text}
-                return JSONResponse({"id": "c-1", "choices": [{"index": 0, "message": msg}]})
-
-            async def events() -> Any:
-                for i in range(0, len(text), 3):
-                    c = {"index": 0, "delta": {"content": text[i : i + 3]}}
-                    yield b"data: " + json.dumps({"id": "c-1", "choices": [c]}).encode() + b"\n\n"
-                yield b"data: [DONE]\n\n"
-
-            return StreamingResponse(events(), media_type="text/event-stream")
-
-        return Starlette(routes=[SRoute("/v1/chat/completions", chat, methods=["POST"])])
 
 
 def truth(q: str) -> str:
