@@ -8,10 +8,15 @@ sent with the mirror off and then on at share 1.0. No vLLM needed.
 
 Requests cycle through four kinds: completions, completions streamed, templated chat,
 templated chat streamed (all `temperature` 0: every pair is judged). Per phase:
-- the gateway process's CPU seconds per 1,000 requests, measured two independent ways:
-  from outside (utime + stime of /proc/PID/stat, read by this process) and from inside
-  (the gateway's own `process_cpu_seconds_total` on its /metrics); their difference is
-  reported. The mirror's added CPU per 1,000 mirrored requests is on minus off.
+- the gateway process's CPU seconds per 1,000 requests, read three ways: from outside
+  (utime + stime of /proc/PID/stat, read by this process), from inside (the gateway's own
+  `process_cpu_seconds_total` on its /metrics) and by a second tool, the kernel's CPU
+  controller (the gateway is moved into a cgroup of its own: cgroup v1 `cpuacct.usage`, or
+  v2 `cpu.stat` `usage_usec`, in nanoseconds or microseconds, where this host lets the
+  benchmark make one; else the file says why not). The first two are one per-task counter
+  read twice and agree by construction; the cgroup's figure is the controller's own count,
+  the comparison that can disagree. Their differences are reported. The mirror's added
+  CPU per 1,000 mirrored requests is on minus off.
 - with the mirror on, the memory ring's size per 1,000 pairs (the JSON of the pairs the
   admin route answers, and the gateway's RSS growth over the phase next to the off phase's)
   and the disk copy's bytes per 1,000 pairs (its files' sizes: the gateway writes them under
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -127,6 +133,56 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+class CgroupCpu:
+    """A process's CPU time as the kernel's CPU controller counts it: the process is moved
+    into a cgroup of its own (v1 cpuacct, else v2), whose usage this reads. `kind` is None
+    (and `why` says why) where the host does not let this process make one."""
+
+    def __init__(self, pid: int) -> None:
+        self.kind: str | None = None
+        self.why = ""
+        self.dir: Path | None = None
+        self._file = ""
+        self._scale = 1.0
+        name = f"rk-mirror-cost-{os.getpid()}"
+        tries = (
+            (Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage", 1e-9, "cgroup v1 cpuacct.usage"),
+            (Path("/sys/fs/cgroup/unified"), "cpu.stat", 1e-6, "cgroup v2 cpu.stat usage_usec"),
+            (Path("/sys/fs/cgroup"), "cpu.stat", 1e-6, "cgroup v2 cpu.stat usage_usec"),
+        )
+        for base, file, scale, kind in tries:
+            if not (base / "cgroup.procs").is_file():
+                continue
+            d = base / name
+            try:
+                d.mkdir()
+                (d / "cgroup.procs").write_text(str(pid))
+                self.dir, self._file, self._scale, self.kind = d, file, scale, kind
+                self.read()
+                return
+            except OSError as exc:
+                self.why = f"{base}: {exc}"
+                self.kind = None
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        self.why = self.why or "no cgroup hierarchy found"
+
+    def read(self) -> float:
+        """CPU seconds of the group so far."""
+        assert self.dir is not None
+        text = (self.dir / self._file).read_text()
+        if self._file == "cpu.stat":
+            usage = next(ln for ln in text.splitlines() if ln.startswith("usage_usec "))
+            return int(usage.split()[1]) * self._scale
+        return int(text.strip()) * self._scale
+
+    def close(self) -> None:
+        """Remove the group (once its process has exited)."""
+        if self.dir is not None:
+            with contextlib.suppress(OSError):
+                self.dir.rmdir()
+
+
 def proc_rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -191,15 +247,24 @@ async def send(url: str, n: int, concurrency: int, offset: int) -> dict[str, Any
     }
 
 
-def phase(gw_url: str, pid: int, n: int, concurrency: int, offset: int) -> dict[str, Any]:
-    """Send n requests; the gateway's CPU (both ways) and RSS before and after."""
+def phase(
+    gw_url: str, pid: int, n: int, concurrency: int, offset: int, cg: CgroupCpu
+) -> dict[str, Any]:
+    """Send n requests; the gateway's CPU (every way) and RSS before and after."""
+    g0 = cg.read() if cg.kind else None
     p0, m0, r0 = proc_cpu_s(pid), scrape(gw_url), proc_rss_bytes(pid)
     sent = asyncio.run(send(gw_url, n, concurrency, offset))
     m1, p1, r1 = scrape(gw_url), proc_cpu_s(pid), proc_rss_bytes(pid)
+    g1 = cg.read() if cg.kind else None
     via_proc = p1 - p0
     via_metrics = m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"]
+    via_cgroup = g1 - g0 if g0 is not None and g1 is not None else None
     return {
         **sent,
+        "cpu_s_cgroup": round(via_cgroup, 3) if via_cgroup is not None else None,
+        "cpu_s_per_1000_cgroup": round(via_cgroup / n * 1000, 3)
+        if via_cgroup is not None
+        else None,
         "cpu_s_proc_stat": round(via_proc, 3),
         "cpu_s_metrics": round(via_metrics, 3),
         "cpu_s_per_1000_proc_stat": round(via_proc / n * 1000, 3),
@@ -244,12 +309,13 @@ def main() -> int:
             cfg, config_path=tmp / "gw.json", log_path=tmp / "gw.log", new_session=False
         )
         mirror = Mirror(route=cand, share=1.0, max_in_flight=4 * args.concurrency, pairs=n)
+        cg = CgroupCpu(gw.pid)
         try:
             with GatewayClient(gw.url, admin_token=admin) as c:
                 asyncio.run(send(gw.url, args.warmup, args.concurrency, 0))
-                off = phase(gw.url, gw.pid, n, args.concurrency, args.warmup)
+                off = phase(gw.url, gw.pid, n, args.concurrency, args.warmup, cg)
                 c.set_routes(RouteTable(routes=[stable], mirror=mirror))
-                on = phase(gw.url, gw.pid, n, args.concurrency, args.warmup + n)
+                on = phase(gw.url, gw.pid, n, args.concurrency, args.warmup + n, cg)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
                     st = c.state()
@@ -263,6 +329,7 @@ def main() -> int:
             os.kill(gw.pid, signal.SIGTERM)
             if gw.process is not None:
                 gw.process.wait(timeout=30)
+            cg.close()
         disk = sum(f.stat().st_size for f in pairs_dir.iterdir()) if pairs_dir.exists() else 0
         files = sorted(f.name for f in pairs_dir.iterdir()) if pairs_dir.exists() else []
     stable_srv.should_exit = True
@@ -276,6 +343,10 @@ def main() -> int:
     added_proc = (on["cpu_s_proc_stat"] - off["cpu_s_proc_stat"] * on["requests"] / n) / mirrored
     added_metrics = (on["cpu_s_metrics"] - off["cpu_s_metrics"] * on["requests"] / n) / mirrored
     added_proc, added_metrics = added_proc * 1000, added_metrics * 1000
+    added_cgroup = None
+    if on["cpu_s_cgroup"] is not None and off["cpu_s_cgroup"] is not None:
+        added_cgroup = (on["cpu_s_cgroup"] - off["cpu_s_cgroup"] * on["requests"] / n) / mirrored
+        added_cgroup *= 1000
     doc: dict[str, Any] = {
         "setup": {
             "requests_per_phase": n,
@@ -307,10 +378,23 @@ def main() -> int:
             "proc_stat": round(added_proc, 3),
             "metrics": round(added_metrics, 3),
             "difference": round(abs(added_proc - added_metrics), 3),
+            "cgroup": round(added_cgroup, 3) if added_cgroup is not None else None,
+            "cgroup_vs_proc_stat": round(abs(added_cgroup - added_proc), 3)
+            if added_cgroup is not None
+            else None,
         },
+        "cgroup": {"kind": cg.kind, "why_not": cg.why if cg.kind is None else None},
         "two_ways_apart": {
             "off_s": round(abs(off["cpu_s_proc_stat"] - off["cpu_s_metrics"]), 3),
             "on_s": round(abs(on["cpu_s_proc_stat"] - on["cpu_s_metrics"]), 3),
+        },
+        "cgroup_vs_proc_stat_s": {
+            "off": round(abs(off["cpu_s_cgroup"] - off["cpu_s_proc_stat"]), 3)
+            if off["cpu_s_cgroup"] is not None
+            else None,
+            "on": round(abs(on["cpu_s_cgroup"] - on["cpu_s_proc_stat"]), 3)
+            if on["cpu_s_cgroup"] is not None
+            else None,
         },
         "ring_json_bytes_per_1000_pairs": round(ring_json * k),
         "rss_delta_mib_per_1000_pairs": round(on["rss_delta_mib"] * k, 2),
@@ -323,14 +407,16 @@ def main() -> int:
     for label, key in (
         ("CPU s / 1,000 (proc/stat)", "cpu_s_per_1000_proc_stat"),
         ("CPU s / 1,000 (/metrics)", "cpu_s_per_1000_metrics"),
+        ("CPU s / 1,000 (cgroup)", "cpu_s_per_1000_cgroup"),
         ("RSS delta MiB", "rss_delta_mib"),
         ("seconds", "seconds"),
     ):
-        print(f"{label:28}{off[key]:>10}{on[key]:>16}")
+        print(f"{label:28}{off[key]!s:>10}{on[key]!s:>16}")
     a = doc["added_cpu_s_per_1000_mirrored"]
     print(
         f"added CPU per 1,000 mirrored: {a['proc_stat']} s (proc/stat), {a['metrics']} s "
-        f"(/metrics), {a['difference']} s apart"
+        f"(/metrics), {a['difference']} s apart; {a['cgroup']} s by the CPU controller "
+        f"({cg.kind or 'not measured: ' + cg.why})"
     )
     print(
         f"ring {doc['ring_json_bytes_per_1000_pairs']:,} B JSON / 1,000 pairs, RSS +"

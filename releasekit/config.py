@@ -53,20 +53,64 @@ class SmokeConfig(BaseModel):
 
 
 class RayAutoscaling(BaseModel):
-    """Ray Serve's autoscaling of a release's replicas on queue depth: it keeps about
-    `target_queue_depth` requests in flight (running and waiting) per replica, between
-    `min_replicas` and `max_replicas`."""
+    """Ray Serve's autoscaling of a release's replicas on requests in flight (running and
+    waiting) per replica, between `min_replicas` and `max_replicas`. The per-replica target
+    is exactly one of:
+
+    - `target = "knee"`: derived from the release's own load test, the requests in flight
+      at its knee (the highest load whose SLOs held) times (1 - `knee_headroom`); a release
+      without usable knee evidence is refused (releasekit.deploy.ray.autoscale);
+    - `target_queue_depth`: a number set by hand.
+
+    The scale-up and scale-down delays (and Ray's look-back window) are the environment's,
+    read from releasekit.toml as committed (a policy field), never from a release."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(ge=1)
-    target_queue_depth: float = Field(8.0, gt=0, description="requests in flight per replica")
+    target: Literal["knee"] | None = Field(
+        None, description='"knee": the per-replica target comes from the release\'s knee'
+    )
+    knee_headroom: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="with target = knee: the share of the knee kept spare (0.25: scale at "
+        "75% of the knee's requests in flight)",
+    )
+    target_queue_depth: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="requests in flight per replica, by hand"
+    )
+    upscale_delay_s: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="load above target this long adds replicas"
+    )
+    downscale_delay_s: float = Field(
+        600.0, ge=0, allow_inf_nan=False, description="load below target this long removes them"
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="Ray averages the load over this window"
+    )
+    metrics_interval_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="how often Ray reports the load"
+    )
 
     @model_validator(mode="after")
     def _order(self) -> RayAutoscaling:
         if self.max_replicas < self.min_replicas:
             raise ValueError("max_replicas must be at least min_replicas")
+        if (self.target is None) == (self.target_queue_depth is None):
+            raise ValueError(
+                'give exactly one of target = "knee" (with knee_headroom) and '
+                "target_queue_depth (requests in flight per replica, by hand)"
+            )
+        if self.target == "knee" and self.knee_headroom is None:
+            raise ValueError(
+                'target = "knee" needs knee_headroom, the share of the knee kept spare (e.g. 0.25)'
+            )
+        if self.target is None and self.knee_headroom is not None:
+            raise ValueError('knee_headroom applies only with target = "knee"')
         return self
 
 
@@ -127,10 +171,14 @@ POLICY_FIELDS: tuple[str, ...] = (
     "shadow_keep_prompts",
     "after_promotion_compare_s",
     "after_promotion_share",
+    "comparison_baseline",
+    "canary_compare_answers",
+    "autoscaling",
 )
 """The fields of `[environments.NAME]` that decide what may go live there: read from a
 committed revision of releasekit.toml (`releasekit.promote.policy`), recorded with every
-promote and rollback, and never changed for one command."""
+promote and rollback, and never changed for one command. `autoscaling` is the `ray`
+table's (`ray.autoscaling`: range, knee headroom, delays; see `EnvironmentConfig.policy`)."""
 
 
 class EnvironmentConfig(BaseModel):
@@ -239,6 +287,20 @@ class EnvironmentConfig(BaseModel):
         "least as long) and `watch` judges the answer pairs with shadow_min_agreement and "
         "shadow_min_pairs, rolling back on a breach (0: off)",
     )
+    comparison_baseline: Literal["live", "fresh"] | None = Field(
+        None,
+        description="what every canary and shadow here is judged against, whatever the "
+        "candidate's manifest says: `fresh`, a new server of the live release started with "
+        "the candidate, warmed and placed like it; `live`, the servers serving now; unset: "
+        "the manifest's promotion.canary.baseline (else `live`)",
+    )
+    mirror_pairs_keep_days: float = Field(
+        7.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="stored answer pairs of a release no longer mirrored are deleted this "
+        "many days after their last write (when a shadow starts or stops)",
+    )
     after_promotion_share: float = Field(
         0.2,
         gt=0,
@@ -246,6 +308,15 @@ class EnvironmentConfig(BaseModel):
         allow_inf_nan=False,
         description="share of the live requests mirrored to the previous release during "
         "the after-promotion comparison",
+    )
+    canary_compare_answers: bool = Field(
+        False,
+        description="during a canary the gateway copies each request the canary answers to "
+        "the live release's server (at most shadow_max_in_flight copies at once, their "
+        "figures under their own label) and every step also judges the pairs' agreement "
+        "with shadow_min_agreement and shadow_min_pairs: a step passes only once the "
+        "agreement passes, and agreement below the floor aborts the canary (off: canaries "
+        "judge live figures only)",
     )
     min_pass_rate: dict[str, float] = Field(
         default_factory=dict,
@@ -306,7 +377,10 @@ class EnvironmentConfig(BaseModel):
     def policy(self) -> dict[str, Any]:
         """The environment's policy fields (`POLICY_FIELDS`) as JSON-ready values: what a
         promotion or rollback here is decided by, and what the ledger records."""
-        return self.model_dump(mode="json", include=set(POLICY_FIELDS))
+        out = self.model_dump(mode="json", include=set(POLICY_FIELDS))
+        auto = self.ray.autoscaling if self.ray is not None else None
+        out["autoscaling"] = auto.model_dump(mode="json") if auto is not None else None
+        return out
 
     @property
     def url(self) -> str:

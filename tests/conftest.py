@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +15,15 @@ import pytest
 
 from releasekit.config import Settings, load_settings
 from releasekit.serving.vllm import ServerInfo, VLLMServer
+
+# A shell without job control starts a background job (`cmd &`) with Ctrl-C ignored, and
+# an ignored signal stays ignored in every process started from it. The tests that press
+# Ctrl-C on a command they start (a build, `releasekit serve`) would then see it ignored
+# and fail for how the suite was launched. The suite takes Ctrl-C back: a caught signal
+# is reset to its default in each command the tests start, so each handles it as in a
+# terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL = REPO / "models" / "demo-base"

@@ -115,6 +115,19 @@ class BenchResult(BaseModel):
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
 
 
+def knee_in_flight(bench: BenchResult) -> float | None:
+    """Requests in flight on one server at the sweep's knee (the highest load whose SLOs
+    held): the knee's concurrency in a closed-loop sweep, its arrival rate x mean E2E
+    (Little's law) in an open-loop one; None without a knee or a completed request there."""
+    knee = bench.knee
+    if knee is None or knee.ok == 0:
+        return None
+    if bench.mode == "concurrency":
+        return knee.load
+    e2e = knee.e2e.mean
+    return knee.load * e2e if e2e is not None and e2e > 0 else None
+
+
 def knee_rule(share: float, repetitions: int) -> str:
     """The knee rule of a sweep, in words."""
     need = runs_needed(repetitions, share)

@@ -353,6 +353,7 @@ def capacity(
             f"{esc(reps.promote_command)}",
             highlight=False,
         )
+        out.print(f"  {esc(reps.autoscaling.text)}", highlight=False)
         for w in reps.warnings:
             out.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
         return

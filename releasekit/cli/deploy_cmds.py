@@ -213,6 +213,8 @@ def promote_cmd(
         )
         if d and d.warm:
             out.print(f"  kept warm: {esc(', '.join(_short(r) for r in d.warm))}")
+    if res.autoscaling is not None and res.status in ("dry_run", "promoted", "redeployed"):
+        out.print(f"  {esc(res.autoscaling.text)}", highlight=False)
     for w in res.warnings:
         err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
     if not res.ok:
@@ -329,6 +331,19 @@ def deploy_status_cmd(
             f"mirrored, {left}{counts}",
             highlight=False,
         )
+    for e in envs:
+        for s in e.servers:
+            sc = s.scale
+            if sc is None:
+                continue
+            moving = "" if sc.status == "HEALTHY" else f", {sc.status.lower()}"
+            extra = f", {sc.starting} starting" if sc.starting else ""
+            extra += f", {sc.stopping} stopping" if sc.stopping else ""
+            out.print(
+                f"{esc(e.environment)}: {_short(s.release_id)} runs {sc.running} replica(s)"
+                f"{extra}{esc(moving)}" + (f"; {esc(sc.autoscaling)}" if sc.autoscaling else ""),
+                highlight=False,
+            )
     replica_rows = [
         [e.environment, _short(s.release_id), s.role, r.node_id[:12], r.replica, str(r.pid),
          str(r.server_pid), r.server_url]

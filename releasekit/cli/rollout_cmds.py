@@ -36,13 +36,19 @@ def _fmt(v: object) -> str:
 
 def print_canary(canary: dict[str, Any]) -> None:
     """The canary steps as they ran: one row a step (every check: its figures and verdict,
-    or why it was not judged), then the breach, if any."""
+    or why it was not judged; where answers were compared, their agreement), then the
+    breach, if any, and the answers' agreement with the disagreeing pairs side by side."""
+    from releasekit.evaluate.agreement import Agreement
+    from releasekit.rollout.canary import agreement_words
     from releasekit.rollout.judge import CheckResult
 
     rows = []
     for s in canary.get("steps", []):
         j = s.get("judgement") or {}
         checks = "; ".join(CheckResult.model_validate(c).brief() for c in j.get("checks", []))
+        if s.get("agreement") is not None:
+            words = agreement_words(Agreement.model_validate(s["agreement"]))
+            checks = f"{checks}; {words}" if checks else words
         rows.append(
             [
                 str(s["index"] + 1),
@@ -65,6 +71,13 @@ def print_canary(canary: dict[str, Any]) -> None:
             "and placed with the canary and given the same share of traffic",
             highlight=False,
         )
+    if canary.get("agreement") is not None:
+        out.print(
+            f"  the canary's answers against {_short(canary.get('answers_from'))}'s copies of "
+            "the same requests (candidate: what clients got from the canary):",
+            highlight=False,
+        )
+        print_agreement(Agreement.model_validate(canary["agreement"]))
     share = canary.get("canary_served", 0), canary.get("total_served", 0)
     if share[1]:
         out.print(
@@ -162,7 +175,8 @@ def _cell(text: str | None, width: int = 60) -> str:
 
 
 def print_agreement(a: Agreement) -> None:
-    """The shadow's answer agreement: one line, then the disagreeing pairs side by side."""
+    """An answer agreement (a shadow's, a canary's): one line, then the disagreeing pairs
+    side by side."""
     out.print(f"{esc(a.line())}: {esc(a.verdict)} ({esc(a.reason)})", highlight=False)
     if a.examples:
         table(

@@ -67,6 +67,19 @@ class ReleaseStartError(DeployError, ServerError):
         super().__init__(full)
 
 
+class KneeEvidence(BaseModel):
+    """A release's knee as its verified load test measured it (bench.json made for this
+    release, on its locked load profile): what `target = "knee"` autoscaling derives its
+    per-replica target from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    in_flight: float = Field(description="requests in flight on one server at the knee")
+    load: float = Field(description="the knee's load (concurrency, or arrival rate in req/s)")
+    mode: str = Field(description="concurrency (closed loop) or rate (open loop)")
+    source: str = Field(description="the bench result it was read from")
+
+
 class ReleaseSpec(BaseModel):
     """What a target needs to run one release: its model, exact engine args, environment."""
 
@@ -83,6 +96,8 @@ class ReleaseSpec(BaseModel):
     prompts: dict[str, PromptTemplate] = Field(
         default_factory=dict, description="templates the gateway renders on the templated route"
     )
+    knee: KneeEvidence | None = Field(None, description="its knee, from verified bench evidence")
+    knee_problem: str | None = Field(None, description="why `knee` is None, in words")
 
 
 class Upstream(BaseModel):

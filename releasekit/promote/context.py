@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from releasekit._support.digests import digest_obj
+from releasekit.bench.runner import BENCH_JSON, BenchResult, knee_in_flight
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.gateway import PromptTemplate
-from releasekit.deploy.target import ReleaseSpec, SmokeItem, SmokeProbe
+from releasekit.deploy.target import KneeEvidence, ReleaseSpec, SmokeItem, SmokeProbe
 from releasekit.errors import LockError, RegistryError, ReleasekitError
 from releasekit.releases.context import release_manifest
 from releasekit.releases.register import release_prompts
@@ -128,10 +131,45 @@ def _prompt_templates(settings: Settings, info: ReleaseInfo, ledger: Ledger) -> 
     return PromptTemplate(system=by_role.get("system"), user=by_role["user"])
 
 
+def release_knee(settings: Settings, info: ReleaseInfo) -> tuple[KneeEvidence | None, str]:
+    """The release's knee from its own load test, verified as the evidence gate verifies it
+    (results/<id>/bench/bench.json made for this release, on its locked load profile), or
+    None and why not, in words."""
+    file = ReleasePaths.of(settings, info.release_id).bench_dir / BENCH_JSON
+    if not file.is_file():
+        return None, f"no load test ({file} is missing)"
+    try:
+        bench = BenchResult.model_validate_json(file.read_bytes())
+    except (ValidationError, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"unreadable load test {file}: {first}"
+    if bench.release_id != info.release_id:
+        return None, f"{file} is for release {str(bench.release_id)[:12]}, not this one"
+    if bench.profile_digest != info.lock.inputs.get("load/profile"):
+        return None, f"{file} was made with another load profile than the locked one"
+    in_flight = knee_in_flight(bench)
+    if in_flight is None or bench.knee is None:
+        why = bench.knee_stop or "no load point met its SLOs"
+        return None, f"its load test has no knee ({why})"
+    return (
+        KneeEvidence(
+            in_flight=in_flight,
+            load=bench.knee.load,
+            mode=bench.mode,
+            source=str(
+                file.relative_to(settings.root) if file.is_relative_to(settings.root) else file
+            ),
+        ),
+        "",
+    )
+
+
 def release_spec(settings: Settings, info: ReleaseInfo, *, ledger: Ledger) -> ReleaseSpec:
     """What a deploy target runs for `info`: its served model folder, exact engine args,
-    environment, API key and the prompt templates the gateway renders."""
+    environment, API key, the prompt templates the gateway renders and its knee (for
+    autoscaling from it)."""
     m = info.lm.manifest
+    knee, problem = release_knee(settings, info)
     return ReleaseSpec(
         release_id=info.release_id,
         name=m.name,
@@ -142,6 +180,8 @@ def release_spec(settings: Settings, info: ReleaseInfo, *, ledger: Ledger) -> Re
         env=dict(m.serving.env),
         api_key=api_key_of(m),
         prompts={CHAT_PROMPT: _prompt_templates(settings, info, ledger)},
+        knee=knee,
+        knee_problem=problem or None,
     )
 
 

@@ -53,7 +53,7 @@ from releasekit.deploy.target import (
     Upstream,
 )
 from releasekit.errors import ConfigError, ReleasekitError
-from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.context import load_release, release_knee, release_spec
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
 DeployStage = Literal["start", "smoke", "canary", "switch", "gateway_smoke", "record"]
@@ -642,6 +642,21 @@ class ReplicaStatus(BaseModel):
     log: str
 
 
+class ScaleStatus(BaseModel):
+    """A `ray` release's replica count now, from Ray Serve's own state, and the range its
+    environment's autoscaling keeps it in."""
+
+    running: int = Field(description="replicas RUNNING now (Ray Serve's controller)")
+    starting: int = 0
+    stopping: int = 0
+    status: str = Field(description="the deployment's status: HEALTHY, UPSCALING, DOWNSCALING")
+    trigger: str = ""
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_in_flight: float | None = None
+    autoscaling: str | None = Field(None, description="the plan in one line (None: fixed)")
+
+
 class ServerStatus(BaseModel):
     """One recorded server (a Serve application on the `ray` target), as it is now."""
 
@@ -657,6 +672,7 @@ class ServerStatus(BaseModel):
     replicas: list[ReplicaStatus] = Field(
         default_factory=list, description="the `ray` target's replicas, with their nodes"
     )
+    scale: ScaleStatus | None = Field(None, description="`ray`: replica count and range")
 
 
 class MirrorStatus(BaseModel):
@@ -731,6 +747,41 @@ def _replicas(settings: Settings, env: str, app: str | None) -> list[ReplicaStat
         return []
 
 
+def _scale(
+    settings: Settings, env: str, app: str | None, release_id: str, ledger: Ledger
+) -> ScaleStatus | None:
+    """A `ray` application's replica count from Serve's status, with the range its
+    environment's autoscaling gives the release (None when unreachable or not ray)."""
+    cfg = settings.environments.get(env)
+    if app is None or cfg is None or cfg.ray is None:
+        return None
+    from releasekit.deploy.ray.autoscale import plan_for
+    from releasekit.deploy.ray.cluster import connect, scale_state
+
+    try:
+        connect(cfg.ray)
+        now = scale_state(app)
+    except ReleasekitError:
+        return None
+    if now is None:
+        return None
+    out = ScaleStatus(**now.model_dump())
+    auto = cfg.ray.autoscaling
+    if auto is not None:
+        out.min_replicas, out.max_replicas = auto.min_replicas, auto.max_replicas
+        try:
+            info = load_release(settings, release_id, ledger=ledger)
+            knee, problem = release_knee(settings, info)
+            plan = plan_for(env, auto, release_id, knee, problem or None)
+        except ReleasekitError as exc:
+            out.autoscaling = (
+                f"autoscaling {auto.min_replicas}-{auto.max_replicas} replicas ({exc})"
+            )
+        else:
+            out.target_in_flight, out.autoscaling = plan.target_in_flight, plan.text
+    return out
+
+
 def deploy_status(
     settings: Settings, *, env: str | None = None, ledger: Ledger | None = None
 ) -> list[EnvDeployStatus]:
@@ -763,6 +814,7 @@ def deploy_status(
                 target=s.target,
                 app=s.app,
                 replicas=_replicas(settings, name, s.app),
+                scale=_scale(settings, name, s.app, s.release_id, led),
             )
             for s in st.servers
         ]

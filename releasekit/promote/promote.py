@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.deploy.ray.autoscale import AutoscalePlan, plan_for
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
 from releasekit.promote.approvals import approval_for, approval_gate, wait_for_approval
@@ -41,6 +42,7 @@ from releasekit.promote.context import (
     ReleaseContextError,
     ReleaseInfo,
     load_release,
+    release_knee,
     release_spec,
     smoke_probe,
 )
@@ -101,6 +103,9 @@ class PromoteResult(BaseModel):
     )
     canary_power: list[dict[str, Any]] | None = Field(
         None, description="each canary check's power at its min_samples (rollout.power)"
+    )
+    autoscaling: AutoscalePlan | None = Field(
+        None, description="how the release's replicas scale there (a ray environment's policy)"
     )
 
     @property
@@ -347,6 +352,19 @@ def promote(
     return run_promotion(settings, request, progress=progress, ledger=ledger)
 
 
+def release_autoscaling(
+    settings: Settings, env: str, cfg: EnvironmentConfig, info: ReleaseInfo
+) -> AutoscalePlan | None:
+    """How `info`'s replicas scale in `env` (None: not an autoscaled ray environment);
+    NoKneeEvidenceError when the environment derives the target from a knee the release
+    lacks (its verified load test: `release_knee`)."""
+    auto = cfg.ray.autoscaling if cfg.target == "ray" and cfg.ray is not None else None
+    if auto is None:
+        return None
+    knee, problem = release_knee(settings, info)
+    return plan_for(env, auto, info.release_id, knee, problem or None)
+
+
 def run_promotion(
     settings: Settings,
     request: PromoteRequest,
@@ -374,6 +392,13 @@ def run_promotion(
     led.verified()  # what is live, mark_bad, approvals: decided on verified records only
     target = resolve_target(settings, request, cfg=cfg, ledger=led, policy=policy)
     rid = target.info.release_id
+    # Autoscaling from the knee: a release without usable knee evidence is refused here,
+    # before any gate runs or anything is deployed.
+    scaling = release_autoscaling(settings, request.env, cfg, target.info)
+    if scaling is not None:
+        target = dataclasses.replace(
+            target, base=target.base.model_copy(update={"autoscaling": scaling})
+        )
     if target.live_id == rid:
         if _running(settings, request.env, rid):
             return target.base.model_copy(update={"status": "already_live"})
@@ -660,6 +685,8 @@ def deploy_and_record(
                 evidence["approval"] = {"by": ok.actor, "seq": ok.seq, "reason": ok.reason}
         if "result" in shifted:
             evidence["canary"] = shifted["result"].evidence
+        if result.autoscaling is not None:
+            evidence["autoscaling"] = result.autoscaling.model_dump(mode="json")
         recorded["move"] = move_record(
             settings,
             info.release_id,

@@ -22,6 +22,21 @@ With a fresh baseline (`baseline: fresh`; `progressive.fresh_baseline` starts it
 canary is judged against a new server of the live release, warmed alike and given the
 same weight under its own label (`baseline_label`), instead of against the live servers;
 it leaves the table after the last step and is drained before the deploy stops it.
+
+With `answers` (the environment's committed `canary_compare_answers`), each weight's table
+also carries a canary mirror (`Mirror.purpose` `canary`): the gateway copies each request
+the canary answers to a live server of the stable release (another replica than the one
+judged where there is one; never the fresh baseline, whose latency is judged), under the
+label `pair_label(<stable>)`, so the copies' figures never land in the series the canary is
+judged on. Every judgement reads the new pairs (`GET /admin/mirror/pairs`) and judges the
+complete, greedy ones of the whole canary so far (answers do not depend on the weight) with
+the shadow's statistics (`evaluate.agreement`: `shadow_min_agreement`, `shadow_min_pairs`):
+too few pairs is "not judged yet", which keeps a step from passing and never aborts it; an
+interval wholly below the floor is a breach, and `sustain` of them in a row abort the
+canary like a breaching check, with the agreement and up to 10 disagreeing pairs in the
+run (`CanaryRun.agreement`, the `canary_aborted` event's evidence). Where the copies go to
+the very server judged as stable (a single live server), its own vLLM figures include the
+copies' load; the gateway's figures never do.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -36,11 +52,13 @@ import httpx
 from pydantic import BaseModel, Field
 
 from releasekit._support.progress import Progress, no_progress
-from releasekit.deploy.gateway import GatewayError, Route, RouteTable
+from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, pair_label
 from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
 from releasekit.promote.deploy import ShiftContext
 from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement, judge_step
 from releasekit.spec.manifest import Canary, CanaryStep
+from releasekit.watch.pairs import answer_pair
 from releasekit.watch.rules import Judgement, Rule, RuleState
 from releasekit.watch.windows import (
     Exposition,
@@ -57,6 +75,30 @@ RunOutcome = Literal[
 ]
 
 
+class AnswersPolicy(BaseModel):
+    """How a canary's answers are compared with stable's (the environment's committed
+    `canary_compare_answers` with the shadow's fields)."""
+
+    min_agreement: float = Field(ge=0, le=1)
+    min_pairs: int = Field(ge=1)
+    max_in_flight: int = Field(4, ge=1, description="copies to stable in flight at most")
+    keep_prompts: bool = False
+
+
+MAX_PAIRS = 20_000
+"""Answer pairs one canary keeps at most (the latest): its memory bound."""
+MAX_READS = 50
+"""Pages of pairs one judgement reads at most (the gateway answers 2,000 a page)."""
+
+
+def agreement_words(a: Agreement) -> str:
+    """'answers: not judged yet (12 of 30 pairs)' or 'answers: agreement 96.7% [...]: pass'."""
+    if a.verdict == "insufficient":
+        words = f"answers: not judged yet ({a.pairs} of {a.min_pairs} pairs"
+        return words + (f"; {a.not_judged} not judged)" if a.not_judged else ")")
+    return f"answers: {a.line()}: {a.verdict}"
+
+
 class StepReport(BaseModel):
     """One step as it ran: its weight, how long, the traffic it saw and the last judgement."""
 
@@ -70,6 +112,9 @@ class StepReport(BaseModel):
     judgement: StepJudgement | None = None
     clean_judgements: int = Field(
         0, description="clean judgements in a row at the end (passing needs `sustain`)"
+    )
+    agreement: Agreement | None = Field(
+        None, description="the canary's answers against stable's, at the step's last judgement"
     )
     reason: str = ""
 
@@ -110,6 +155,15 @@ class CanaryRun(BaseModel):
         0, description="warm-up requests a fresh baseline answered"
     )
     warmup_s: float | None = Field(None, description="how long the warm-up burst took")
+    agreement: Agreement | None = Field(
+        None,
+        description="the canary's answers against the live release's on the same requests "
+        "(None: not compared), at the last judgement",
+    )
+    answers_from: str | None = Field(
+        None, description="the label the copies to the live release went under"
+    )
+    pairs_read: int = Field(0, description="answer pairs read, judged or not")
 
     @property
     def canary_share(self) -> float | None:
@@ -303,6 +357,7 @@ class CanaryController:
         on_step_passed: Callable[[StepReport], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         baseline: Route | None = None,
+        answers: AnswersPolicy | None = None,
     ) -> None:
         self.policy = policy
         self.ctx = ctx
@@ -326,6 +381,57 @@ class CanaryController:
         )
         self.compared = self.baseline or self.stable_primary
         self._http = httpx.Client(trust_env=False)
+        self.answers = answers
+        self.mirror = self._canary_mirror(live) if answers is not None else None
+        self._pairs: deque[AnswerPair] = deque(maxlen=MAX_PAIRS)
+        self._pairs_since = 0
+        self._pairs_read = 0
+
+    def _canary_mirror(self, live: list[Route]) -> Mirror:
+        """The mirror that pairs the canary's answers with the live release's: copies of the
+        requests the canary answers go to a live server of stable (another one than the
+        server judged as stable where there is one), under their own label."""
+        assert self.answers is not None
+        judged = self.compared.release_id
+        to = next((r for r in live if r.release_id != judged), self.stable_primary)
+        return Mirror(
+            route=to.model_copy(update={"release_id": pair_label(to.release_id), "weight": 1.0}),
+            share=1.0,
+            max_in_flight=self.answers.max_in_flight,
+            keep_prompts=self.answers.keep_prompts,
+            purpose="canary",
+            source=self.canary.release_id,
+        )
+
+    def _agreement(self, client: GatewayClient) -> tuple[Agreement, str | None]:
+        """Read the pairs recorded since the last read and judge all of the canary's so
+        far; (the agreement, why the pairs could not be read now or None)."""
+        assert self.answers is not None and self.mirror is not None
+        label = self.mirror.route.release_id
+        problem = None
+        try:
+            for _ in range(MAX_READS):
+                got = client.mirror_pairs(self._pairs_since)
+                if got.release_id != label or got.purpose != "canary":
+                    break
+                if got.recorded < self._pairs_since:  # the gateway restarted: seqs anew
+                    self._pairs_since = 0
+                    continue
+                for p in got.pairs:
+                    self._pairs_since = p.seq
+                    self._pairs_read += 1
+                    if p.purpose == "canary" and p.candidate_release_id == self.canary.release_id:
+                        self._pairs.append(answer_pair(p))
+                if not got.pairs or self._pairs_since >= got.recorded:
+                    break
+        except GatewayError as exc:
+            problem = f"the gateway did not answer its answer pairs: {exc}"
+        a = answer_agreement(
+            list(self._pairs),
+            min_agreement=self.answers.min_agreement,
+            min_pairs=self.answers.min_pairs,
+        )
+        return a, problem
 
     # -- traffic
 
@@ -348,6 +454,7 @@ class CanaryController:
             ),
             lease_s=self.lease_s,
             fallback=list(self.ctx.stable),
+            mirror=self.mirror,
         )
         return client.set_routes(table).generation
 
@@ -402,6 +509,7 @@ class CanaryController:
             stable_release_ids=[r.release_id for r in self.ctx.stable],
             outcome="passed",
             judged_against=self.compared.release_id,
+            answers_from=self.mirror.route.release_id if self.mirror is not None else None,
         )
         self.warm_up(run)
         # The judge's binomial test needs scipy: import it now, not inside a judged window.
@@ -440,6 +548,7 @@ class CanaryController:
             diff = {k: served1.get(k, 0) - served0.get(k, 0) for k in keys}
             run.canary_served = max(0, diff.get(self.canary.release_id, 0))
             run.total_served = max(0, sum(diff.values()))
+            run.pairs_read = self._pairs_read
             client.close()
             self._http.close()
         return run
@@ -468,6 +577,7 @@ class CanaryController:
         }
         recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
         clean = 0
+        disagreeing = 0  # agreement breaches in a row
         label = f"canary step {i + 1}/{n} at {step.weight:g}%"
         report = StepReport(
             index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
@@ -506,12 +616,30 @@ class CanaryController:
                         recent[c.metric] = [*recent[c.metric], c][-policy.sustain :]
                     elif c.verdict == "pass":
                         recent[c.metric] = []
-                clean = next_clean(clean, j)
+                agreement, answers_line = None, ""
+                if self.answers is not None:
+                    agreement, problem = self._agreement(client)
+                    report.agreement = run.agreement = agreement
+                    disagreeing = (
+                        disagreeing + 1
+                        if agreement.verdict == "breach"
+                        else 0
+                        if agreement.verdict == "pass"
+                        else disagreeing
+                    )
+                    answers_line = f"; {agreement_words(agreement)}" + (
+                        f" ({problem})" if problem else ""
+                    )
+                clean = next_clean(clean, j, agreement)
                 report.clean_judgements = clean
-                self.say(f"{label}: {summarise(j)}; {run_words(clean, states, policy)}", i, n)
+                words = run_words(clean, states, policy)
+                if disagreeing:
+                    words += f", answers breached {disagreeing}/{policy.sustain}"
+                self.say(f"{label}: {summarise(j)}{answers_line}; {words}", i, n)
                 sustained = [m for m, st in states.items() if st.sustained]
+                answers_breached = disagreeing >= policy.sustain and agreement is not None
                 elapsed = time.time() - started
-                if sustained:
+                if sustained or answers_breached:
                     decided = time.time()
                     at_zero = self._to_stable(client)
                     run.decide_to_zero_s = at_zero - decided
@@ -527,7 +655,14 @@ class CanaryController:
                     ]
                     report.status = "breached"
                     report.reason = "; ".join(
-                        f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained
+                        [
+                            *(
+                                [f"answers: {agreement.reason}"]
+                                if answers_breached and agreement is not None
+                                else []
+                            ),
+                            *(f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained),
+                        ]
                     )
                     break
                 if (
@@ -538,6 +673,8 @@ class CanaryController:
                     break
                 if elapsed >= step.max_duration_s:
                     waiting = [c.metric for c in j.checks if c.required and c.verdict != "pass"]
+                    if agreement is not None and agreement.verdict != "pass":
+                        waiting.append(f"answers ({agreement.reason})")
                     report.status = "insufficient"
                     report.reason = (
                         f"after {elapsed:.0f} s: {j.canary_requests:g} canary requests "
@@ -555,20 +692,25 @@ class CanaryController:
         return report
 
 
-def is_clean(j: StepJudgement) -> bool | None:
-    """True when every required check passed and none breached; False on any breach;
-    None when neither (a required check waits or was not measured)."""
+def is_clean(j: StepJudgement, agreement: Agreement | None = None) -> bool | None:
+    """True when every required check passed and none breached (and, where answers are
+    compared, their agreement passed); False on any breach (the agreement's too); None
+    when neither (a required check waits or was not measured, or too few pairs)."""
     if any(c.verdict == "breach" for c in j.checks):
         return False
+    if agreement is not None and agreement.verdict == "breach":
+        return False
+    if agreement is not None and agreement.verdict != "pass":
+        return None
     if all(c.verdict == "pass" for c in j.checks if c.required):
         return True
     return None
 
 
-def next_clean(clean: int, j: StepJudgement) -> int:
+def next_clean(clean: int, j: StepJudgement, agreement: Agreement | None = None) -> int:
     """The run of clean judgements after `j`: one more on a clean one, 0 after a breach,
     unchanged when `j` decided nothing (as a no-data window leaves a breach run)."""
-    verdict = is_clean(j)
+    verdict = is_clean(j, agreement)
     return clean + 1 if verdict else 0 if verdict is False else clean
 
 

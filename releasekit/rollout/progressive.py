@@ -10,6 +10,10 @@ with the ledger events that record it.
   `canary_aborted` event holding the breaching windows plus a `mark_bad` event, and the
   result's status is `canary_aborted`; too little evidence by a step's `max_duration_s` is a
   `canary_aborted` event without `mark_bad`.
+- with the environment's committed `canary_compare_answers`, the canary's answers are
+  paired with the live release's on the requests it answers and judged at every step
+  (`rollout.canary`); each `canary_step` event and a `canary_aborted` event hold the
+  agreement (a breach: with up to 10 disagreeing pairs);
 - a shadow comparison of the release in the environment (`rollout.shadow`) is the
   "shadow comparison" gate;
 - a canary a dead `promote` left behind (`rollout.state`) is resumed at its step with
@@ -30,9 +34,18 @@ from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
 from releasekit.promote.gates import GateKind, GateResult
+from releasekit.promote.policy import environment_policy
 from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promotion
 from releasekit.releases.resolve import resolve_release
-from releasekit.rollout.canary import CanaryController, CanaryRun, StepReport, summarise
+from releasekit.rollout.baseline import canary_under_policy
+from releasekit.rollout.canary import (
+    AnswersPolicy,
+    CanaryController,
+    CanaryRun,
+    StepReport,
+    agreement_words,
+    summarise,
+)
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow import shadow_gate
@@ -45,6 +58,7 @@ from releasekit.rollout.state import (
 )
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+from releasekit.watch.pairs import EVIDENCE_TEXT_MAX
 
 
 class RolloutResumeError(ReleasekitError):
@@ -124,6 +138,12 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
         "judged_against": run.judged_against,
         **{k: v for k, v in links.items() if v},
     }
+    if run.agreement is not None:
+        ev["answers_from"] = run.answers_from
+        ev["pairs_read"] = run.pairs_read
+        ev["agreement"] = run.agreement.evidence(text_max=EVIDENCE_TEXT_MAX)
+        for row, s in zip(ev["steps"], run.steps, strict=True):
+            row["agreement"] = _agreement_counts(s)
     if run.breaches:
         ev["breaches"] = [
             {
@@ -149,6 +169,27 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
         ev["decide_to_zero_s"] = run.decide_to_zero_s
         ev["window_to_zero_s"] = run.window_to_zero_s
     return ev
+
+
+def _agreement_counts(s: StepReport) -> dict[str, Any] | None:
+    """A step's agreement without its examples (the run's evidence holds those)."""
+    a = s.agreement
+    return a.model_dump(mode="json", exclude={"examples"}) if a is not None else None
+
+
+def answers_policy(settings: Settings, env: str) -> AnswersPolicy | None:
+    """How the canary's answers are compared in `env`: the committed policy's
+    `canary_compare_answers` with the shadow's floor, minimum and prompt rule (None: off)."""
+    cfg = env_config(settings, env)
+    pol = environment_policy(settings, env, cfg).policy
+    if not pol.get("canary_compare_answers"):
+        return None
+    return AnswersPolicy(
+        min_agreement=float(pol["shadow_min_agreement"]),
+        min_pairs=int(pol["shadow_min_pairs"]),
+        max_in_flight=cfg.shadow_max_in_flight,
+        keep_prompts=bool(pol["shadow_keep_prompts"]),
+    )
 
 
 def fresh_baseline(
@@ -200,6 +241,7 @@ def canary_shift(
 
     def shift(ctx: ShiftContext) -> ShiftResult:
         cfg = env_config(settings, ctx.env)
+        answers = answers_policy(settings, ctx.env)
         rid = ctx.canary.release_id
         judged = [s for s in policy.steps if s.weight < 100]
         held_ref: list[HeldServer] = []
@@ -228,6 +270,7 @@ def canary_shift(
                     reason=(
                         f"canary step {rep.index + 1}/{len(judged)} at {rep.weight:g}% passed: "
                         + (summarise(rep.judgement) if rep.judgement else "")
+                        + (f"; {agreement_words(rep.agreement)}" if rep.agreement else "")
                     )[:2000],
                     evidence={
                         "step": rep.index + 1,
@@ -238,6 +281,11 @@ def canary_shift(
                             _check_record(c)
                             for c in (rep.judgement.checks if rep.judgement else [])
                         ],
+                        **(
+                            {"agreement": rep.agreement.evidence(text_max=EVIDENCE_TEXT_MAX)}
+                            if rep.agreement is not None
+                            else {}
+                        ),
                         **{k: v for k, v in ctx.links.items() if v},
                     },
                     live=False,
@@ -256,6 +304,7 @@ def canary_shift(
                 on_step_start=started,
                 on_step_passed=passed,
                 baseline=baseline,
+                answers=answers,
             )
             # The two servers judged against each other get the same priority and placement.
             held = even_out(settings, replace(ctx, stable=[baseline]) if baseline else ctx)
@@ -366,7 +415,11 @@ def promote_progressive(
         replicas=replicas,
     )
     rid = resolve_release(settings, release_ref, ledger=led).release_id
-    policy = load_release(settings, rid, ledger=led).lm.manifest.promotion.canary
+    policy = canary_under_policy(
+        env_config(settings, env).policy(),
+        load_release(settings, rid, ledger=led).lm.manifest.promotion.canary,
+        env,
+    )
     # A dry run reports the gates as the real promotion would apply them.
     request.canary_steps = policy is not None and not no_canary
     start_step = 0

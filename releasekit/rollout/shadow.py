@@ -75,12 +75,13 @@ from releasekit.deploy.gateway import (
     MirrorPair,
     Route,
     RouteTable,
+    prune,
     read_pairs,
     store_dir,
 )
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
-from releasekit.deploy.state import locked_state, read_state
+from releasekit.deploy.state import EnvState, locked_state, read_state
 from releasekit.deploy.target import ReleaseSpec, ReleaseStartError, Upstream
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement, answer_agreement
@@ -91,6 +92,7 @@ from releasekit.promote.gates import GateResult
 from releasekit.promote.policy import environment_policy
 from releasekit.promote.promote import policy_gates
 from releasekit.releases.resolve import resolve_release
+from releasekit.rollout.baseline import baseline_method
 from releasekit.rollout.canary import (
     SHARED_SERVER,
     Scrape,
@@ -232,10 +234,9 @@ def start_shadow(
         else:
             up = _start_server(target, handle, spec, "the candidate's server")
         baseline = None
-        canary_policy = info.lm.manifest.promotion.canary
+        method = baseline_method(cfg.policy(), info.lm.manifest.promotion.canary)
         if (
-            canary_policy is not None
-            and canary_policy.baseline == "fresh"
+            method == "fresh"
             and live is not None
             and live.to_release is not None
             and isinstance(target, LocalTarget)
@@ -263,6 +264,7 @@ def start_shadow(
         except GatewayError as exc:
             raise ShadowError(f"the gateway refused the mirror: {exc}") from exc
         st.mirror = mirror  # a restarted gateway mirrors again (`ensure_router`)
+        prune_pairs(settings, env, st)
         handle.save()
     status = ShadowStatus(
         env=env,
@@ -294,6 +296,18 @@ def start_shadow(
         )
     )
     return status
+
+
+def prune_pairs(settings: Settings, env: str, state: EnvState) -> list[Path]:
+    """Delete `env`'s stored answer pairs last written more than the environment's
+    `mirror_pairs_keep_days` ago, except the release mirrored now; the files deleted."""
+    cfg = env_config(settings, env)
+    mirrored = [state.mirror.route.release_id] if state.mirror is not None else []
+    return prune(
+        store_dir(settings.state_dir, env),
+        keep_s=cfg.mirror_pairs_keep_days * 86400,
+        protect=mirrored,
+    )
 
 
 def _start_baseline(
@@ -563,6 +577,7 @@ def stop_shadow(
             ):
                 c.set_routes(RouteTable(routes=list(st.routes)))
         st.mirror = None
+        prune_pairs(settings, env, st)
         for s in list(st.servers):
             if s.role == "shadow" and (
                 s.release_id == status.release_id or s.base_url == status.baseline_url

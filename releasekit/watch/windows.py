@@ -35,6 +35,7 @@ from releasekit.bench.scrape import (
     histogram_count_above,
     histogram_quantiles,
 )
+from releasekit.deploy.ray.metrics import REPLICAS_GAUGE
 from releasekit.errors import ReleasekitError
 
 Source = Literal["vllm", "gateway"]
@@ -116,6 +117,12 @@ def _catalogue() -> dict[str, MetricInfo]:
         ),
         "running_requests": MetricInfo(
             unit="requests", description="requests running at the window's end", sources=("vllm",)
+        ),
+        "replicas": MetricInfo(
+            unit="replicas",
+            description="the release's replicas at the window's end (`ray` target: Ray "
+            "scales them)",
+            sources=("vllm",),
         ),
         "kv_cache_usage": MetricInfo(
             unit="ratio",
@@ -568,6 +575,9 @@ def build_window(
                 start = vp.gauge(sample, how="sum", end=False)
                 top = max(end, start) if start is not None else end
                 figs["waiting_requests_max"] = Figure(value=top, source="vllm", count=n_req)
+        replicas = vp.gauge(REPLICAS_GAUGE, how="sum")  # a `ray` release's fleet page
+        if replicas is not None:
+            figs["replicas"] = Figure(value=replicas, source="vllm", count=n_req)
         kv_name = next((k for k in KV_USAGE if vp.after.has(k)), None)
         if kv_name is None:
             missing.append(KV_USAGE[0])

@@ -71,3 +71,27 @@ def test_an_environment_on_another_target_is_refused(ray_env: Path) -> None:
     code, _out, err = _run(*HAND, "--env", "production")
     assert code == 1
     assert "production is on target local" in err
+
+
+def test_the_plan_implies_an_autoscaling_range_from_the_mean_and_the_peak(
+    ray_env: Path,
+) -> None:
+    """The worked example: the day's mean rate (100,000 / 86,400 s = 1.16 req/s) needs 1
+    replica, the peak (27.8 req/s) 12: range 1-12, printed beside the environment's own
+    range (1-4), which the plan's peak outgrows (a warning)."""
+    ray_env.write_text(
+        ray_env.read_text().replace(
+            "cpus_per_replica = 2 }",
+            'cpus_per_replica = 2, autoscaling = { target = "knee", knee_headroom = 0.25, '
+            "min_replicas = 1, max_replicas = 4 } }",
+        )
+    )
+    code, out, _ = _run(*HAND, "--env", "staging")
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert "autoscaling range 1-12 replicas (mean 1.16 req/s -> 1, peak 27.8 req/s -> 12" in flat
+    assert "releasekit.toml: 1-4" in flat
+    assert "autoscales up to 4 replicas, fewer than the plan's 12" in flat
+    code, out, _ = _run(*HAND, "--env", "staging", "--json")
+    rng = PlannedReplicas.model_validate_json(out).replicas.autoscaling
+    assert (rng.min_replicas, rng.max_replicas, rng.configured) == (1, 12, "1-4")

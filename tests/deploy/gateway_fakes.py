@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -292,3 +293,83 @@ class Answering:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def truth(q: str) -> str:
+    """The stable release's answers in the answer-pair tests: sums ("sum A B") and
+    capitals (Paris for France, Rome otherwise)."""
+    if q.startswith("sum"):
+        a, b = q.split()[1:3]
+        return str(int(a) + int(b))
+    return "Paris" if "France" in q else "Rome"
+
+
+def bad_at_sums(q: str) -> str:
+    """A release wrong on one class of questions (every sum) and right on the rest."""
+    return "I cannot count." if q.startswith("sum") else truth(q)
+
+
+@pytest.fixture
+def answering() -> Iterator[Callable[[Callable[[str], str]], Answering]]:
+    """Start `Answering` servers (`answering(answer)`); every one is stopped after."""
+    made: list[Answering] = []
+
+    def make(answer: Callable[[str], str]) -> Answering:
+        made.append(Answering(answer))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+def stubbed_gateway() -> Any:
+    """The deploy state's record of a gateway nobody listens for (port 9), for canary
+    controllers whose gateway client a test replaces."""
+    from releasekit.deploy.state import GatewayRecord
+
+    return GatewayRecord(
+        url="http://127.0.0.1:9",
+        host="127.0.0.1",
+        port=9,
+        pid=1,
+        admin_token="t",
+        config_path="-",
+        log_path="-",
+        started_at=0.0,
+    )
+
+
+def stubbed_context() -> Any:
+    """A canary's `ShiftContext` with the stubbed gateway: canary `can` on its own
+    server, stable `stb` live."""
+    from releasekit.promote.deploy import ShiftContext
+
+    return ShiftContext(
+        env="staging",
+        gateway=stubbed_gateway(),
+        canary=Route(release_id="can", base_url="http://127.0.0.1:10"),
+        stable=[Route(release_id="stb", base_url="http://127.0.0.1:11")],
+        previous_release_id="stb",
+    )
+
+
+class FakeGateway:
+    """A canary controller's gateway client that takes route tables and lease renewals
+    and serves nothing."""
+
+    def __init__(self) -> None:
+        self.tables: list[Any] = []
+
+    def set_routes(self, table: Any) -> Any:
+        self.tables.append(table)
+        return SimpleNamespace(generation=len(self.tables))
+
+    def renew_lease(self, generation: int) -> None:
+        pass
+
+    def state(self) -> Any:
+        return SimpleNamespace(served={}, in_flight={})
+
+    def close(self) -> None:
+        pass

@@ -29,6 +29,7 @@ from releasekit.config import load_settings
 from releasekit.deploy.gateway import GatewayRequestError, Route, RouteTable, ThreadedGateway
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
+from releasekit.rollout.baseline import BaselinePolicyError
 from releasekit.rollout.progressive import RolloutResumeError, promote_progressive
 from releasekit.rollout.state import read_rollout, write_rollout
 from releasekit.serving.host import autogroup_nice, host_cores, session_pids
@@ -224,11 +225,22 @@ def test_healthy_canary_goes_step_by_step_to_100(ckit: Kit) -> None:
     assert read_rollout(ckit.settings, "staging") is None
 
 
-def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit) -> None:
+REQUIRE_FRESH = ['comparison_baseline = "fresh"']
+
+
+@pytest.mark.parametrize(
+    ("ckit", "asked"),
+    [([], "fresh"), (REQUIRE_FRESH, "live")],
+    ids=["manifest-asks", "environment-requires"],
+    indirect=["ckit"],
+)
+def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit, asked: str) -> None:
     """With `baseline: fresh` a new server of the live release starts with the canary, is
     warmed like it and takes the same share of traffic (20% each, the live server the
     rest); the canary is judged against it, not against the long-running live server, and
-    it is drained and stopped before the switch. No client stream fails."""
+    it is drained and stopped before the switch. No client stream fails. An environment
+    whose committed policy requires a fresh baseline (`comparison_baseline`) gets one even
+    for a candidate whose manifest asks to be judged against the live server."""
     old = ckit.build("demo-bf16")
     assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
     live_url = {r.release_id: r.base_url for r in _gateway_state(ckit).routes}[old]
@@ -237,7 +249,7 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit) ->
         "      - {weight: 100}\n"
     )
     checks = "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
-    block = canary_block(steps, checks, warmup=3, settle=0.3, baseline="fresh")
+    block = canary_block(steps, checks, warmup=3, settle=0.3, baseline=asked)
     new = candidate(ckit, "demo-canary-fresh", seqs=16, promotion=block)
     tables: list[dict[str, tuple[float, str]]] = []
 
@@ -265,6 +277,27 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit) ->
     assert [r.release_id for r in _gateway_state(ckit).routes] == [new]
     with pytest.raises(httpx.HTTPError):
         httpx.get(baseline_url + "/health", timeout=2)
+
+
+@pytest.mark.parametrize("ckit", [REQUIRE_FRESH], indirect=True)
+def test_steps_that_cannot_run_with_the_required_fresh_baseline_are_refused(ckit: Kit) -> None:
+    """The environment requires a fresh baseline and the candidate's judged step takes 60%
+    (a fresh baseline takes as much as the canary): promote refuses in one line naming the
+    policy and the steps, before anything starts or is recorded."""
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = "      - {weight: 60, min_duration_s: 1, min_requests: 4}\n      - {weight: 100}\n"
+    checks = "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
+    new = candidate(ckit, "demo-canary-60", seqs=16, promotion=canary_block(steps, checks))
+    before = len(Ledger(ckit.settings.ledger_url or "").records())
+    with pytest.raises(BaselinePolicyError) as info:
+        promote_progressive(ckit.settings, new, env="staging", reason="try")
+    msg = str(info.value)
+    assert "comparison_baseline" in msg and "at most 50" in msg and "\n" not in msg
+    assert len(Ledger(ckit.settings.ledger_url or "").records()) == before
+    st = read_state(ckit.settings.state_dir, "staging")
+    assert [r.release_id for r in st.routes] == [old]
+    assert {s.release_id for s in st.servers} == {old}
 
 
 def test_slow_canary_is_aborted_at_the_first_step(ckit: Kit) -> None:

@@ -8,37 +8,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gateway_fakes import FakeGateway, stubbed_context
 
 import releasekit.rollout.canary as canary_mod
-from releasekit.deploy.gateway import Route
-from releasekit.deploy.state import GatewayRecord
-from releasekit.promote.deploy import ShiftContext
 from releasekit.rollout.canary import CanaryController, Scrape
 from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement
 from releasekit.spec.manifest import Canary, CanaryCheck, CanaryStep
 from releasekit.watch.windows import Exposition, Window
 
 SUSTAIN = 3
-
-
-class FakeGateway:
-    """Takes route tables and lease renewals; serves nothing."""
-
-    def __init__(self) -> None:
-        self.tables: list[Any] = []
-
-    def set_routes(self, table: Any) -> Any:
-        self.tables.append(table)
-        return SimpleNamespace(generation=len(self.tables))
-
-    def renew_lease(self, generation: int) -> None:
-        pass
-
-    def state(self) -> Any:
-        return SimpleNamespace(served={}, in_flight={})
-
-    def close(self) -> None:
-        pass
 
 
 def _check(metric: str, verdict: str, *, required: bool = True) -> CheckResult:
@@ -87,22 +65,7 @@ class Scripted(CanaryController):
             warmup_requests=0,
             settle_s=0,
         )
-        ctx = ShiftContext(
-            env="staging",
-            gateway=GatewayRecord(
-                url="http://127.0.0.1:9",
-                host="127.0.0.1",
-                port=9,
-                pid=1,
-                admin_token="t",
-                config_path="-",
-                log_path="-",
-                started_at=0.0,
-            ),
-            canary=Route(release_id="can", base_url="http://127.0.0.1:10"),
-            stable=[Route(release_id="stb", base_url="http://127.0.0.1:11")],
-            previous_release_id="stb",
-        )
+        ctx = stubbed_context()
         super().__init__(policy, ctx, lease_s=3600, sleep=lambda s: None)
         self.gateway = FakeGateway()
         self.script: Iterator[StepJudgement] = iter(script)

@@ -8,22 +8,27 @@ import datetime as dt
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory, wait_until
-from promote_kit import Kit, Streamer, kit, mlflow_template_db
+from promote_kit import Kit, Streamer, kill_everything, kit, make_kit, mlflow_template_db
 from sqlalchemy import create_engine, select
 
 from releasekit.deploy.gateway import (
     Mirror,
+    MirrorPair,
+    PairStore,
     PromptTemplate,
     Route,
     RouteTable,
     ThreadedGateway,
+    store_dir,
 )
+from releasekit.deploy.gateway.pairstore import segment_paths
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import locked_state, read_state
 from releasekit.promote.deploy import target_for
@@ -314,6 +319,75 @@ def test_a_shadow_with_a_fresh_baseline_is_judged_against_it_and_stops_it(kit: K
     servers = read_state(kit.settings.state_dir, "staging").servers
     assert [(s.release_id, s.role) for s in servers] == [(old, "live")]
     assert not _answers(status.baseline_url)
+
+
+@pytest.fixture
+def fresh_kit(
+    project: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template_db: Path, stand_in_model: Any
+) -> Iterator[Kit]:
+    """A deploy kit whose environments require a fresh baseline (committed policy)."""
+    stand_in_model(project)
+    k = make_kit(
+        project,
+        monkeypatch,
+        mlflow_template_db,
+        toml_lines=['comparison_baseline = "fresh"', "mirror_pairs_keep_days = 1"],
+    )
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+def test_an_environment_that_requires_a_fresh_baseline_gets_one_and_old_pairs_go(
+    fresh_kit: Kit,
+) -> None:
+    """The environment's committed `comparison_baseline = "fresh"` decides, not the
+    candidate: a candidate with no canary policy at all is shadowed beside a fresh server
+    of stable and judged against it. Stopping the shadow deletes the stored pairs of
+    releases last mirrored longer ago than `mirror_pairs_keep_days`, and keeps the rest."""
+    kit = fresh_kit
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    kit.variant("demo-bf16", "demo-shadow-plain", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    cand = kit.build("demo-shadow-plain")
+    stored = store_dir(kit.settings.state_dir, "staging")
+    for rid in ("a" * 64, "b" * 64):
+        store = PairStore(stored, rid, segment_bytes=1 << 20)
+        store.append(
+            MirrorPair(
+                seq=1,
+                at=0.0,
+                path="/v1/completions",
+                stable_release_id=old,
+                candidate_release_id=rid,
+                stable_status=200,
+                candidate_status=200,
+                stable="x",
+                candidate="x",
+                complete=True,
+                prompt_sha256="0" * 64,
+            )
+        )
+        store.close(timeout_s=10)
+    stale_file = segment_paths(stored, "a" * 64)[0]
+    recent_file = segment_paths(stored, "b" * 64)[0]
+    assert stale_file.is_file() and recent_file.is_file()
+    two_days = 2 * 86400
+    os.utime(stale_file, (stale_file.stat().st_atime - two_days,) * 2)
+    status = start_shadow(kit.settings, cand, env="staging", share=0.5, reason="try it")
+    assert status.baseline_url is not None
+    assert not stale_file.exists() and recent_file.is_file()
+    with Streamer(kit.gateway("staging"), chunks=3) as s1:
+        s1.wait_for(2)
+        cmp = compare_shadow(kit.settings, env="staging", window_s=4)
+    assert s1.failures == [] and set(s1.releases) == {old}
+    assert cmp.judged_against == "fresh baseline"
+    assert cmp.judgement.stable_requests == cmp.judgement.canary_requests
+    os.utime(recent_file, (recent_file.stat().st_atime - two_days,) * 2)
+    stop_shadow(kit.settings, env="staging")
+    assert not recent_file.exists()
+    assert segment_paths(stored, cand)[0].is_file()  # the candidate's own, written just now
 
 
 def _delete_record(url: str, seq: int) -> None:

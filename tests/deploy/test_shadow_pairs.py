@@ -12,7 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_fakes import Answering, admin_token, gateway_factory, upstream_factory, wait_until
+from gateway_fakes import (
+    Answering,
+    admin_token,
+    answering,
+    bad_at_sums,
+    gateway_factory,
+    truth,
+    upstream_factory,
+    wait_until,
+)
 from promote_kit import Kit, commit_config, kit, mlflow_template_db
 from typer.testing import CliRunner
 
@@ -39,23 +48,17 @@ from releasekit.rollout.shadow import compare_shadow, start_shadow
 from releasekit.stores.ledger import Ledger
 from releasekit.watch.pairs import answer_pair
 
-__all__ = ["admin_token", "gateway_factory", "kit", "mlflow_template_db", "upstream_factory"]
+__all__ = [
+    "admin_token",
+    "answering",
+    "gateway_factory",
+    "kit",
+    "mlflow_template_db",
+    "upstream_factory",
+]
 
 Gw = Callable[..., ThreadedGateway]
 KEY = "sk-client-key-0123456789"
-
-
-def truth(q: str) -> str:
-    """The stable release's answers: capitals and sums."""
-    if q.startswith("sum"):
-        a, b = q.split()[1:3]
-        return str(int(a) + int(b))
-    return "Paris" if "France" in q else "Rome"
-
-
-def bad_at_sums(q: str) -> str:
-    """A candidate that answers every sum wrong (a class of questions) and the rest right."""
-    return "I cannot count." if q.startswith("sum") else truth(q)
 
 
 def _questions(n: int) -> list[str]:
@@ -72,19 +75,6 @@ def _request(q: str, i: int) -> tuple[str, dict[str, Any]]:
     msgs = [{"role": "user", "content": q}]
     body = {"messages": msgs, "max_tokens": 4, "stream": stream, "temperature": 0}
     return "/v1/chat/completions", body
-
-
-@pytest.fixture
-def servers() -> Any:
-    made: list[Answering] = []
-
-    def make(answer: Callable[[str], str]) -> Answering:
-        made.append(Answering(answer))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.stop()
 
 
 def _mirrored_gateway(
@@ -108,13 +98,13 @@ def _mirrored_gateway(
 
 
 def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
-    servers: Any, gateway_factory: Gw, admin_token: str
+    answering: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
     """Every request mirrored (streamed and not, chat and completions): each client's answer
     is byte for byte what stable itself answers; the gateway keeps the latest 5 pairs of 8
     (a ring), each with both texts, a digest of the body and no prompt, key or header; the
     pairs need the admin token."""
-    stable, cand = servers(truth), servers(bad_at_sums)
+    stable, cand = answering(truth), answering(bad_at_sums)
     gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, pairs=5)
     auth = {"authorization": f"Bearer {KEY}"}
     bodies = []
@@ -155,7 +145,7 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
 
 
 def test_a_failing_capture_never_fails_the_clients_answer(
-    servers: Any, gateway_factory: Gw, admin_token: str, monkeypatch: pytest.MonkeyPatch
+    answering: Any, gateway_factory: Gw, admin_token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the answer capture raising on every chunk, clients still get stable's answers
     byte for byte; the pairs are kept as not complete (not judged)."""
@@ -164,7 +154,7 @@ def test_a_failing_capture_never_fails_the_clients_answer(
         raise RuntimeError("capture broke")
 
     monkeypatch.setattr(AnswerCapture, "feed", broken)
-    stable, cand = servers(truth), servers(truth)
+    stable, cand = answering(truth), answering(truth)
     gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
     auth = {"authorization": f"Bearer {KEY}"}
     for i, q in enumerate(_questions(4)):
@@ -180,12 +170,12 @@ def test_a_failing_capture_never_fails_the_clients_answer(
 
 
 def test_prompts_are_kept_only_where_allowed(
-    servers: Any, gateway_factory: Gw, admin_token: str
+    answering: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
     """With `keep_prompts` the pair holds the prompt text (for chat: its messages). A
     request that samples (no temperature 0) is marked so, and not judged: two samples may
     differ by chance."""
-    stable, cand = servers(truth), servers(truth)
+    stable, cand = answering(truth), answering(truth)
     gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, keep_prompts=True)
     auth = {"authorization": f"Bearer {KEY}"}
     for i, q in enumerate(_questions(3)):
@@ -208,7 +198,7 @@ def test_prompts_are_kept_only_where_allowed(
 
 
 def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
-    servers: Any, gateway_factory: Gw, admin_token: str
+    answering: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
     """The pairs of a candidate that answers every sum wrong breach a 0.9 agreement floor,
     naming the disagreeing pairs (stable's answer, the candidate's); an agreeing candidate's
@@ -216,7 +206,7 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
     auth = {"authorization": f"Bearer {KEY}"}
 
     def pairs_of(answer: Callable[[str], str], n: int) -> MirrorPairs:
-        stable, cand = servers(truth), servers(answer)
+        stable, cand = answering(truth), answering(answer)
         gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
         for i, q in enumerate(_questions(n)):
             path, body = _request(q, i)

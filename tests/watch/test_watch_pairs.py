@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent / "deploy"))  # the deploy tests' fixtures
 from gateway_fakes import (  # noqa: E402
     Answering,
     admin_token,
+    answering,
     gateway_factory,
     wait_until,
 )
@@ -59,7 +60,7 @@ from releasekit.stores.ledger import EventType, Ledger, open_ledger  # noqa: E40
 from releasekit.watch.pairs import AnswerWatch  # noqa: E402
 from releasekit.watch.service import WatchService  # noqa: E402
 
-__all__ = ["admin_token", "gateway_factory", "mlflow_template_db"]
+__all__ = ["admin_token", "answering", "gateway_factory", "mlflow_template_db"]
 
 ENV = "staging"
 WINDOW_S = 600
@@ -315,19 +316,6 @@ def truth(q: str) -> str:
 
 def bad_at_sums(q: str) -> str:
     return WRONG if q.startswith("sum") else truth(q)
-
-
-@pytest.fixture
-def answering() -> Iterator[Callable[[Callable[[str], str]], Answering]]:
-    made: list[Answering] = []
-
-    def make(answer: Callable[[str], str]) -> Answering:
-        made.append(Answering(answer))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.server.stop()
 
 
 def _body(q: str, *, stream: bool = False) -> bytes:

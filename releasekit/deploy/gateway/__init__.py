@@ -65,7 +65,11 @@ never changed, and a copy that cannot be sent is dropped, never the client's req
 candidate's figures are counted in the per-release families under its own release id. With
 `pairs_dir` each pair is also appended to a bounded disk copy (`pairstore`: two segments of
 at most `Mirror.pairs_segment_mib`, written off the event loop; a write error is counted,
-never the client's), which outlives a restart of the gateway.
+never the client's), which outlives a restart of the gateway. A canary's mirror
+(`purpose` canary) copies only the requests its `source` (the routed canary) answers, to
+the live release's server under `pair_label(<live release>)`: the canary's answers paired
+with the live release's, and the copies' figures never in the series the canary is judged
+against.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
 (401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
@@ -196,6 +200,8 @@ from releasekit.deploy.gateway.config import (
     RouteState,
     RouteTable,
     load_config,
+    pair_label,
+    paired_release,
 )
 from releasekit.deploy.gateway.errors import (
     GatewayAuthError,
@@ -213,7 +219,7 @@ from releasekit.deploy.gateway.metrics import (
     TTFT_BUCKETS,
 )
 from releasekit.deploy.gateway.mirror import MirrorPair, MirrorPairs
-from releasekit.deploy.gateway.pairstore import PairStore, read_pairs, store_dir
+from releasekit.deploy.gateway.pairstore import PairStore, prune, read_pairs, store_dir
 from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
@@ -252,6 +258,9 @@ __all__ = [
     "bind_socket",
     "load_config",
     "main",
+    "pair_label",
+    "paired_release",
+    "prune",
     "read_pairs",
     "render_prompt",
     "running",

@@ -174,11 +174,14 @@ class Gateway:
         return lease is not None and lease.renew(generation)
 
     def check_lease(self) -> None:
-        """Revert an expired leased table to its fallback (keeping the mirror)."""
+        """Revert an expired leased table to its fallback (keeping the mirror, except a
+        canary's)."""
         lease = self._lease
         if lease is None or not lease.expired():
             return
         mirror = self._mirror.mirror if self._mirror is not None else None
+        if mirror is not None and mirror.purpose == "canary":
+            mirror = None  # back on stable: there is no canary left to pair
         log.warning(
             "leased route table %d not renewed within %g s: back to %s",
             lease.generation,
@@ -231,6 +234,7 @@ class Gateway:
             mirror_pairs=self._mirror.pairs.recorded if self._mirror else 0,
             mirror_pairs_kept=self._mirror.pairs.kept if self._mirror else 0,
             mirror_purpose=self._mirror.mirror.purpose if self._mirror else None,
+            mirror_source=self._mirror.mirror.source if self._mirror else None,
             mirror_until=self._mirror.mirror.until if self._mirror else None,
             mirror_pairs_stored=store.written if store else 0,
             mirror_pairs_store_failed=store.failed if store else 0,
@@ -248,6 +252,7 @@ class Gateway:
             kept=book.kept,
             capacity=book.capacity,
             keep_prompts=book.keep_prompts,
+            purpose=m.mirror.purpose,
             pairs=book.since(since, limit),
         )
 
@@ -750,7 +755,12 @@ class Gateway:
         out is dropped, never the client's request. Answers the pair the client's answer
         goes into (None: no copy, or no pairs kept)."""
         mirror = self._mirror
-        if mirror is None or self._session is None or not mirror.take():
+        if (
+            mirror is None
+            or self._session is None
+            or not mirror.copies(stable_id)
+            or not mirror.take()
+        ):
             return None
         try:
             return mirror.copy(

@@ -68,7 +68,21 @@ class Route(BaseModel):
         return v
 
 
-MirrorPurpose = Literal["shadow", "after_promotion"]
+MirrorPurpose = Literal["shadow", "after_promotion", "canary"]
+
+PAIR_SUFFIX = ":pair"
+
+
+def pair_label(release_id: str) -> str:
+    """The gateway's name for the copies a canary's answers are paired with, sent to the
+    live release's server: a label of its own, so the copies' figures (requests by status,
+    TTFT, E2E) never land in the live release's series the canary is judged against."""
+    return release_id + PAIR_SUFFIX
+
+
+def paired_release(label: str) -> str:
+    """The release a pair label names (`pair_label`'s inverse)."""
+    return label[: -len(PAIR_SUFFIX)] if label.endswith(PAIR_SUFFIX) else label
 
 
 class Mirror(BaseModel):
@@ -77,10 +91,14 @@ class Mirror(BaseModel):
     kept beside the client's answers), it takes no rate-limit token and no in-flight slot,
     and at most `max_in_flight` copies run at once (more are dropped, never queued).
 
-    `purpose` says why: a `shadow` candidate, or the previous release after a promotion
+    `purpose` says why: a `shadow` candidate, the previous release after a promotion
     (`after_promotion`: the pairs' stable side is the new live release, the candidate side
-    the release it replaced). Past `until` (unix time) the gateway copies nothing more by
-    itself, so a mirror nobody removed never outlives the server it copies to."""
+    the release it replaced), or a `canary`: copies of the requests the routed release
+    `source` (the canary) answers go to the live release's server, under the label
+    `pair_label(<live release>)` (its figures its own), and each pair's candidate side is
+    the canary's answer (what the client got), its stable side the copy's. Past `until`
+    (unix time) the gateway copies nothing more by itself, so a mirror nobody removed never
+    outlives the server it copies to."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -99,7 +117,16 @@ class Mirror(BaseModel):
         "the same copies as `route` at the same moment: the candidate is judged against it "
         "(both fresh, both copies), not against the long-running live server",
     )
-    purpose: MirrorPurpose = Field("shadow", description="a shadow, or after a promotion")
+    purpose: MirrorPurpose = Field(
+        "shadow", description="a shadow, after a promotion, or a canary's answers"
+    )
+    source: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="purpose canary: the routed release whose answered requests are copied "
+        "(None: every routed request, the other purposes)",
+    )
     until: float | None = Field(
         None, allow_inf_nan=False, description="unix time copying stops (None: no end)"
     )
@@ -111,6 +138,24 @@ class Mirror(BaseModel):
         description="with the gateway's pairs_dir: MiB of one segment of the pairs' disk "
         "copy (two are kept, the oldest dropped)",
     )
+
+    @model_validator(mode="after")
+    def _check_purpose(self) -> Mirror:
+        if self.purpose != "canary":
+            if self.source is not None:
+                raise ValueError("only a canary's mirror has a source")
+            return self
+        if self.source is None:
+            raise ValueError("a canary's mirror needs its source (the canary's release)")
+        if self.baseline is not None:
+            raise ValueError("a canary's mirror has no baseline")
+        if not self.route.release_id.endswith(PAIR_SUFFIX) or self.route.release_id == PAIR_SUFFIX:
+            raise ValueError(
+                f"a canary's copies go under a label of their own: <live release>{PAIR_SUFFIX}"
+            )
+        if paired_release(self.route.release_id) == self.source:
+            raise ValueError("a canary's copies go to another release than the canary")
+        return self
 
 
 class RouteTable(BaseModel):
@@ -283,6 +328,9 @@ class GatewayState(BaseModel):
     )
     mirror_pairs_kept: int = Field(0, description="answer pairs held now (the latest ones)")
     mirror_purpose: MirrorPurpose | None = Field(None, description="why the mirror copies")
+    mirror_source: str | None = Field(
+        None, description="a canary's mirror: the release whose answered requests are copied"
+    )
     mirror_until: float | None = Field(None, description="unix time the mirror stops copying")
     mirror_pairs_stored: int = Field(
         0, description="answer pairs written to the disk copy by this gateway process"

@@ -27,6 +27,16 @@ cut stream, an unreadable body) is kept with `complete` false; one whose request
 (no `temperature` of 0, or n > 1) with `sampled` true. With a `PairStore` (the
 gateway's `pairs_dir`) each recorded pair is also appended to disk, off the event loop
 (`pairstore`), and the numbering continues from the pairs stored there.
+
+A canary's answers (`Mirror.purpose` `canary`): only the requests routed to `Mirror.source`
+(the canary) are copied, to the live release's long-running server under its own label
+(`pair_label`: `<stable>:pair`), so the copies' status, TTFT and E2E land in that label's
+series, never in the live release's or a fresh baseline's that the canary is judged
+against. The copy goes out after the client's request was pinned to the canary, on its
+own task, within the same `max_in_flight` cap, as any shadow copy. In these pairs the
+`candidate` side is always the release under judgement: the canary's answer (what the
+client got, `client_side` "candidate"), and the `stable` side the copy's answer from the
+live release; `stable_release_id` is the live release's id (not its label).
 """
 
 from __future__ import annotations
@@ -38,13 +48,13 @@ import json
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from pydantic import BaseModel, Field
 from starlette.types import Message, Receive, Scope, Send
 
-from releasekit.deploy.gateway.config import Mirror
+from releasekit.deploy.gateway.config import Mirror, MirrorPurpose, paired_release
 from releasekit.deploy.gateway.errors import PromptTemplateError
 from releasekit.deploy.gateway.relay import CONTENT_RE, Relay
 from releasekit.deploy.gateway.templates import templated_body
@@ -62,8 +72,11 @@ RAW_MAX = 256 * 1024
 
 
 class MirrorPair(BaseModel):
-    """One mirrored request's two answers: the live release's (what the client got) and
-    the candidate's. Never a header or a key; the prompt only where it may be kept."""
+    """One mirrored request's two answers: the stable release's and the candidate's (the
+    release under judgement). In a shadow the client got the stable side's answer; in a
+    canary's pairs (`purpose` canary, `client_side` candidate) the client got the
+    candidate's (the canary's) and the stable side is the copy's. Never a header or a key;
+    the prompt only where it may be kept."""
 
     seq: int
     at: float = Field(description="when the pair completed (unix time)")
@@ -83,6 +96,10 @@ class MirrorPair(BaseModel):
     truncated: bool = Field(False, description="an answer was cut at TEXT_MAX characters")
     prompt_sha256: str = Field(description="sha256 of the client's request body")
     prompt: str | None = Field(None, description="the prompt text, only where it may be kept")
+    purpose: MirrorPurpose = Field("shadow", description="why the request was copied")
+    client_side: Literal["stable", "candidate"] = Field(
+        "stable", description="whose answer the client got (the other side is the copy's)"
+    )
 
 
 class MirrorPairs(BaseModel):
@@ -97,6 +114,7 @@ class MirrorPairs(BaseModel):
     kept: int = Field(0, description="pairs held now")
     capacity: int = 0
     keep_prompts: bool = False
+    purpose: MirrorPurpose | None = Field(None, description="the mirror's purpose")
     pairs: list[MirrorPair] = Field(default_factory=list)
 
 
@@ -246,7 +264,8 @@ class PendingPair:
         self.sides: dict[str, tuple[int | str, AnswerCapture | None]] = {}
 
     def answered(self, side: str, status: int | str, capture: AnswerCapture | None) -> None:
-        """One side's answer ended (`stable` or `candidate`); the second records the pair."""
+        """One side's answer ended (`client`: the answer the client got, or `copy`); the
+        second records the pair."""
         if side in self.sides:
             return
         self.sides[side] = (status, capture)
@@ -265,8 +284,10 @@ class PairBook:
         *,
         keep_prompts: bool,
         store: PairStore | None = None,
+        purpose: MirrorPurpose = "shadow",
     ) -> None:
         self.candidate_id = candidate_id
+        self.purpose = purpose
         self.capacity = capacity
         self.keep_prompts = keep_prompts
         self.store = store
@@ -290,7 +311,7 @@ class PairBook:
         texts: dict[str, str | None] = {}
         cut = False
         ok = True
-        for side in ("stable", "candidate"):
+        for side in ("client", "copy"):
             status, cap = p.sides[side]
             text, w, c = cap.finish() if cap is not None else (None, False, False)
             texts[side] = text
@@ -301,21 +322,27 @@ class PairBook:
             self.recorded = self.store.seq
         else:
             self.recorded += 1
+        # A canary's pairs: the client got the canary's answer (the release under
+        # judgement: the candidate side); the copy went to the live release.
+        canary = self.purpose == "canary"
+        stable, cand = ("copy", "client") if canary else ("client", "copy")
         pair = MirrorPair(
             seq=self.recorded,
             at=time.time(),
             path=p.path,
-            stable_release_id=p.stable_id,
-            candidate_release_id=self.candidate_id,
-            stable_status=p.sides["stable"][0],
-            candidate_status=p.sides["candidate"][0],
-            stable=texts["stable"],
-            candidate=texts["candidate"],
+            stable_release_id=paired_release(self.candidate_id) if canary else p.stable_id,
+            candidate_release_id=p.stable_id if canary else self.candidate_id,
+            stable_status=p.sides[stable][0],
+            candidate_status=p.sides[cand][0],
+            stable=texts[stable],
+            candidate=texts[cand],
             complete=ok,
             sampled=p.sampled,
             truncated=cut,
             prompt_sha256=p.digest,
             prompt=p.prompt,
+            purpose=self.purpose,
+            client_side="candidate" if canary else "stable",
         )
         self._ring.append(pair)
         if self.store is not None:
@@ -333,7 +360,7 @@ class PairBook:
 
 class PairedRelay(Relay):
     """The client's answer relayed as `Relay` does, each body chunk read into the pair's
-    stable side after it was sent (a capture error loses the pair, never the answer)."""
+    client side after it was sent (a capture error loses the pair, never the answer)."""
 
     def __init__(self, *args: Any, pair: PendingPair, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -356,7 +383,7 @@ class PairedRelay(Relay):
             await super().__call__(scope, receive, tee)
         finally:
             try:
-                self.pair.answered("stable", self.status_code, cap)
+                self.pair.answered("client", self.status_code, cap)
             except Exception:
                 log.exception("answer pair not recorded")
 
@@ -384,8 +411,17 @@ class Mirroring:
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = metrics.mirrored
         self.pairs = PairBook(
-            mirror.route.release_id, mirror.pairs, keep_prompts=mirror.keep_prompts, store=store
+            mirror.route.release_id,
+            mirror.pairs,
+            keep_prompts=mirror.keep_prompts,
+            store=store,
+            purpose=mirror.purpose,
         )
+
+    def copies(self, routed_id: str) -> bool:
+        """Whether requests routed to `routed_id` are copied at all (a canary's mirror
+        copies only its source's)."""
+        return self.mirror.source is None or self.mirror.source == routed_id
 
     def take(self) -> bool:
         """Whether this request is copied: exactly `share` of requests over any long run
@@ -518,7 +554,7 @@ class Mirroring:
             self.metrics.request(rid, route_label, status)
             if pair is not None:
                 try:
-                    pair.answered("candidate", status, cap)
+                    pair.answered("copy", status, cap)
                 except Exception:
                     log.exception("answer pair not recorded")
 

@@ -28,6 +28,8 @@ import os
 import queue
 import re
 import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -88,6 +90,32 @@ def read_pairs(
         for p in _pairs_of(older) + _pairs_of(now)
         if p.seq > since and (until is None or p.seq <= until)
     ]
+
+
+def prune(
+    directory: Path, *, keep_s: float, protect: Iterable[str] = (), now: float | None = None
+) -> list[Path]:
+    """Delete the stored pairs files in `directory` last written more than `keep_s` seconds
+    before `now`, except those of the releases in `protect` (the ones mirrored now); the
+    paths deleted. A file that cannot be read or removed is left as it is."""
+    kept = {path.name for rid in protect for path in segment_paths(directory, rid)}
+    at = time.time() if now is None else now
+    gone: list[Path] = []
+    try:
+        files = sorted(directory.glob("*.jsonl"))
+    except OSError:
+        return gone
+    for path in files:
+        if path.name in kept:
+            continue
+        try:
+            if at - path.stat().st_mtime <= keep_s:
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        gone.append(path)
+    return gone
 
 
 def _last_seq(path: Path) -> int | None:

@@ -217,6 +217,39 @@ def app_statuses() -> dict[str, tuple[str, str]]:
     return out
 
 
+class ScaleState(BaseModel):
+    """A release application's replica count as Ray Serve's controller reports it."""
+
+    running: int = Field(description="replicas in state RUNNING")
+    starting: int = Field(0, description="replicas starting, updating or recovering")
+    stopping: int = Field(0, description="replicas being stopped")
+    status: str = Field(description="the deployment's status: HEALTHY, UPSCALING, ...")
+    trigger: str = Field("", description="what the status follows: UPSCALE_COMPLETED, ...")
+
+
+def scale_state(app: str) -> ScaleState | None:
+    """How many replicas `app` runs now, from Serve's own status (None: no such app)."""
+    _ray()
+    from ray import serve
+
+    try:
+        st = serve.status()
+    except Exception as exc:
+        raise DeployError(f"could not read Ray Serve's status: {exc}") from exc
+    a = st.applications.get(app)
+    if a is None or not a.deployments:
+        return None
+    dep = next(iter(a.deployments.values()))
+    counts = {str(getattr(k, "value", k)): int(v) for k, v in dep.replica_states.items()}
+    return ScaleState(
+        running=counts.get("RUNNING", 0),
+        starting=sum(counts.get(k, 0) for k in ("STARTING", "UPDATING", "RECOVERING")),
+        stopping=counts.get("STOPPING", 0),
+        status=str(getattr(dep.status, "value", dep.status)),
+        trigger=str(getattr(dep.status_trigger, "value", dep.status_trigger)),
+    )
+
+
 def replicas_of(app: str) -> list[ReplicaInfo]:
     """The replicas of `app` that run now (their records, less those whose actor is gone)."""
     ray = _ray()

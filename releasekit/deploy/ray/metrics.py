@@ -29,6 +29,10 @@ _LEVEL = re.compile(
     r"|_start_time_seconds|_timestamp_seconds|_max_fds|_limit|_max|_min)$"
 )
 
+REPLICAS_GAUGE = "releasekit:replicas"
+"""The gauge the router adds to a release's fleet page: its replicas whose server answered
+(a scale change shows in every scrape)."""
+
 Rule = Literal["sum", "max", "min"]
 _APPLY: dict[str, Callable[[float, float], float]] = {
     "sum": lambda a, b: a + b,

@@ -54,7 +54,7 @@ from starlette.responses import Response, StreamingResponse
 from releasekit._support.procs import tail
 from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
 from releasekit.deploy.ray.loopback import LOOPBACK_ENV
-from releasekit.deploy.ray.metrics import merge_expositions
+from releasekit.deploy.ray.metrics import REPLICAS_GAUGE, merge_expositions
 from releasekit.serving.host import (
     BIND_ENV,
     bind_env,
@@ -418,7 +418,9 @@ def _refusal(status: int, message: str) -> Response:
 
 
 ROUTER_APP = "rk-router"
-ROUTER_VERSION = b"2"  # 2: the environment's router secret and the route allowlist
+ROUTER_VERSION = b"3"  # 2: the environment's router secret and the route allowlist; 3: the
+# fleet page's replica gauge
+
 _HEAD_TRIES = 6  # a request whose replica died before answering: tries, 0.25-1.25 s apart
 TOKEN_SEP = "~"
 ROUTER_KEYS = "_router/"
@@ -506,7 +508,8 @@ class Router:
         """`GET /metrics?app=APP`: every replica's server's /metrics, merged (one series
         per name and labels: counters, histograms and counting gauges summed over the
         replicas, ratio gauges such as KV-cache usage the fullest replica's;
-        deploy/ray/metrics.py)."""
+        deploy/ray/metrics.py), then the `releasekit:replicas` gauge: how many replicas
+        answered, so a scrape (watch's windows) sees every scale change."""
         urls = []
         for key in internal_kv._internal_kv_list(f"{app}/".encode(), namespace=KV_NAMESPACE):
             raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
@@ -521,8 +524,12 @@ class Router:
                 status_code=503,
                 media_type="application/json",
             )
+        gauge = (
+            f"# HELP {REPLICAS_GAUGE} replicas of the release whose server answered /metrics\n"
+            f"# TYPE {REPLICAS_GAUGE} gauge\n{REPLICAS_GAUGE} {len(pages)}\n"
+        )
         return Response(
-            merge_expositions(pages),
+            merge_expositions(pages) + gauge,
             media_type="text/plain; version=0.0.4",
             headers={"x-releasekit-replicas": str(len(pages))},
         )

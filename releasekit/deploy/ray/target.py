@@ -33,6 +33,11 @@ from releasekit.config import EnvironmentConfig, RayTargetConfig, Settings, load
 from releasekit.deploy.gateway import GatewayError
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget, check_health, process_alive, spawn_detached
+from releasekit.deploy.ray.autoscale import (
+    AutoscalePlan,
+    autoscale_plan,
+    serve_autoscaling_config,
+)
 from releasekit.deploy.ray.cluster import (
     ReplicaInfo,
     app_statuses,
@@ -88,26 +93,24 @@ def release_app_args(
     spec: ReleaseSpec,
     *,
     replicas: int | None = None,
+    fixed_without_knee: bool = False,
 ) -> AppArgs:
     """The one description of a release's Serve application in `env` (its name is
     `args.replica.app`): the deployment options and the replica's constructor arguments.
     `RayTarget.start` deploys `build_app(args)`; `releasekit export kuberay` writes the
-    same args into a Serve config, so the two cannot differ. Reads only."""
+    same args into a Serve config, so the two cannot differ. Reads only. With autoscaling
+    the options carry the environment's plan for this release (deploy/ray/autoscale.py);
+    NoKneeEvidenceError when it derives from a knee the release lacks."""
     from releasekit.deploy.ray.replica import AppArgs, ReplicaArgs, replica_options
 
     ray = config.ray
     if ray is None:
         raise ConfigError(f"environment {env!r}: target ray needs [environments.{env}.ray]")
     count = replicas or ray.replicas
-    auto = ray.autoscaling
     autoscaling: dict[str, Any] | None = None
-    if auto is not None:
-        autoscaling = {
-            "min_replicas": auto.min_replicas,
-            "initial_replicas": max(auto.min_replicas, min(count, auto.max_replicas)),
-            "max_replicas": auto.max_replicas,
-            "target_ongoing_requests": auto.target_queue_depth,
-        }
+    if ray.autoscaling is not None:
+        plan = autoscale_plan(env, ray.autoscaling, spec, fixed_without_knee=fixed_without_knee)
+        autoscaling = serve_autoscaling_config(plan, replicas=count)
     opts = replica_options(
         replicas=count,
         cpus=ray.cpus_per_replica,
@@ -322,9 +325,14 @@ class RayTarget(LocalTarget):
         deleted, record forgotten) when a replica never becomes healthy, quoting its log."""
         from releasekit.deploy.ray.replica import build_app, routing_token
 
-        proxy = self.connect()
         auto = self.ray.autoscaling
-        check_fits(self.ray, replicas=auto.min_replicas if auto else self.replicas)
+        plan = (
+            autoscale_plan(self.env, auto, spec, fixed_without_knee=True)
+            if auto is not None
+            else None
+        )
+        proxy = self.connect()
+        check_fits(self.ray, replicas=plan.min_replicas if plan else self.replicas)
         app = app_name(self.env, spec.release_id)
         if app in app_statuses():
             self._delete(app)
@@ -348,7 +356,12 @@ class RayTarget(LocalTarget):
         up = self.upstream_of(rec)
         if on_spawn is not None:
             on_spawn(up)
-        args = release_app_args(self.settings, self.env, self.config, spec, replicas=self.replicas)
+        # Promote refuses a release without knee evidence before its gates; a start that
+        # gets here without one is a rollback (or a baseline): it runs, unscaled at max.
+        args = release_app_args(
+            self.settings, self.env, self.config, spec, replicas=self.replicas,
+            fixed_without_knee=True,
+        )  # fmt: skip
         bound = build_app(args.model_dump())
         try:
             from ray import serve
@@ -371,6 +384,12 @@ class RayTarget(LocalTarget):
         rec.ready_s = round(time.time() - rec.started_at, 1)
         self.handle.save()
         return up
+
+    def autoscaling(self, spec: ReleaseSpec) -> AutoscalePlan | None:
+        """How `spec`'s replicas scale here (None: a fixed count); NoKneeEvidenceError
+        when the environment derives the target from a knee `spec` lacks."""
+        auto = self.ray.autoscaling
+        return autoscale_plan(self.env, auto, spec) if auto is not None else None
 
     def _wait_running(self, app: str, rec: ServerRecord) -> None:
         deadline = time.monotonic() + self.settings.server_start_timeout_s + 30

@@ -1,0 +1,73 @@
+"""Autoscaling from the knee under a load step, on a real two-node Ray cluster on loopback.
+
+Runs the load step of tests/deploy/test_ray_autoscale.py (a `ray` environment with
+`autoscaling = { target = "knee", knee_headroom = 0.75, min_replicas = 1, max_replicas = 2,
+... }`; the release's knee is concurrency 16, so the target is 4 in flight per replica):
+1 client streaming back to back through the environment's gateway, then 12 concurrent
+streams, then 1 client again. It records Ray Serve's own replica count over time (its
+`serve.status()`, read through `deploy-status`), TTFT p95 at the gateway per phase, when the
+second replica came up and went away, and every failure, and writes them with the run block
+to benchmarks/results/autoscale_step.json.
+
+The replicas' engine is the deploy tests' stand-in vLLM (each stream 15 chunks 0.2 s apart),
+not real vLLM: the knee a target is derived from must be the engine's own, measured by
+`releasekit bench`, and two real vLLM CPU servers, their bench and Ray do not fit a 2-core
+host shared with other work. The figures measure releasekit's and Ray's part (the derived
+target, the scale-up and scale-down, requests through the gateway during both), not an
+engine's latency.
+
+    .venv/bin/python benchmarks/autoscale_step.py [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._results import REPO, RESULTS, write_result
+
+TEST = "tests/deploy/test_ray_autoscale.py"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "autoscale_step.json")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rk-autoscale-") as tmp:
+        raw = Path(tmp) / "step.json"
+        env = {
+            **os.environ,
+            "RELEASEKIT_AUTOSCALE_OUT": str(raw),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+            ),
+            "HF_HUB_OFFLINE": "1",
+        }
+        cmd = [sys.executable, "-m", "pytest", TEST, "-q", "-s", "-p", "no:cacheprovider"]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, check=False)
+        if not raw.is_file():
+            print(f"autoscale_step: the load step did not finish (pytest exit {proc.returncode})")
+            return 1
+        result = json.loads(raw.read_text())
+    result["test_passed"] = proc.returncode == 0
+    path = write_result(args.out, result)
+    phases = result["phases"]
+    print(f"{'phase':<8} {'requests':>8} {'failed':>6} {'TTFT p95 s':>10}")
+    for name, p in phases.items():
+        print(f"{name:<8} {p['requests']:>8} {p['failed']:>6} {p['ttft_p95_s']!s:>10}")
+    print(
+        f"second replica running at {result['scaled_up_at_s']} s, back to one at "
+        f"{result['scaled_down_at_s']} s; {len(result['failures'])} failed; wrote {path}"
+    )
+    return 0 if proc.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
