@@ -75,6 +75,12 @@ def cpu_kind(flags: list[str] | set[str]) -> str:
     return "avx2" if "avx2" in have else UNKNOWN
 
 
+def host_kind() -> str:
+    """This host's CPU kind (avx512_amx, avx512, avx2): the families whose float kernels
+    differ."""
+    return cpu_kind(_cpuinfo().get("flags", []))
+
+
 def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -9,14 +9,16 @@ streams, then 1 client again. It records Ray Serve's own replica count over time
 second replica came up and went away, and every failure, and writes them with the run block
 to benchmarks/results/autoscale_step.json.
 
-The replicas' engine is the deploy tests' stand-in vLLM (each stream 15 chunks 0.2 s apart),
-not real vLLM: the knee a target is derived from must be the engine's own, measured by
-`releasekit bench`, and two real vLLM CPU servers, their bench and Ray do not fit a 2-core
-host shared with other work. The figures measure releasekit's and Ray's part (the derived
-target, the scale-up and scale-down, requests through the gateway during both), not an
-engine's latency.
+By default the replicas' engine is the deploy tests' stand-in vLLM (each stream 15 chunks
+0.2 s apart, knee 16 written by the bench's own writer): the figures then measure releasekit's
+and Ray's part (the derived target, the scale-up and scale-down, requests through the gateway
+during both), not an engine's latency. With `--engine vllm` the replicas are real vLLM: the
+demo's bf16 release is built for real first (`releasekit build`: quantise, serve, load test,
+eval), its knee is its own load test's, the environment keeps 87.5% of it spare, and the step
+is 16 concurrent streams (a second vLLM starts on the same two cores while the first serves
+them); result in benchmarks/results/autoscale_step.vllm.json.
 
-    .venv/bin/python benchmarks/autoscale_step.py [--out PATH]
+    .venv/bin/python benchmarks/autoscale_step.py [--engine stand-in|vllm] [--out PATH]
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ TEST = "tests/deploy/test_ray_autoscale.py"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "autoscale_step.json")
+    parser.add_argument("--engine", choices=("stand-in", "vllm"), default="stand-in")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    real = args.engine == "vllm"
+    out = args.out or RESULTS / ("autoscale_step.vllm.json" if real else "autoscale_step.json")
     with tempfile.TemporaryDirectory(prefix="rk-autoscale-") as tmp:
         raw = Path(tmp) / "step.json"
         env = {
@@ -49,15 +54,18 @@ def main(argv: list[str] | None = None) -> int:
                 p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
             ),
             "HF_HUB_OFFLINE": "1",
+            "RELEASEKIT_TEST_RAY_VLLM": "1" if real else "0",
         }
+        which = "real_vllm" if real else "above_the_knee_target"
         cmd = [sys.executable, "-m", "pytest", TEST, "-q", "-s", "-p", "no:cacheprovider"]
+        cmd += ["-k", which]
         proc = subprocess.run(cmd, cwd=REPO, env=env, check=False)
         if not raw.is_file():
             print(f"autoscale_step: the load step did not finish (pytest exit {proc.returncode})")
             return 1
         result = json.loads(raw.read_text())
     result["test_passed"] = proc.returncode == 0
-    path = write_result(args.out, result)
+    path = write_result(out, result)
     phases = result["phases"]
     print(f"{'phase':<8} {'requests':>8} {'failed':>6} {'TTFT p95 s':>10}")
     for name, p in phases.items():

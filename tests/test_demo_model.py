@@ -8,6 +8,7 @@ shipped weights against their record; the tests that train are slow.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,24 @@ def test_committed_data_is_what_make_data_writes(repo_root: Path, tmp_path: Path
     assert written == declared
     for rel in written:
         assert (tmp_path / rel).read_bytes() == (repo_root / rel).read_bytes(), rel
+
+
+def test_importing_the_training_module_leaves_the_environment_alone() -> None:
+    """train.py pins torch, oneDNN and MKL to their AVX2 paths for its own runs only: a
+    process that imports it (these tests, quant_probe.py) keeps its environment, so the
+    vLLM servers it starts later are not capped below AMX (which made them abort at their
+    first request on a CPU with AMX)."""
+    pinned = ("MKL_CBWR", "MKL_DYNAMIC", "OMP_DYNAMIC", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    code = (
+        "import os, sys; sys.path.insert(0, sys.argv[1]); import train; "
+        f"print(sorted(k for k in {pinned!r} if k in os.environ))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in pinned}
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(DEMO)], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
 
 
 def test_model_skeleton_fits_group_128_quantisation() -> None:

@@ -29,6 +29,11 @@ from releasekit.spec.manifest import LoadedManifest, load_manifest
 REPO = Path(__file__).resolve().parents[1]
 
 # A handler gets the request body and returns (status, JSON body, delay in seconds).
+# The clients' timeout leaves a busy host seconds to answer the prompt items; a stalled item
+# waits past it (a sleep only lasts longer on a busy host), so which items time out does
+# not depend on the host's speed.
+TIMEOUT_S = 3.0
+STALL_S = 4.5
 Handler = Callable[[dict[str, Any]], tuple[int, Any, float]]
 
 
@@ -127,7 +132,7 @@ def model_handler(body: dict[str, Any]) -> tuple[int, Any, float]:
     if q == "crash":
         return 500, {"error": {"message": "engine died"}}, 0
     if q == "slow":
-        return 200, chat("late"), 1.5
+        return 200, chat("late"), STALL_S
     if q == "garbled":
         return 200, "not json at all", 0
     return 200, chat(FACTS.get(q, "I cannot answer that.")), 0
@@ -217,7 +222,7 @@ def write_project(root: Path, *, judge_url: str | None = None) -> Path:
             "model": "judge-1",
             "prompt": "prompts/judge.txt",
             "rubric": "Correct and brief.",
-            "timeout_s": 1.0,
+            "timeout_s": TIMEOUT_S,
         }
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text("{}")
@@ -248,7 +253,7 @@ def by_id(result: Any) -> dict[str, Any]:
 def test_every_item_is_sent_with_the_release_prompts_at_temperature_zero(
     fake_model: FakeOpenAI, lm: LoadedManifest
 ) -> None:
-    run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=1.0)
+    run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=TIMEOUT_S)
     assert len(fake_model.requests) == 14
     req = next(r for r in fake_model.requests if question_of(r) == "lucky number of A?")
     assert req["messages"] == [
@@ -263,7 +268,7 @@ def test_every_item_is_sent_with_the_release_prompts_at_temperature_zero(
 def test_each_scorer_gives_its_verdict_and_the_record_keeps_the_evidence(
     fake_model: FakeOpenAI, lm: LoadedManifest
 ) -> None:
-    result = run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=1.0)
+    result = run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=TIMEOUT_S)
     items = by_id(result)
     outcomes = {k: v.outcome for k, v in items.items() if v.suite == "core"}
     assert outcomes == {"c1": "pass", "c2": "pass", "c3": "fail", "c4": "pass", "c5": "pass",
@@ -285,7 +290,7 @@ def test_each_scorer_gives_its_verdict_and_the_record_keeps_the_evidence(
 def test_rejected_over_long_input_passes_only_where_rejection_is_expected(
     fake_model: FakeOpenAI, lm: LoadedManifest
 ) -> None:
-    items = by_id(run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=1.0))
+    items = by_id(run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=TIMEOUT_S))
     assert items["e1"].outcome == "pass"  # refused an unknown question
     assert items["e2"].outcome == "pass"  # expect_error, HTTP 400
     assert items["e2"].http_status == 400
@@ -298,7 +303,7 @@ def test_rejected_over_long_input_passes_only_where_rejection_is_expected(
 def test_timeouts_server_errors_and_garbage_are_errors_not_fails(
     fake_model: FakeOpenAI, lm: LoadedManifest
 ) -> None:
-    result = run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=1.0)
+    result = run_eval(fake_model.base_url, "demo", lm, noise_runs=1, timeout_s=TIMEOUT_S)
     items = by_id(result)
     assert items["f1"].outcome == "error"
     assert "HTTP 500" in (items["f1"].error or "")
@@ -320,7 +325,7 @@ def test_progress_reports_every_item_per_suite_and_run(
         "demo",
         lm,
         noise_runs=2,
-        timeout_s=1.0,
+        timeout_s=TIMEOUT_S,
         progress=lambda label, done, total: seen.setdefault(label, []).append((done, total)),
     )
     assert set(seen) == {f"{s} (run {r}/2)" for s in ("core", "edge", "faults") for r in (1, 2)}
@@ -342,7 +347,9 @@ def test_an_output_that_changes_without_changing_its_verdict_is_not_a_flip(
 
     lm = load_manifest(write_project(tmp_path / "p"), root=tmp_path / "p")
     with FakeOpenAI(drift) as srv:
-        result = run_eval(srv.base_url, "demo", lm, noise_runs=2, timeout_s=1.0, concurrency=1)
+        result = run_eval(
+            srv.base_url, "demo", lm, noise_runs=2, timeout_s=TIMEOUT_S, concurrency=1
+        )
     assert result.noise is not None
     core = result.noise.suites["core"]
     assert (core.runs, core.compared) == (2, 6)
@@ -369,7 +376,9 @@ def test_noise_counts_a_verdict_that_moved_between_runs(tmp_path: Path) -> None:
 
     lm = load_manifest(write_project(tmp_path / "p"), root=tmp_path / "p")
     with FakeOpenAI(drift) as srv:
-        result = run_eval(srv.base_url, "demo", lm, noise_runs=2, timeout_s=1.0, concurrency=1)
+        result = run_eval(
+            srv.base_url, "demo", lm, noise_runs=2, timeout_s=TIMEOUT_S, concurrency=1
+        )
     assert result.noise is not None
     core = result.noise.suites["core"]
     assert core.flipped_ids == ["c1", "c4"]  # c3 expected Beta: fail both times
@@ -395,7 +404,13 @@ def test_later_runs_send_an_even_sample_and_noise_is_over_the_items_both_sent(
     lm = load_manifest(write_project(tmp_path / "p"), root=tmp_path / "p")
     with FakeOpenAI(counting) as srv:
         result = run_eval(
-            srv.base_url, "demo", lm, noise_runs=2, timeout_s=1.0, concurrency=1, noise_items=3
+            srv.base_url,
+            "demo",
+            lm,
+            noise_runs=2,
+            timeout_s=TIMEOUT_S,
+            concurrency=1,
+            noise_items=3,
         )
     assert result.noise is not None
     core = result.noise.suites["core"]
@@ -500,7 +515,7 @@ def judge_handler(body: dict[str, Any]) -> tuple[int, Any, float]:
         return 200, chat("VERDICT: FAIL (no reference)"), 0
     if answer.startswith("{"):
         return 200, chat("Hmm, hard to say."), 0
-    return 200, chat("PASS"), 1.5  # slower than the judge's 1 s timeout
+    return 200, chat("PASS"), STALL_S  # past the judge's timeout
 
 
 def test_the_judge_scores_with_its_identity_and_fails_closed(
@@ -519,7 +534,7 @@ def test_the_judge_scores_with_its_identity_and_fails_closed(
     assert items["j3"].outcome == "error"  # unparseable
     assert "unparseable" in items["j3"].detail
     assert items["j4"].outcome == "error"  # timed out
-    assert "timed out after 1s" in items["j4"].detail
+    assert f"timed out after {TIMEOUT_S:g}s" in items["j4"].detail
     s = result.suites["judged"]
     assert (s.passed, s.failed, s.errors) == (1, 1, 2)
 

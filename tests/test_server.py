@@ -20,6 +20,7 @@ import pytest
 from releasekit._support.procs import reap_registered
 from releasekit.config import Settings
 from releasekit.errors import ReleaseNotBuiltError, ServerError, ServerStartError
+from releasekit.serving.host import KERNEL_ENV, inherited_env
 from releasekit.serving.vllm import (
     PIDDIR_ENV,
     PORT_RANGE_ENV,
@@ -140,6 +141,56 @@ def test_quantised_release_needs_a_build_before_serving(
 
 
 @pytest.mark.slow
+def test_a_server_never_inherits_the_kernel_choosing_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONEDNN_MAX_CPU_ISA and the other variables that choose torch's, oneDNN's and MKL's CPU
+    kernels do not pass from the starting process to a vLLM server (on a CPU with AMX a
+    server that inherited ONEDNN_MAX_CPU_ISA=AVX2 aborted at its first request); everything
+    else does, and the release's own serving.env still sets them. The server here is a
+    stand-in interpreter that writes the environment it got and exits."""
+    dump = tmp_path / "env.bin"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nenv -0 > {dump}\nexit 3\n")
+    fake.chmod(0o755)
+    for key in KERNEL_ENV:
+        monkeypatch.setenv(key, "AVX2")
+    monkeypatch.setenv("RK_TEST_KEPT", "yes")
+    server = VLLMServer(
+        tmp_path,
+        served_name="demo",
+        engine_args={},
+        env={"MKL_CBWR": "COMPATIBLE"},  # the release's own
+        python=fake,
+        log_path=tmp_path / "server.log",
+        start_timeout_s=30,
+    )
+    with pytest.raises(ServerStartError):
+        server.start()
+    got = dict(e.split("=", 1) for e in dump.read_text().split("\0") if "=" in e)
+    assert got["RK_TEST_KEPT"] == "yes"
+    assert got["MKL_CBWR"] == "COMPATIBLE"
+    assert sorted(set(got) & set(KERNEL_ENV)) == ["MKL_CBWR"]
+    assert "ONEDNN_MAX_CPU_ISA" not in inherited_env({"ONEDNN_MAX_CPU_ISA": "AVX2", "A": "1"})
+
+
+def test_a_ray_replica_server_never_inherits_the_kernel_choosing_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Ray target's replica builds its server's environment from the Ray worker's: the
+    kernel-choosing variables are left out there too (the killed-replica case on AMX failed
+    on the other replica's engine, which had inherited ONEDNN_MAX_CPU_ISA=AVX2)."""
+    pytest.importorskip("ray")
+    from releasekit.deploy.ray.replica import _clean_env
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("RK_TEST_KEPT", "yes")
+    env = _clean_env()
+    assert env["RK_TEST_KEPT"] == "yes"
+    assert not set(env) & set(KERNEL_ENV)
+
+
 def test_bad_engine_arg_raises_start_error_quoting_the_log(tmp_path: Path) -> None:
     """vLLM rejecting an argument: ServerStartError names the cause and quotes the log; the
     process group is gone."""

@@ -35,22 +35,27 @@ from typing import Any
 # reproducibility in strict mode on its AVX2 path, with a fixed thread count (MKL_DYNAMIC would
 # otherwise use fewer threads on a busy host, which changes the order of its sums); ATen's
 # vectorised kernels and oneDNN on AVX2 too (AVX-512 and AMX reduce in other orders).
-for _key, _value in (
-    ("MKL_CBWR", "AVX2,STRICT"),
-    ("MKL_DYNAMIC", "FALSE"),
-    ("OMP_DYNAMIC", "FALSE"),
-    ("ATEN_CPU_CAPABILITY", "avx2"),
-    ("ONEDNN_MAX_CPU_ISA", "AVX2"),
-):
-    os.environ.setdefault(_key, _value)
+# Only for a training run (this file run as a script): a process that imports this module
+# keeps its environment, and so do the servers it starts. A vLLM server that inherited
+# ONEDNN_MAX_CPU_ISA=AVX2 on a CPU with AMX aborts at its first request (vLLM picks its AMX
+# kernels by CPUID, and torch refuses them under the cap).
+if __name__ == "__main__":
+    for _key, _value in (
+        ("MKL_CBWR", "AVX2,STRICT"),
+        ("MKL_DYNAMIC", "FALSE"),
+        ("OMP_DYNAMIC", "FALSE"),
+        ("ATEN_CPU_CAPABILITY", "avx2"),
+        ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+    ):
+        os.environ.setdefault(_key, _value)
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import world as w  # noqa: E402
+import world as w
 
 ROOT = Path(__file__).resolve().parents[2]
 PAD, BOS, EOS = "<|pad|>", w.BOS_TOKEN, "<|end|>"

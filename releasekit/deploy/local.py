@@ -63,6 +63,7 @@ from releasekit.deploy.target import (
 )
 from releasekit.serving.host import (
     bind_env,
+    inherited_env,
     pick_core,
     raise_priority,
     reset_priority,
@@ -150,11 +151,12 @@ def spawn_detached(
 
 
 def _server_env(spec: ReleaseSpec, settings: Settings, core: int | None) -> dict[str, str]:
-    """The server's environment: this process's, the host's additions (preloaded libraries,
-    the worker's core), then the release's own, which win."""
+    """The server's environment: this process's (less the kernel-choosing variables,
+    `inherited_env`), the host's additions (preloaded libraries, the worker's core), then the
+    release's own, which win."""
     release_env = dict(spec.env)
     env = {
-        **os.environ,
+        **inherited_env(),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",

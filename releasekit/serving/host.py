@@ -23,13 +23,20 @@ What was measured on a 2-core host (README, "Where the time goes on a 2-core hos
   Measured side by side on the demo (benchmarks/bench_vs_vllm.py --preload on|off), it did
   not help on 2 cores (the same at 1-4 in flight, 6-16% fewer tokens/s at 16-64), so it is
   a setting (`server_preload`), off by default.
+- A server's environment starts from its caller's less the variables that choose torch's,
+  oneDNN's and MKL's CPU kernels (`inherited_env`, `KERNEL_ENV`): those come from the
+  release's `serving.env` or not at all. Seen on a CPU with AMX: a vLLM server that inherited
+  ONEDNN_MAX_CPU_ISA=AVX2 (set by a training script in the process that started it) aborted
+  at its first request, because vLLM picks its AMX kernels by CPUID and torch refuses them
+  under the cap ("BFloat16 Brgemm VNNI format is only supported ... when `amx` is
+  supported"); elsewhere such a cap silently changes the release's kernels and answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 TCMALLOC_CANDIDATES: tuple[str, ...] = (
@@ -38,6 +45,24 @@ TCMALLOC_CANDIDATES: tuple[str, ...] = (
     "/usr/lib64/libtcmalloc_minimal.so.4",
 )
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+#: Variables that choose the CPU kernels of torch (ATen), oneDNN and MKL. A server never
+#: inherits them: a release that needs one sets it in its `serving.env`.
+KERNEL_ENV: tuple[str, ...] = (
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+)
+
+
+def inherited_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a vLLM server inherits from `environ` (this process's by default): all of it
+    but the kernel-choosing variables of `KERNEL_ENV`."""
+    src = os.environ if environ is None else environ
+    return {k: v for k, v in src.items() if k not in KERNEL_ENV}
 
 
 def preload_libs(python: Path) -> list[str]:

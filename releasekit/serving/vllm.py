@@ -33,7 +33,7 @@ from releasekit.errors import (
     ServerStartError,
     ServerUnreachableError,
 )
-from releasekit.serving.host import server_env
+from releasekit.serving.host import inherited_env, server_env
 
 if TYPE_CHECKING:
     from releasekit.config import Settings
@@ -189,7 +189,7 @@ class VLLMServer:
     def _start_once(self) -> ServerInfo:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
-            **os.environ,
+            **inherited_env(),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",

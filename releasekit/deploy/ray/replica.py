@@ -58,6 +58,7 @@ from releasekit.deploy.ray.metrics import REPLICAS_GAUGE, merge_expositions
 from releasekit.serving.host import (
     BIND_ENV,
     bind_env,
+    inherited_env,
     pick_core,
     raise_priority,
     reset_priority,
@@ -103,12 +104,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _clean_env() -> dict[str, str]:
-    """The server's base environment: the Ray worker's, less Ray's and gRPC's variables,
-    with vLLM's worker processes spawned rather than forked. Why: a replica's vLLM was seen
-    here aborting at start in gRPC ("epoll_wait error: Bad file descriptor", SIGABRT);
-    vLLM imports Ray when it is installed, and gRPC does not survive a fork. The release's
-    own `serving.env` still wins."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GRPC_"))}
+    """The server's base environment: the Ray worker's, less Ray's and gRPC's variables and
+    the kernel-choosing ones (`inherited_env`), with vLLM's worker processes spawned rather
+    than forked. Why: a replica's vLLM was seen here aborting at start in gRPC ("epoll_wait
+    error: Bad file descriptor", SIGABRT); vLLM imports Ray when it is installed, and gRPC
+    does not survive a fork. The release's own `serving.env` still wins."""
+    env = {k: v for k, v in inherited_env().items() if not k.startswith(("RAY_", "GRPC_"))}
     env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
 
