@@ -20,7 +20,8 @@ import pytest
 from releasekit._support.procs import reap_registered
 from releasekit.config import Settings
 from releasekit.errors import ReleaseNotBuiltError, ServerError, ServerStartError
-from releasekit.serving.host import KERNEL_ENV, inherited_env
+from releasekit.serving.amx_startup import STARTUP_DIR
+from releasekit.serving.host import KERNEL_ENV, has_amx, inherited_env
 from releasekit.serving.vllm import (
     PIDDIR_ENV,
     PORT_RANGE_ENV,
@@ -171,7 +172,40 @@ def test_a_server_never_inherits_the_kernel_choosing_variables(
     assert got["RK_TEST_KEPT"] == "yes"
     assert got["MKL_CBWR"] == "COMPATIBLE"
     assert sorted(set(got) & set(KERNEL_ENV)) == ["MKL_CBWR"]
-    assert "ONEDNN_MAX_CPU_ISA" not in inherited_env({"ONEDNN_MAX_CPU_ISA": "AVX2", "A": "1"})
+    assert inherited_env({"ONEDNN_MAX_CPU_ISA": "AVX2", "A": "1"}, amx=False) == {"A": "1"}
+    # On a CPU with AMX every process of the server asks for the AMX tile state first.
+    assert (str(STARTUP_DIR) in got.get("PYTHONPATH", "").split(os.pathsep)) == has_amx()
+
+
+_PERM_PROBE = """
+import ctypes, sys
+mask = ctypes.c_uint64(0)
+rc = ctypes.CDLL(None, use_errno=True).syscall(158, 0x1022, ctypes.byref(mask))
+print(int(rc == 0 and bool(mask.value & (1 << 18))))
+"""
+
+
+def test_on_a_cpu_with_amx_every_server_process_asks_for_the_amx_tile_state() -> None:
+    """A spawned vLLM worker runs AMX kernels only if its own process asked Linux for the
+    tile state (without it, SIGILL at the first request, seen with a Ray replica's spawned
+    workers). A server's environment puts `amx_startup` first on PYTHONPATH on such a CPU:
+    a fresh interpreter with that environment holds the permission, one without it does
+    not. Elsewhere nothing is added and the startup module is harmless."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = inherited_env(base, amx=True)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(STARTUP_DIR)
+    assert "PYTHONPATH" not in inherited_env(base, amx=False)
+    with_hook = subprocess.run(
+        [sys.executable, "-c", _PERM_PROBE], env=env, capture_output=True, text=True
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", _PERM_PROBE], env=base, capture_output=True, text=True
+    )
+    assert with_hook.returncode == 0 and without.returncode == 0, with_hook.stderr
+    if not has_amx():
+        assert with_hook.stdout.strip() == "0"  # nothing to ask for here
+        pytest.skip("this CPU has no AMX: the permission itself is checked on AMX hosts")
+    assert (with_hook.stdout.strip(), without.stdout.strip()) == ("1", "0")
 
 
 def test_a_ray_replica_server_never_inherits_the_kernel_choosing_variables(

@@ -30,6 +30,10 @@ What was measured on a 2-core host (README, "Where the time goes on a 2-core hos
   at its first request, because vLLM picks its AMX kernels by CPUID and torch refuses them
   under the cap ("BFloat16 Brgemm VNNI format is only supported ... when `amx` is
   supported"); elsewhere such a cap silently changes the release's kernels and answers.
+- On a CPU with AMX every Python process of a server asks Linux for the AMX tile state at
+  start (`amx_startup`, first on its PYTHONPATH). vLLM's AMX attention kernel never asks; a
+  worker forked from a process that had asked inherits the permission, but a spawned one (a
+  Ray replica's) died with SIGILL at its first request.
 """
 
 from __future__ import annotations
@@ -58,11 +62,34 @@ KERNEL_ENV: tuple[str, ...] = (
 )
 
 
-def inherited_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a vLLM server inherits from `environ` (this process's by default): all of it
-    but the kernel-choosing variables of `KERNEL_ENV`."""
+def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has AMX tiles (the `amx_tile` flag Linux lists)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    return any(
+        line.startswith("flags") and "amx_tile" in line.split() for line in text.splitlines()
+    )
+
+
+def inherited_env(
+    environ: Mapping[str, str] | None = None, *, amx: bool | None = None
+) -> dict[str, str]:
+    """What a vLLM server starts from: `environ` (this process's by default) less the
+    kernel-choosing variables of `KERNEL_ENV`; on a CPU with AMX (`amx`, read from this
+    host by default) with `amx_startup` first on PYTHONPATH, so that every Python process of
+    the server asks Linux for the AMX tile state before any kernel runs (a spawned vLLM
+    worker that did not ask died with SIGILL in vLLM's AMX attention kernel)."""
     src = os.environ if environ is None else environ
-    return {k: v for k, v in src.items() if k not in KERNEL_ENV}
+    env = {k: v for k, v in src.items() if k not in KERNEL_ENV}
+    with_amx = has_amx() if amx is None else amx
+    if with_amx:
+        from releasekit.serving.amx_startup import STARTUP_DIR
+
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *rest])
+    return env
 
 
 def preload_libs(python: Path) -> list[str]:
