@@ -127,6 +127,11 @@ class GateReport(BaseModel):
     policy_source: str | None = Field(
         None, description="where the environment's policy came from (revision, commit, digest)"
     )
+    scaling: str | None = Field(
+        None,
+        description="a Ray environment's autoscaling plan for the candidate, one line: the "
+        "replica range and the per-replica target derived from its knee",
+    )
     created_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property

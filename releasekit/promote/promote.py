@@ -431,6 +431,8 @@ def run_promotion(
         pol = target.policy
         source = f"{pol.where}, digest {pol.source.digest[:12]}"
         report = report.model_copy(update={"policy_source": source})
+    if scaling is not None:  # the replica range the release would run with, in the report
+        report = report.model_copy(update={"scaling": scaling.text})
     result = target.base.model_copy(update={"report": report, "warnings": notes})
     if request.dry_run:
         return result

@@ -220,6 +220,8 @@ def render_html(report: GateReport, *, comparison_href: str | None = None) -> st
         if report.policy_source
         else ""
     )
+    if report.scaling:
+        policy += f"<p><b>Replicas:</b> {html.escape(report.scaling)}</p>\n"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
 <style>{PAGE_CSS}</style></head><body>

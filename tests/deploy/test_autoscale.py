@@ -10,6 +10,7 @@ nothing in these tests connects to it."""
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from releasekit.deploy.ray.target import app_name, release_app_args
 from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.policy import PolicyError
 from releasekit.promote.promote import promote
+from releasekit.promote.report import render_html
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
@@ -98,6 +100,9 @@ def test_the_target_is_the_knee_in_flight_times_one_minus_the_headroom(akit: Kit
     res = promote(akit.settings, rid, env="staging", dry_run=True)
     assert res.autoscaling is not None and res.autoscaling.text == TEXT
     assert res.autoscaling.source == "knee" and res.autoscaling.knee_headroom == 0.25
+    # The gate report carries the range and target too (JSON and its HTML page).
+    assert res.report is not None and res.report.scaling == TEXT
+    assert f"<b>Replicas:</b> {html.escape(TEXT)}" in render_html(res.report)
 
     State.reset()
     r = CliRunner().invoke(
