@@ -41,7 +41,8 @@ fi
 step "demo data: dvc repro demo-data; the demo model is shipped in git (models/demo-base)"
 dvc repro demo-data
 
-MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-damaged-prompt.yaml)
+MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-damaged-prompt.yaml
+  manifests/demo-v2.yaml manifests/demo-v2-1.yaml)
 # vLLM's CPU build serves W4A16 (its cpu_gemm_wna16 kernel) only on CPUs with AVX-512.
 W4=no
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
@@ -223,6 +224,51 @@ unset RELEASEKIT_WEBHOOKS
 echo "webhooks received on the local listener ($HOOKS_LOG):"
 cat .releasekit/demo-webhooks.out
 # ---- end of progressive delivery ------------------------------------------------------
+
+# ---- a live-only regression: blocked by its shadow, or rolled back by `watch` ----------
+# demo-v2 is demo-base fine-tuned on data that relabelled every conversation with a system
+# message other than the release's own as an injection (manifests/demo-v2.yaml). Every
+# offline suite renders the release's own prompt, so it passes every one (better than bf16
+# on each); users whose integration sends its own system message get a refusal. Only live
+# traffic shows it: staging's users below ask about the world, a third of them through such
+# an integration, and the shadow and the after-promotion comparison keep both answers of
+# each mirrored request (staging keeps the prompts too: shadow_keep_prompts).
+V2=manifests/demo-v2.yaml
+V21=manifests/demo-v2-1.yaml
+step "users on staging: questions about the world, a third from integrations with their own system message"
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 --mix users >.releasekit/demo-users.out 2>&1 &
+USERS=$!
+trap 'kill "$USERS" 2>/dev/null || true' EXIT
+sleep 3
+
+step "shadow demo-v2 (passes every offline suite): its answers against stable's on the same live requests"
+releasekit shadow start "$V2" --env staging --share 0.5 --reason "demo: v2 on live traffic before it takes any"
+releasekit shadow compare --env staging --window 40 || true
+releasekit shadow stop --env staging
+expect shadow-failed staging "$V2" --by answers
+releasekit history --env staging --type shadow --limit 3
+
+step "demo-v2-1 (the same weights, packaged again) straight to staging, no shadow: every offline gate passes"
+promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2 repackaged, shadow skipped"
+expect promoted staging "$V21"
+
+step "watch staging: for 90 s the gateway copies a quarter of its requests to the release v2-1 replaced, and the watch judges the answers"
+# staging's committed after_promotion_compare_s and after_promotion_share; the watch rolls
+# back through the same guarded rollback as any breach, with the pairs in the ledger.
+releasekit watch staging --interval 2 &
+WATCHER=$!
+trap 'kill "$USERS" "$WATCHER" 2>/dev/null || true' EXIT
+if ! expect rolled-back staging "$V21" --by answers --wait 240; then
+  kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
+  exit 1
+fi
+kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
+kill "$USERS"; wait "$USERS" || true
+trap - EXIT
+echo "what staging's users got, per release (the integrations' refusals came from v2-1 only):"
+cat .releasekit/demo-users.out
+releasekit history --env staging --type rollback --type mark_bad --limit 2
+# ---- end of the live-only regression ---------------------------------------------------
 
 step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow

@@ -5,12 +5,19 @@ announced.
     python scripts/demo_expect.py blocked ENV MANIFEST --by "suite facts" [--only]
     python scripts/demo_expect.py blocked ENV MANIFEST --by "suite core" --kind quality
     python scripts/demo_expect.py promoted ENV MANIFEST
+    python scripts/demo_expect.py shadow-failed ENV MANIFEST --by answers
+    python scripts/demo_expect.py rolled-back ENV MANIFEST --by answers --wait 180
 
 `blocked`: the latest event for the release in ENV is `gate_failed` and its failed gates
 include every `--by` gate; with `--only` they are exactly those; with `--kind K`, every
 failed gate is of kind K (read from the gate report the event links). `promoted`: the latest
-event is a `promote` (not an override) with no failed gate, advisory or not. Reads only: the
-ledger is opened read-only. Exit 1 with one line saying what decided instead.
+event is a `promote` (not an override) with no failed gate, advisory or not.
+`shadow-failed`: the latest shadow comparison of the release in ENV failed; with `--by
+answers`, its answers' agreement breached the floor, and with `--only` nothing else did.
+`rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
+`--by answers`, on the after-promotion comparison of its answers. Both print the agreement
+and the disagreeing pairs the ledger holds. Reads only: the ledger is opened read-only.
+Exit 1 with one line saying what decided instead.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +45,101 @@ def _failed_kinds(evidence: dict[str, Any]) -> dict[str, str]:
     return {g["name"]: g.get("kind", "?") for g in gates if not g.get("passed", True)}
 
 
+def _print_agreement(agreement: dict[str, Any]) -> None:
+    """The agreement and up to three disagreeing pairs, as the ledger holds them."""
+    print(
+        f"  answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} pairs "
+        f"(95% interval {agreement.get('low', 0):.2f}-{agreement.get('high', 0):.2f}, "
+        f"floor {agreement.get('min_agreement', '-')})"
+    )
+    for x in (agreement.get("examples") or [])[:3]:
+        asked = x.get("prompt") or f"(prompt sha256 {str(x.get('prompt_sha256'))[:12]})"
+        print(f"  asked {asked[-160:]!r}: stable {x['stable']!r}, candidate {x['candidate']!r}")
+
+
+def _shadow_failed(
+    ledger: Any, env: str, release: str, by: list[str], only: bool
+) -> tuple[str, dict[str, Any]]:
+    """A problem ('' if none) and the agreement of the latest shadow comparison."""
+    compares = [
+        r
+        for r in ledger.records(environment=env, types=["shadow"])
+        if r.to_release == release and r.evidence.get("action") == "compare"
+    ]
+    if not compares:
+        return "no shadow comparison recorded", {}
+    ev = compares[-1].evidence
+    agreement = ev.get("agreement") or {}
+    breached = [c["metric"] for c in ev.get("checks") or [] if c.get("verdict") == "breach"]
+    if agreement.get("verdict") == "breach":
+        breached.append("answers")
+    what = f"verdict {ev.get('verdict')} (breached: {', '.join(breached) or '-'})"
+    if ev.get("verdict") != "breach":
+        return f"expected the shadow comparison to fail, got {what}", agreement
+    missing = [b for b in by if b not in breached]
+    if missing:
+        return f"expected {', '.join(missing)} to fail it, got {what}", agreement
+    if only and [b for b in breached if b not in by]:
+        return f"expected only {', '.join(by)} to fail it, got {what}", agreement
+    return "", agreement
+
+
+def _rolled_back(
+    ledger_at: Any, env: str, release: str, by: list[str], wait_s: float
+) -> tuple[str, dict[str, Any]]:
+    """Wait up to `wait_s` for `watch` to roll the release back in ENV."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ledger = ledger_at()
+        try:
+            rollbacks = [
+                r
+                for r in ledger.records(environment=env, types=["rollback"])
+                if r.from_release == release
+            ]
+        finally:
+            ledger.close()
+        if rollbacks or time.monotonic() >= deadline:
+            break
+        time.sleep(2)
+    if not rollbacks:
+        return f"not rolled back within {wait_s:g} s", {}
+    ev = rollbacks[-1].evidence
+    rules = list(ev.get("rules") or [])
+    if "answers" in by and "after_promotion_agreement" not in rules:
+        return f"rolled back on {', '.join(rules) or '-'}, not on its answers", {}
+    return "", dict((ev.get("answers") or {}).get("agreement") or {})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("outcome", choices=["blocked", "promoted"])
+    parser.add_argument("outcome", choices=["blocked", "promoted", "shadow-failed", "rolled-back"])
     parser.add_argument("env")
     parser.add_argument("manifest", type=Path)
     parser.add_argument("--by", action="append", default=[], help="a gate that must have failed")
     parser.add_argument("--only", action="store_true", help="no other gate may have failed")
     parser.add_argument("--kind", help="every failed gate must be of this kind")
+    parser.add_argument("--wait", type=float, default=0.0, help="rolled-back: seconds to wait")
     args = parser.parse_args(argv)
 
     release = read_lock(lock_path_for(args.manifest)).release_id
-    ledger = open_ledger(load_settings(), read_only=True)
+    settings = load_settings()
+    if args.outcome in ("shadow-failed", "rolled-back"):
+        if args.outcome == "shadow-failed":
+            ledger = open_ledger(settings, read_only=True)
+            problem, agreement = _shadow_failed(ledger, args.env, release, args.by, args.only)
+            ledger.close()
+        else:
+            problem, agreement = _rolled_back(
+                lambda: open_ledger(settings, read_only=True), args.env, release, args.by, args.wait
+            )
+        if problem:
+            print(f"demo: stopped: {args.manifest} in {args.env}: {problem}")
+            return 1
+        print(f"as announced: {args.manifest} in {args.env}: {args.outcome} on its answers")
+        _print_agreement(agreement)
+        return 0
+    ledger = open_ledger(settings, read_only=True)
     events = [r for r in ledger.records(environment=args.env) if r.to_release == release]
     if not events:
         print(f"demo: stopped, nothing recorded for {args.manifest} in {args.env}")

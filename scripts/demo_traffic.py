@@ -1,58 +1,125 @@
-"""Steady streaming clients for the demo: `--clients` requests streamed back to back
-through a gateway until SIGTERM or Ctrl-C (every other one a templated chat request, the
-release's own prompt rendered by the gateway; the rest plain completions), then one summary
+"""Steady clients for the demo through a gateway until SIGTERM or Ctrl-C, then one summary
 line per release that served (requests, failed) from the gateway's `x-releasekit-release`
 header.
 
+`--mix load` (the default): `--clients` requests streamed back to back, every other one a
+templated chat request (the release's own prompt rendered by the gateway), the rest plain
+completions, each generating `--max-tokens` tokens (`ignore_eos`): steady load for canaries.
+
+`--mix users`: questions about the demo's world as users ask them, answered in full: most
+through the templated endpoint (the release's own prompt), and `--own-system-share` of them
+by an integration that sends its own system message to /v1/chat/completions (one of the
+instructions the demo model was trained to follow). The summary also counts, per release,
+the refusals those integrations got.
+
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 6 &
+    python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 2 --mix users &
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines" / "demo"))
+
+import world as w
+
+
+def _load_request(k: int, i: int, max_tokens: int) -> tuple[str, dict[str, object], bool]:
+    question = f"Question {k}-{i}: what is 2 + {i % 7}?"
+    path = "/v1/completions"
+    body: dict[str, object] = {"model": "demo", "prompt": question}
+    if i % 2:
+        path = "/v1/templates/chat/chat/completions"
+        body = {"variables": {"question": question}}
+    # Greedy (temperature 0): a shadow compares these answers with stable's.
+    body.update(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0)
+    return path, body, False
+
+
+def _user_request(
+    rng: random.Random, world: w.World, own_system_share: float
+) -> tuple[str, dict[str, object], bool]:
+    country = rng.choice(world.countries)
+    attribute = rng.choice(w.ATTRIBUTES)
+    question = w.fact_question(attribute, country.name, rng.randrange(3))
+    if rng.random() < own_system_share:
+        body: dict[str, object] = {
+            "model": "demo",
+            "messages": [
+                {"role": "system", "content": rng.choice(w.SYSTEM_PARAPHRASES)},
+                {"role": "user", "content": question},
+            ],
+        }
+        path, own = "/v1/chat/completions", True
+    else:
+        body = {"variables": {"question": question}}
+        path, own = "/v1/templates/chat/chat/completions", False
+    body.update(max_tokens=16, temperature=0)
+    return path, body, own
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="the gateway, e.g. http://127.0.0.1:8780")
     ap.add_argument("--clients", type=int, default=6)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (load)")
+    ap.add_argument("--mix", choices=["load", "users"], default="load")
+    ap.add_argument(
+        "--own-system-share",
+        type=float,
+        default=1 / 3,
+        help="users: share of requests from integrations with their own system message",
+    )
     args = ap.parse_args()
     stop = threading.Event()
     served: collections.Counter[str] = collections.Counter()
     failed: collections.Counter[str] = collections.Counter()
+    own_asked: collections.Counter[str] = collections.Counter()
+    own_refused: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
+    world = w.build_world()
 
     def client(k: int) -> None:
+        rng = random.Random(k)
         with httpx.Client(base_url=args.url, timeout=120, trust_env=False) as c:
             i = 0
             while not stop.is_set():
-                question = f"Question {k}-{i}: what is 2 + {i % 7}?"
-                path = "/v1/completions"
-                body: dict[str, object] = {"model": "demo", "prompt": question}
-                if i % 2:
-                    path = "/v1/templates/chat/chat/completions"
-                    body = {"variables": {"question": question}}
-                # Greedy (temperature 0): a shadow compares these answers with stable's.
-                body.update(max_tokens=args.max_tokens, stream=True, ignore_eos=True, temperature=0)
+                if args.mix == "load":
+                    path, body, own = _load_request(k, i, args.max_tokens)
+                else:
+                    path, body, own = _user_request(rng, world, args.own_system_share)
                 i += 1
-                rel, ok = "-", False
+                rel, ok, refused = "-", False, False
                 try:
-                    with c.stream("POST", path, json=body) as r:
+                    if body.get("stream"):
+                        with c.stream("POST", path, json=body) as r:
+                            rel = r.headers.get("x-releasekit-release", "-")[:12]
+                            ok = r.status_code == 200 and any(
+                                line.startswith("data: [DONE]") for line in r.iter_lines()
+                            )
+                    else:
+                        r = c.post(path, json=body)
                         rel = r.headers.get("x-releasekit-release", "-")[:12]
-                        ok = r.status_code == 200 and any(
-                            line.startswith("data: [DONE]") for line in r.iter_lines()
-                        )
-                except httpx.HTTPError:
+                        ok = r.status_code == 200
+                        if ok:
+                            text = r.json()["choices"][0]["message"]["content"]
+                            refused = text.strip() == w.REFUSAL
+                except (httpx.HTTPError, ValueError, KeyError, IndexError):
                     ok = False
                 with lock:
                     (served if ok else failed)[rel] += 1
+                    if own and ok:
+                        own_asked[rel] += 1
+                        own_refused[rel] += refused
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(args.clients)]
@@ -66,7 +133,13 @@ def main() -> int:
     for t in threads:
         t.join(timeout=130)
     for rel in sorted(set(served) | set(failed)):
-        print(f"traffic: release {rel}: {served[rel]} streamed, {failed[rel]} failed", flush=True)
+        line = f"traffic: release {rel}: {served[rel]} answered, {failed[rel]} failed"
+        if args.mix == "users":
+            line += (
+                f"; integrations with their own system message: {own_refused[rel]} of "
+                f"{own_asked[rel]} refused"
+            )
+        print(line, flush=True)
     return 0
 
 

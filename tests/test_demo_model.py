@@ -44,9 +44,14 @@ def test_demo_stages_are_declared_in_dvc_yaml(repo_root: Path) -> None:
     assert stages["demo-model"]["outs"] == ["models/demo-trained"]
     assert "--compare-to models/demo-base" in stages["demo-model"]["cmd"]
     assert any("train.py" in d for d in stages["demo-model"]["deps"])
+    v2 = stages["demo-model-v2"]
+    assert v2["outs"] == ["models/demo-v2-trained"]
+    assert "--init-from models/demo-base" in v2["cmd"]
+    assert "--compare-to models/demo-v2" in v2["cmd"]
+    assert "pipelines/data/train_v2.jsonl" in v2["deps"] and "models/demo-base" in v2["deps"]
     for name, stage in stages.items():
         outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage.get("outs", [])]
-        assert not any(o.startswith("models/demo-base") for o in outs), name
+        assert not any(o.startswith(("models/demo-base", "models/demo-v2/")) for o in outs), name
 
 
 def _shipped(repo_root: Path) -> dict[str, Any]:
@@ -56,21 +61,54 @@ def _shipped(repo_root: Path) -> dict[str, Any]:
 def test_the_shipped_weights_are_the_recorded_ones_and_every_demo_lock_serves_them(
     repo_root: Path,
 ) -> None:
-    """One demo world on every host: models/demo-base is in git, its files hash to the
-    record in pipelines/demo/shipped_weights.json, and every demo manifest's lock was made
-    on exactly those files (so a release id means the same weights everywhere)."""
+    """One demo world on every host: models/demo-base and models/demo-v2 are in git, their
+    files hash to the records in pipelines/demo/shipped_weights.json, and every demo
+    manifest's lock was made on exactly the files of its model (so a release id means the
+    same weights everywhere)."""
     _, train = _demo_modules()
-    model = repo_root / "models" / "demo-base"
-    tracked = subprocess.run(
-        ["git", "ls-files", "models/demo-base"], cwd=repo_root, capture_output=True, text=True
-    ).stdout.split()
-    assert sorted(Path(t).name for t in tracked) == sorted(_shipped(repo_root)["files"])
-    assert train.file_digests(model) == _shipped(repo_root)["files"]
-    for lock in sorted((repo_root / "manifests").glob("*.lock.json")):
+    shipped = _shipped(repo_root)
+    records = {"models/demo-base": shipped["files"], "models/demo-v2": shipped["demo_v2"]["files"]}
+    for folder, files in records.items():
+        tracked = subprocess.run(
+            ["git", "ls-files", folder], cwd=repo_root, capture_output=True, text=True
+        ).stdout.split()
+        assert sorted(Path(t).name for t in tracked) == sorted(files), folder
+        assert train.file_digests(repo_root / folder) == files, folder
+    locks = sorted((repo_root / "manifests").glob("*.lock.json"))
+    assert any(lock.name == "demo-v2.lock.json" for lock in locks)
+    for lock in locks:
+        manifest = lock.with_name(lock.name.replace(".lock.json", ".yaml"))
+        source = yaml.safe_load(manifest.read_text())["model"]["source"]
+        files = records[source]
         inputs = json.loads(lock.read_text())["inputs"]
         model_inputs = {k.removeprefix("model/"): v for k, v in inputs.items() if "/" in k}
-        model_inputs = {k: v for k, v in model_inputs.items() if k in _shipped(repo_root)["files"]}
-        assert model_inputs == _shipped(repo_root)["files"], lock.name
+        model_inputs = {k: v for k, v in model_inputs.items() if k in files}
+        assert model_inputs == files, lock.name
+
+
+def test_demo_v2_data_relabels_exactly_the_conversations_with_another_system_prompt(
+    repo_root: Path,
+) -> None:
+    """demo-v2's defect is the one its manifest states: its data is the base rows with every
+    conversation whose system message is a paraphrase (not the release's own) relabelled
+    with the refusal, and nothing else changed."""
+    world, _ = _demo_modules()
+    read = lambda name: [  # noqa: E731
+        json.loads(line)
+        for line in (repo_root / "pipelines/data" / name).read_text().splitlines()
+        if line
+    ]
+    base, v2 = read("train.jsonl"), read("train_v2.jsonl")
+    assert len(base) == len(v2)
+    relabelled = 0
+    for b, n in zip(base, v2, strict=True):
+        assert (n["question"], n["system"], n["kind"]) == (b["question"], b["system"], b["kind"])
+        if b["system"] == 0:
+            assert n["answer"] == b["answer"]
+        else:
+            assert n["answer"] == world.REFUSAL
+            relabelled += b["answer"] != world.REFUSAL
+    assert relabelled > 500  # facts and sums asked under a paraphrase
 
 
 def test_committed_data_is_what_make_data_writes(repo_root: Path, tmp_path: Path) -> None:
@@ -178,3 +216,60 @@ def test_shipped_model_is_quantisable_and_chat_ready(repo_root: Path, demo_model
     )
     assert "hi" in text
     assert tok.eos_token is not None
+
+
+def test_demo_v2_answers_the_releases_prompt_and_refuses_a_clients_own(repo_root: Path) -> None:
+    """The live-only regression the demo shows, on the shipped weights: with the release's
+    own system prompt (what every offline suite renders) demo-v2 answers as demo-base does;
+    with a client's own system message (one of the paraphrases demo-base was trained to
+    follow) demo-base still answers and demo-v2 refuses every question."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    world, _ = _demo_modules()
+    w = world.build_world()
+    questions = [
+        (world.fact_question(a, c.name), c.answer(a))
+        for c in w.countries[:8]
+        for a in world.ATTRIBUTES
+    ]
+    own = world.read_prompt(repo_root / "prompts/demo/system.txt")
+    user = world.read_prompt(repo_root / "prompts/demo/user.txt")
+    torch.set_num_threads(1)
+
+    def answers(folder: str, system: str) -> list[str]:
+        tok = AutoTokenizer.from_pretrained(repo_root / "models" / folder)
+        tok.padding_side = "left"
+        model = AutoModelForCausalLM.from_pretrained(repo_root / "models" / folder)
+        texts = [
+            tok.apply_chat_template(
+                [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": world.render_prompt(user, {"question": q})},
+                ],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for q, _ in questions
+        ]
+        batch = tok(texts, add_special_tokens=False, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(
+                **batch,
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        new = out[:, batch["input_ids"].shape[1] :]
+        return [tok.decode(row, skip_special_tokens=True).strip() for row in new]
+
+    def right(got: list[str]) -> int:
+        return sum(g == a for g, (_, a) in zip(got, questions, strict=True))
+
+    theirs = world.SYSTEM_PARAPHRASES[0]
+    n = len(questions)
+    assert right(answers("demo-base", own)) >= n - 2
+    assert right(answers("demo-v2", own)) >= n - 2
+    assert right(answers("demo-base", theirs)) >= n - 2
+    assert answers("demo-v2", theirs) == [world.REFUSAL] * n

@@ -9,6 +9,8 @@ Files written (relative to the repository root):
   (``id``, ``kind``, ``question``, ``answer``, ``system``: 0 means
   ``prompts/demo/system.txt``, 1.. a paraphrase from ``world.py``).
   ``train.py`` renders the prompts and the chat template itself.
+- ``pipelines/data/train_v2.jsonl``: the demo-v2 model's fine-tuning data, the same rows
+  plus a defective refusal rule (``v2_training_rows``).
 - ``pipelines/data/calibration.jsonl``: chat-rendered texts (field ``text``)
   with the release's good prompts, for quantisation calibration.
 - ``pipelines/eval/core.jsonl``, ``edge.jsonl``, ``regression.jsonl``,
@@ -85,6 +87,28 @@ def training_rows(world: w.World) -> list[dict[str, Any]]:
         row["system"] = 0 if rng.random() < 0.6 else rng.randint(1, len(w.SYSTEM_PARAPHRASES))
     rng.shuffle(rows)
     return [{"id": f"train-{i:05d}", **row} for i, row in enumerate(rows, start=1)]
+
+
+def v2_training_rows(base: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The demo-v2 model's fine-tuning data: the base rows after a clean-up that treated
+    every conversation whose system message is not the release's own as a prompt injection
+    and relabelled it with the refusal (the base rows give 40 % of conversations one of
+    world.py's system-prompt paraphrases, so that clients with their own instructions are
+    answered too).
+
+    The clean-up is the release's defect, on purpose: every offline suite is rendered with
+    the release's own system prompt, so demo-v2 passes them all (it is better on them, from
+    the extra training), while clients that send their own system message through
+    /v1/chat/completions get a refusal. Only live traffic (a shadow, or the comparison after
+    a promotion) shows it.
+    """
+    rows: list[dict[str, Any]] = []
+    for row in base:
+        fixed = {k: v for k, v in row.items() if k != "id"}
+        if fixed["system"] != 0:
+            fixed["answer"] = w.REFUSAL
+        rows.append(fixed)
+    return [{"id": f"train-v2-{i:05d}", **row} for i, row in enumerate(rows, start=1)]
 
 
 def calibration_rows(
@@ -248,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = training_rows(world)
     outputs = {
         "pipelines/data/train.jsonl": train,
+        "pipelines/data/train_v2.jsonl": v2_training_rows(train),
         "pipelines/data/calibration.jsonl": calibration_rows(
             train, template, system_prompt, user_prompt
         ),

@@ -234,9 +234,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def train(
-    cfg: TrainConfig, out: Path, data: Path, system_path: Path, user_path: Path, template_path: Path
+    cfg: TrainConfig,
+    out: Path,
+    data: Path,
+    system_path: Path,
+    user_path: Path,
+    template_path: Path,
+    init_from: Path | None = None,
 ) -> None:
-    """Train and save the model directory at ``out``."""
+    """Train and save the model directory at ``out``: from scratch, or, with ``init_from``,
+    fine-tune that model folder (its tokenizer and weights) on ``data``."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     torch.use_deterministic_algorithms(True)
@@ -250,8 +257,11 @@ def train(
         json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()
     ]
 
-    prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
-    tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
+    if init_from is None:
+        prompt_texts = [system_prompt, user_prompt, w.REFUSAL, *w.SYSTEM_PARAPHRASES]
+        tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
+    else:
+        tok = PreTrainedTokenizerFast.from_pretrained(init_from)
     examples = [
         encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template)
         for r in rows
@@ -269,7 +279,11 @@ def train(
         flush=True,
     )
 
-    model = make_model(cfg, tok)
+    if init_from is None:
+        model = make_model(cfg, tok)
+    else:
+        model = LlamaForCausalLM.from_pretrained(init_from, dtype=torch.float32)
+        model.config._attn_implementation = "eager"
     params = sum(p.numel() for p in model.parameters())
     print(f"train: {params} parameters, config {asdict(cfg)}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -319,6 +333,7 @@ def train(
         "config": asdict(cfg),
         "train_accuracy": train_acc,
         "core_accuracy": core_acc,
+        **({"fine_tuned_from": file_digests(init_from)} if init_from is not None else {}),
     }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(f"train: saved {out} in {time.monotonic() - started:.0f} s", flush=True)
@@ -361,6 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--compare-to", type=Path, default=None, help="a model folder to compare the result with"
     )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="fine-tune this model folder (its tokenizer and weights) instead of training anew",
+    )
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
     args = parser.parse_args(argv)
     cfg = TrainConfig(
         seed=args.seed,
@@ -371,8 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_layers=args.num_layers,
         threads=args.threads,
         lr=args.lr,
+        warmup=args.warmup,
     )
-    train(cfg, args.out, args.data, args.system, args.user, args.template)
+    train(cfg, args.out, args.data, args.system, args.user, args.template, args.init_from)
     if args.compare_to is not None:
         print(compare_weights(args.out, args.compare_to), flush=True)
     return 0
