@@ -1,8 +1,9 @@
-"""What the demo's progressive-delivery block did, from its project's own ledger and state:
-the approval and the refusal before it, the shadow comparison, each canary step's judgement
-(figures, limits, counts over the limit, p-values), every promotion a gate refused (the
-`gate_failed` events: the approval gate, the perf gates of a `--no-canary` promotion), the
-abort and what the clients got.
+"""What the demo's progressive-delivery block and its live-only regression did, from its
+project's own ledger and state: the approval and the refusal before it, the shadow
+comparisons (their answer agreement included), each canary step's judgement (figures,
+limits, counts over the limit, p-values), every promotion a gate refused (the `gate_failed`
+events: the approval gate, the perf gates of a `--no-canary` promotion), the abort, the
+watch's rollback after a promotion, and what the streaming clients and the users got.
 
     bash scripts/demo.sh && .venv/bin/python benchmarks/demo_record.py [--project DIR]
 
@@ -30,6 +31,7 @@ BLOCK_TYPES = (
     "canary_aborted",
     "mark_bad",
     "promote",
+    "rollback",
 )
 
 
@@ -73,12 +75,17 @@ def collect(project: Path, env: str) -> dict[str, Any]:
     ]
     shadow_dir = project / ".releasekit" / "shadow"
     shadows = [json.loads(p.read_text()) for p in sorted(shadow_dir.glob("*.json")) if p.is_file()]
-    traffic = project / ".releasekit" / "demo-traffic.out"
+
+    def lines(name: str) -> list[str]:
+        path = project / ".releasekit" / name
+        return path.read_text().strip().splitlines() if path.is_file() else []
+
     return {
         "env": env,
         "events": events,
         "shadow_comparisons": shadows,
-        "clients": traffic.read_text().strip().splitlines() if traffic.is_file() else [],
+        "clients": lines("demo-traffic.out"),
+        "users": lines("demo-users.out"),
     }
 
 
@@ -109,6 +116,8 @@ def main() -> int:
         print(f"shadow {rid}: {s.get('verdict')} ({why})")
     for line in result["clients"]:
         print(f"clients: {line}")
+    for line in result["users"]:
+        print(f"users: {line}")
     path = write_result(args.out, result)
     # The demo ran from the project's checkout: its commit is the one the figures belong to.
     data = json.loads(path.read_text())

@@ -45,16 +45,22 @@ def _failed_kinds(evidence: dict[str, Any]) -> dict[str, str]:
     return {g["name"]: g.get("kind", "?") for g in gates if not g.get("passed", True)}
 
 
-def _print_agreement(agreement: dict[str, Any]) -> None:
-    """The agreement and up to three disagreeing pairs, as the ledger holds them."""
+def _print_agreement(agreement: dict[str, Any], sides: tuple[str, str]) -> None:
+    """The agreement and up to three disagreeing pairs, as the ledger holds them; `sides`
+    names the pair's `stable` and `candidate` answers."""
     print(
         f"  answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} pairs "
         f"(95% interval {agreement.get('low', 0):.2f}-{agreement.get('high', 0):.2f}, "
         f"floor {agreement.get('min_agreement', '-')})"
     )
     for x in (agreement.get("examples") or [])[:3]:
-        asked = x.get("prompt") or f"(prompt sha256 {str(x.get('prompt_sha256'))[:12]})"
-        print(f"  asked {asked[-160:]!r}: stable {x['stable']!r}, candidate {x['candidate']!r}")
+        prompt = x.get("prompt")
+        asked = (
+            repr(prompt if len(prompt) <= 120 else "..." + prompt[-117:])
+            if prompt
+            else f"(prompt sha256 {str(x.get('prompt_sha256'))[:12]})"
+        )
+        print(f"  asked {asked}: {sides[0]} {x['stable']!r}, {sides[1]} {x['candidate']!r}")
 
 
 def _shadow_failed(
@@ -137,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: stopped: {args.manifest} in {args.env}: {problem}")
             return 1
         print(f"as announced: {args.manifest} in {args.env}: {args.outcome} on its answers")
-        _print_agreement(agreement)
+        # A shadow pairs stable's answer (the client's) with the candidate's copy; after a
+        # promotion the client's answer is the new release's, the copy the previous one's.
+        sides = (
+            ("stable answered", "the candidate")
+            if args.outcome == "shadow-failed"
+            else ("it answered", "the release before it")
+        )
+        _print_agreement(agreement, sides)
         return 0
     ledger = open_ledger(settings, read_only=True)
     events = [r for r in ledger.records(environment=args.env) if r.to_release == release]

@@ -6,11 +6,13 @@ header.
 templated chat request (the release's own prompt rendered by the gateway), the rest plain
 completions, each generating `--max-tokens` tokens (`ignore_eos`): steady load for canaries.
 
-`--mix users`: questions about the demo's world as users ask them, answered in full: most
-through the templated endpoint (the release's own prompt), and `--own-system-share` of them
-by an integration that sends its own system message to /v1/chat/completions (one of the
-instructions the demo model was trained to follow). The summary also counts, per release,
-the refusals those integrations got.
+`--mix users`: questions about the demo's world as users ask them, answered in full, each
+client at most `--rate` requests a second (users are not a load test: the gateway's
+per-address rate limit answers 429 to more): most through the templated endpoint (the
+release's own prompt), and `--own-system-share` of them by an integration that sends its own
+system message to /v1/chat/completions (one of the instructions the demo model was trained
+to follow). The summary also counts, per release, the refusals those integrations got.
+Requests the gateway refused with 429 are counted apart from failures.
 
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 6 &
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 2 --mix users &
@@ -24,6 +26,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -73,6 +76,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (load)")
     ap.add_argument("--mix", choices=["load", "users"], default="load")
+    ap.add_argument("--rate", type=float, default=8.0, help="users: requests/s per client")
     ap.add_argument(
         "--own-system-share",
         type=float,
@@ -83,6 +87,7 @@ def main() -> int:
     stop = threading.Event()
     served: collections.Counter[str] = collections.Counter()
     failed: collections.Counter[str] = collections.Counter()
+    limited: collections.Counter[str] = collections.Counter()
     own_asked: collections.Counter[str] = collections.Counter()
     own_refused: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
@@ -92,22 +97,29 @@ def main() -> int:
         rng = random.Random(k)
         with httpx.Client(base_url=args.url, timeout=120, trust_env=False) as c:
             i = 0
+            next_at = time.monotonic()
             while not stop.is_set():
+                if args.mix == "users":
+                    next_at += 1 / args.rate
+                    if stop.wait(max(0.0, next_at - time.monotonic())):
+                        break
                 if args.mix == "load":
                     path, body, own = _load_request(k, i, args.max_tokens)
                 else:
                     path, body, own = _user_request(rng, world, args.own_system_share)
                 i += 1
-                rel, ok, refused = "-", False, False
+                rel, ok, refused, status = "-", False, False, 0
                 try:
                     if body.get("stream"):
                         with c.stream("POST", path, json=body) as r:
+                            status = r.status_code
                             rel = r.headers.get("x-releasekit-release", "-")[:12]
                             ok = r.status_code == 200 and any(
                                 line.startswith("data: [DONE]") for line in r.iter_lines()
                             )
                     else:
                         r = c.post(path, json=body)
+                        status = r.status_code
                         rel = r.headers.get("x-releasekit-release", "-")[:12]
                         ok = r.status_code == 200
                         if ok:
@@ -116,7 +128,7 @@ def main() -> int:
                 except (httpx.HTTPError, ValueError, KeyError, IndexError):
                     ok = False
                 with lock:
-                    (served if ok else failed)[rel] += 1
+                    (served if ok else limited if status == 429 else failed)[rel] += 1
                     if own and ok:
                         own_asked[rel] += 1
                         own_refused[rel] += refused
@@ -132,8 +144,10 @@ def main() -> int:
         stop.set()
     for t in threads:
         t.join(timeout=130)
-    for rel in sorted(set(served) | set(failed)):
+    for rel in sorted(set(served) | set(failed) | set(limited)):
         line = f"traffic: release {rel}: {served[rel]} answered, {failed[rel]} failed"
+        if limited[rel]:
+            line += f", {limited[rel]} refused by the gateway's rate limit (429)"
         if args.mix == "users":
             line += (
                 f"; integrations with their own system message: {own_refused[rel]} of "

@@ -131,9 +131,10 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ledger shaped like the demo's progressive-delivery block, written by the real
-    ledger, read by the real script: the approval gate's refusal before the approvals and
-    the perf gates' refusal of a `--no-canary` promotion are in the file; a refusal from
-    before the block, of a release it never approves, is not."""
+    ledger, read by the real script: the approval gate's refusal before the approvals, the
+    perf gates' refusal of a `--no-canary` promotion and the watch's rollback after a
+    promotion are in the file, with the users' summary; a refusal from before the block, of
+    a release it never approves, is not."""
     from releasekit.config import load_settings
     from releasekit.stores.ledger import open_ledger
     from releasekit.stores.ledger.schema import Event, EventType
@@ -160,8 +161,12 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
         ev(EventType.PROMOTE, good, "canary steps"),
         ev(EventType.GATE_FAILED, seqs1, "demo: one switch"),
         ev(EventType.CANARY_ABORTED, seqs1, "breach"),
+        ev(EventType.PROMOTE, other, "demo: v2 repackaged, shadow skipped"),
+        ev(EventType.ROLLBACK, good, "watch: answers disagree after the promotion"),
     ]:
         led.append(event)
+    (tmp_path / ".releasekit").mkdir(exist_ok=True)
+    (tmp_path / ".releasekit" / "demo-users.out").write_text("traffic: release aaaa: 9 answered\n")
     out = tmp_path / "demo_progressive.json"
     script = REPO / "benchmarks" / "demo_record.py"
     res = subprocess.run(
@@ -180,5 +185,7 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
     assert ("gate_failed", "demo: one switch") in got
     assert ("gate_failed", "an earlier release's gates") not in got
     assert [t for t, _ in got].count("approve") == 2
+    assert got[-1] == ("rollback", "watch: answers disagree after the promotion")
+    assert data["users"] == ["traffic: release aaaa: 9 answered"]
     for dotted in RUN_FIELDS:
         assert _field(data["run"], dotted) not in (None, "")

@@ -414,6 +414,23 @@ def last_rollback_time(ledger: Ledger) -> Callable[[str], float | None]:
     return last
 
 
+def last_promotion_time(ledger: Ledger) -> Callable[[str], float | None]:
+    """`last_promotion_at(env)`: the unix time of the environment's latest promotion (forced
+    or not) that put a new release live, so a rollback before it does not hold back the next.
+    A redeploy of the release of record is not one."""
+
+    def last(env: str) -> float | None:
+        recs = ledger.records(
+            environment=env,
+            types=[EventType.PROMOTE.value, EventType.OVERRIDE.value],
+            newest_first=True,
+            limit=1,
+        )
+        return recs[0].time.timestamp() if recs else None
+
+    return last
+
+
 # --------------------------------------------------------------------------- receiver auth
 
 
@@ -507,6 +524,7 @@ class WatchService:
             cooldown_s=cooldown_s,
             clock=clock,
             last_rollback_at=last_rollback_time(ledger) if cooldown_from_ledger else None,
+            last_promotion_at=last_promotion_time(ledger) if cooldown_from_ledger else None,
         )
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False

@@ -89,7 +89,9 @@ class RollbackGuard:
     """Anti-flap in front of a rollback path: at most one rollback per environment per
     `cooldown_s` (counted from any rollback it let through, or that `last_rollback_at`
     reports, e.g. from the ledger), and none when `has_known_good(env)` is false.
-    Thread-safe: the watcher and the receiver may share one guard."""
+    A rollback older than the environment's latest promotion (`last_promotion_at`) does not
+    count: the cool-down stops rollbacks chasing each other, it never keeps a newly promoted
+    release live. Thread-safe: the watcher and the receiver may share one guard."""
 
     def __init__(
         self,
@@ -99,8 +101,10 @@ class RollbackGuard:
         cooldown_s: float = 900.0,
         clock: Callable[[], float] = time.time,
         last_rollback_at: Callable[[str], float | None] | None = None,
+        last_promotion_at: Callable[[str], float | None] | None = None,
     ) -> None:
         self._rollback = rollback
+        self._last_promotion_at = last_promotion_at
         self._has_known_good = has_known_good
         self.cooldown_s = cooldown_s
         self._clock = clock
@@ -117,6 +121,10 @@ class RollbackGuard:
                 last = other
         if last is None:
             return 0.0
+        if self._last_promotion_at is not None:
+            promoted = self._last_promotion_at(env)
+            if promoted is not None and promoted > last:
+                return 0.0
         return max(0.0, last + self.cooldown_s - self._clock())
 
     def __call__(self, request: RollbackRequest) -> RollbackOutcome:

@@ -31,6 +31,8 @@ from releasekit.watch.service import (
     WatchService,
     WatchSetupError,
     build_alert_rules,
+    last_promotion_time,
+    last_rollback_time,
     metrics_urls,
     plan_watch,
     receiver_auth,
@@ -590,3 +592,29 @@ def test_extra_relative_rule_uses_the_release_benchmark(wenv: WatchEnv, clock: F
         got += [j for j in svc.watcher.tick().judgements if j.rule == "e2e_rel"]
     assert [j.verdict for j in got] == ["breach", "pass"]
     assert got[0].limit == pytest.approx(0.75)  # 1.5 x 0.5 s at 8 req/s
+
+
+def test_the_cooldown_reads_rollbacks_and_promotions_from_the_ledger(wenv: WatchEnv) -> None:
+    """A rollback in the ledger (manual or by another watcher) cools the environment down;
+    a promotion written after it ends the cool-down, so the new release can be rolled back."""
+    svc = wenv.service(cooldown_s=900)
+    assert svc.guard.cooldown_left(ENV) == 0.0  # two promotions, no rollback
+    wenv.ledger.append(
+        Event(
+            type=EventType.ROLLBACK,
+            environment=ENV,
+            from_release=wenv.r1,
+            to_release=wenv.r0,
+            live=True,
+            reason="by hand",
+        )
+    )
+    assert 890 < svc.guard.cooldown_left(ENV) <= 900
+    assert last_rollback_time(wenv.ledger)(ENV) is not None
+    wenv.ledger.append(
+        Event(type=EventType.PROMOTE, environment=ENV, to_release=wenv.r1, live=True, reason="t")
+    )
+    assert svc.guard.cooldown_left(ENV) == 0.0
+    assert (last_promotion_time(wenv.ledger)(ENV) or 0) >= (
+        last_rollback_time(wenv.ledger)(ENV) or 0
+    )

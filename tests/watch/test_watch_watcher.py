@@ -289,6 +289,31 @@ def test_guard_is_shared_and_counts_rollbacks_done_elsewhere(clock: FakeClock) -
     assert len(calls) == 1
 
 
+def test_a_promotion_after_the_last_rollback_ends_the_cooldown(clock: FakeClock) -> None:
+    """The cool-down stops rollbacks chasing each other; a release promoted after the last
+    rollback is rolled back at its first breach, and a second breach after that is held."""
+    calls: list[RollbackRequest] = []
+
+    def rollback(req: RollbackRequest) -> RollbackOutcome:
+        calls.append(req)
+        return RollbackOutcome(status="rolled_back", env=req.env)
+
+    promoted: dict[str, float] = {}
+    guard = RollbackGuard(
+        rollback,
+        has_known_good=lambda env: True,
+        cooldown_s=900,
+        clock=clock,
+        last_rollback_at=lambda env: clock() - 600,  # a manual rollback 10 minutes ago
+        last_promotion_at=promoted.get,
+    )
+    req = RollbackRequest(env="staging", reason="x", trigger="watch", requested_at=clock())
+    assert guard(req).status == "cooling_down" and calls == []
+    promoted["staging"] = clock() - 60  # a new release went live since
+    assert guard(req).status == "rolled_back" and len(calls) == 1
+    assert guard(req).status == "cooling_down" and len(calls) == 1  # its own rollback counts
+
+
 def test_run_loop_and_own_metrics_endpoint(faulty: tuple[FaultyMetrics, str], sim: Sim) -> None:
     """run(stop_event) on the real clock rolls back a sustained breach once and keeps going;
     the watcher's own /metrics serves its counters."""
