@@ -262,6 +262,10 @@ def train(
         tok = wrap_tokenizer(build_tokenizer(world, prompt_texts, cfg.tokenizer_vocab), template)
     else:
         tok = PreTrainedTokenizerFast.from_pretrained(init_from)
+        # from_pretrained records whether the hub was off (HF_HUB_OFFLINE) in the config it
+        # saves: keep the saved value fixed so the folder does not depend on the caller's
+        # environment (the shipped demo-v2 was saved with it false).
+        tok.init_kwargs["local_files_only"] = False
     examples = [
         encode(tok, messages_for(r, system_prompt, user_prompt), r["answer"], template)
         for r in rows
