@@ -269,8 +269,13 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit, as
     baseline_url = table[base][1]
     assert baseline_url not in (live_url, table[new][1])
     [step] = res.canary["steps"]
-    # Judged against the baseline: its requests are the "stable" side of the comparison.
-    assert 0 < step["stable_requests"] < step["canary_requests"] * 3
+    # Judged against the baseline: the stable side's requests are the ones the gateway
+    # answered under the baseline's own label (the live server took three times as many),
+    # so they are at most what the clients got from it. (A ratio of the two sides' counts
+    # in one short window is too noisy to tell: 34 to 11 was seen on a 1:1 split.)
+    from_baseline = (s1.releases + s2.releases).count(base)
+    from_live = (s1.releases + s2.releases).count(old)
+    assert 0 < step["stable_requests"] <= from_baseline < from_live
     assert s1.failures == [] and s2.failures == []
     servers = read_state(ckit.settings.state_dir, "staging").servers
     assert baseline_url not in {s.base_url for s in servers}
