@@ -401,34 +401,27 @@ def known_good(ledger: Ledger) -> Callable[[str], bool]:
     return has
 
 
+def _latest_event_time(ledger: Ledger, types: list[str]) -> Callable[[str], float | None]:
+    """`latest(env)`: the unix time of the environment's newest event of `types` (None)."""
+
+    def latest(env: str) -> float | None:
+        recs = ledger.records(environment=env, types=types, newest_first=True, limit=1)
+        return recs[0].time.timestamp() if recs else None
+
+    return latest
+
+
 def last_rollback_time(ledger: Ledger) -> Callable[[str], float | None]:
     """`last_rollback_at(env)`: the unix time of the environment's latest rollback event (by
     any actor), so the cool-down also covers manual rollbacks and a restarted watcher."""
-
-    def last(env: str) -> float | None:
-        recs = ledger.records(
-            environment=env, types=[EventType.ROLLBACK.value], newest_first=True, limit=1
-        )
-        return recs[0].time.timestamp() if recs else None
-
-    return last
+    return _latest_event_time(ledger, [EventType.ROLLBACK.value])
 
 
 def last_promotion_time(ledger: Ledger) -> Callable[[str], float | None]:
     """`last_promotion_at(env)`: the unix time of the environment's latest promotion (forced
     or not) that put a new release live, so a rollback before it does not hold back the next.
     A redeploy of the release of record is not one."""
-
-    def last(env: str) -> float | None:
-        recs = ledger.records(
-            environment=env,
-            types=[EventType.PROMOTE.value, EventType.OVERRIDE.value],
-            newest_first=True,
-            limit=1,
-        )
-        return recs[0].time.timestamp() if recs else None
-
-    return last
+    return _latest_event_time(ledger, [EventType.PROMOTE.value, EventType.OVERRIDE.value])
 
 
 # --------------------------------------------------------------------------- receiver auth
