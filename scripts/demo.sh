@@ -97,9 +97,19 @@ for m in "${MANIFESTS[@]}"; do
   releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 done
 
-step "promote bf16 to staging, then on to production (through every gate)"
+step "promote bf16 to staging (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
 expect promoted staging manifests/demo-bf16.yaml
+
+# The damaged prompt is bf16 with one prompt edited: it is tried while bf16 is live, so the
+# comparison differs in the prompt alone (same weights, same serving parameters, same
+# host); against the W8A8 release its speed would be judged too, and bf16 is slower than
+# W8A8 on a CPU without native bf16.
+step "try the damaged prompt against live bf16: quality gates only block it, core among them"
+expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
+expect blocked staging manifests/demo-damaged-prompt.yaml --by "suite core" --kind quality
+
+step "promote bf16 on to production (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
 expect promoted production manifests/demo-bf16.yaml
 
@@ -108,10 +118,6 @@ promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weig
 expect promoted staging manifests/demo-w8a8.yaml
 promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
 expect promoted production manifests/demo-w8a8.yaml
-
-step "try the damaged prompt: quality gates only block it, core among them"
-expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
-expect blocked staging manifests/demo-damaged-prompt.yaml --by "suite core" --kind quality
 
 if [[ $W4 == yes ]]; then
   step "W4A16 against W8A8 live, as a dry run: what 4-bit weights do to each suite (the gate report)"
