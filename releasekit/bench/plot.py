@@ -109,9 +109,12 @@ def _panel(
 def plot_sweep(result: BenchResult, path: Path) -> None:
     """Write a PNG with two panels (TTFT, E2E) across the sweep; the knee is starred."""
     points = sorted(result.points, key=lambda p: p.load)
-    fig = Figure(figsize=(12, 5), dpi=110, layout="constrained")
+    # Fixed margins, not a layout engine: constrained layout measured every tick label again
+    # and took about half of the plot's time; the two panels' labels are short and known.
+    fig = Figure(figsize=(12, 5), dpi=110)
     FigureCanvasAgg(fig)
     ax_ttft, ax_e2e = fig.subplots(1, 2)
+    fig.subplots_adjust(left=0.06, right=0.985, bottom=0.11, top=0.88, wspace=0.22)
     _panel(ax_ttft, points, "ttft", "TTFT", result.slo.ttft_s, result.knee)
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model

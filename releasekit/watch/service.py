@@ -396,15 +396,19 @@ def known_good(ledger: Ledger) -> Callable[[str], bool]:
     marked bad (where a rollback would go)."""
 
     def has(env: str) -> bool:
+        ledger.verified()  # marked-bad and live records: verified ones only
         return previous_good_release(ledger, env) is not None
 
     return has
 
 
 def _latest_event_time(ledger: Ledger, types: list[str]) -> Callable[[str], float | None]:
-    """`latest(env)`: the unix time of the environment's newest event of `types` (None)."""
+    """`latest(env)`: the unix time of the environment's newest event of `types` (None).
+    The ledger is verified first (DecisionRecordsError otherwise): a forged rollback record
+    would otherwise hold a regression live for a whole cool-down."""
 
     def latest(env: str) -> float | None:
+        ledger.verified()
         recs = ledger.records(environment=env, types=types, newest_first=True, limit=1)
         return recs[0].time.timestamp() if recs else None
 
@@ -518,6 +522,7 @@ class WatchService:
             clock=clock,
             last_rollback_at=last_rollback_time(ledger) if cooldown_from_ledger else None,
             last_promotion_at=last_promotion_time(ledger) if cooldown_from_ledger else None,
+            check_records=lambda: ledger.verified(again=True),
         )
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False

@@ -91,7 +91,9 @@ class RollbackGuard:
     reports, e.g. from the ledger), and none when `has_known_good(env)` is false.
     A rollback older than the environment's latest promotion (`last_promotion_at`) does not
     count: the cool-down stops rollbacks chasing each other, it never keeps a newly promoted
-    release live. Thread-safe: the watcher and the receiver may share one guard."""
+    release live. `check_records` runs first on each request and raises when the records
+    those answers come from cannot be trusted (the request then fails, naming why).
+    Thread-safe: the watcher and the receiver may share one guard."""
 
     def __init__(
         self,
@@ -102,8 +104,10 @@ class RollbackGuard:
         clock: Callable[[], float] = time.time,
         last_rollback_at: Callable[[str], float | None] | None = None,
         last_promotion_at: Callable[[str], float | None] | None = None,
+        check_records: Callable[[], None] | None = None,
     ) -> None:
         self._rollback = rollback
+        self._check_records = check_records
         self._last_promotion_at = last_promotion_at
         self._has_known_good = has_known_good
         self.cooldown_s = cooldown_s
@@ -131,6 +135,8 @@ class RollbackGuard:
         """Roll back unless cooling down or nothing is known good. Exceptions of the
         rollback path propagate (RollbackTransientError: retry later)."""
         with self._lock:
+            if self._check_records is not None:
+                self._check_records()
             left = self.cooldown_left(request.env)
             if left > 0:
                 return RollbackOutcome(

@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from sqlalchemy import create_engine
 from watchkit import AppServer, FakeClock, FaultyMetrics, Sim
 
 from releasekit.config import Settings, load_settings
 from releasekit.deploy.gateway import Route
 from releasekit.deploy.state import DeployStateError, EnvState, GatewayRecord, write_state
 from releasekit.promote.rollback import RollbackError, RollbackResult
-from releasekit.stores.ledger import Event, EventType, Ledger
+from releasekit.stores.ledger import DecisionRecordsError, Event, EventType, Ledger, events_table
 from releasekit.watch.receiver import ReceiverAuth
 from releasekit.watch.rules import Rule
 from releasekit.watch.service import (
@@ -618,3 +619,40 @@ def test_the_cooldown_reads_rollbacks_and_promotions_from_the_ledger(wenv: Watch
     assert (last_promotion_time(wenv.ledger)(ENV) or 0) >= (
         last_rollback_time(wenv.ledger)(ENV) or 0
     )
+
+
+def test_the_cooldown_and_known_good_read_only_verified_records(wenv: WatchEnv) -> None:
+    """A rollback record edited in the database (here its reason) breaks the chain: the
+    guard neither cools down on it nor looks for a known-good release in such a ledger; the
+    rollback request fails naming the ledger, and nothing is written; a watcher that had
+    verified the ledger before the edit checks it afresh for the request."""
+    running = wenv.service(cooldown_s=900)
+    assert running.guard.cooldown_left(ENV) == 0.0  # verified, and cached by head
+    rb = wenv.ledger.append(
+        Event(
+            type=EventType.ROLLBACK,
+            environment=ENV,
+            from_release=wenv.r1,
+            to_release=wenv.r0,
+            live=True,
+            reason="by hand",
+        )
+    )
+    engine = create_engine(wenv.settings.ledger_url or "")
+    with engine.begin() as conn:
+        conn.execute(
+            events_table.update().where(events_table.c.seq == rb.seq).values(reason="forged")
+        )
+    engine.dispose()
+    led = Ledger(wenv.settings.ledger_url or "", actor=ACTOR)
+    for read in (last_rollback_time(led), last_promotion_time(led)):
+        with pytest.raises(DecisionRecordsError, match="refusing to act on ledger"):
+            read(ENV)
+    before = len(led.records(environment=ENV))
+    req = RollbackRequest(
+        env=ENV, from_release=wenv.r0, reason="r", trigger="watch", requested_at=0
+    )
+    out = running.watcher.request_rollback(req)
+    assert out.status == "failed" and "refusing to act on ledger" in (out.message or "")
+    assert len(led.records(environment=ENV)) == before
+    led.close()

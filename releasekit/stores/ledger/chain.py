@@ -94,13 +94,14 @@ class LedgerVerification:
 
         def head(self) -> tuple[int, str] | None: ...
 
-    def verified(self) -> None:
+    def verified(self, *, again: bool = False) -> None:
         """Check the whole ledger (chain, signatures against the trusted keys, git anchors)
         before a decision reads it; raise DecisionRecordsError naming what failed. A head
         already verified by this ledger object is not checked again (the ledgers are small:
-        one pass per command)."""
+        one pass per command) unless `again`: a long-running process (the watcher) checks
+        afresh before each decision, since a record edited in place leaves the head as it was."""
         head = self.head()
-        if head is not None and head == self._verified:
+        if not again and head is not None and head == self._verified:
             return
         res = self.verify(audit=False)
         if not res.ok:
