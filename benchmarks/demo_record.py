@@ -2,8 +2,9 @@
 project's own ledger and state: the approval and the refusal before it, the shadow
 comparisons (their answer agreement included), each canary step's judgement (figures,
 limits, counts over the limit, p-values), every promotion a gate refused (the `gate_failed`
-events: the approval gate, the perf gates of a `--no-canary` promotion), the abort, the
-watch's rollback after a promotion, and what the streaming clients and the users got.
+events: the damaged prompt's quality gates, the approval gate, the perf gates of a
+`--no-canary` promotion) with the figures of the gate report each event links, the abort,
+the watch's rollback after a promotion, and what the streaming clients and the users got.
 
     bash scripts/demo.sh && .venv/bin/python benchmarks/demo_record.py [--project DIR]
 
@@ -40,6 +41,24 @@ def _checks(ev: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for s in steps for c in s.get("checks", [])]
 
 
+def _gates(evidence: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every gate of the gate report an event links (its figures: candidate, live, limit,
+    detail), read through the model promote writes it with; None without a readable one."""
+    from pydantic import ValidationError
+
+    from releasekit.promote.gates import GateReport
+
+    path = evidence.get("report") if isinstance(evidence, dict) else None
+    if not isinstance(path, str):
+        return None
+    try:
+        report = GateReport.model_validate_json(Path(path).read_bytes())
+    except (OSError, ValidationError):
+        return None
+    keep = ("name", "kind", "passed", "advisory", "candidate", "live", "limit", "detail")
+    return [g.model_dump(mode="json", include=set(keep)) for g in report.gates]
+
+
 def collect(project: Path, env: str) -> dict[str, Any]:
     """The block's events in `env` (from its first approval on, with the refusals of the
     approved releases just before it), the kept shadow comparisons and the streaming
@@ -70,6 +89,7 @@ def collect(project: Path, env: str) -> dict[str, Any]:
             "from_release": r.from_release,
             "reason": r.reason,
             "evidence": r.evidence,
+            "gates": _gates(r.evidence),
         }
         for r in recs[first:]
     ]

@@ -170,10 +170,12 @@ step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its ans
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
 # 25% of admitted requests to it (no client waits for a copy) and keeps both answers of each
 # copied request, and `compare` judges it with its canary checks and the answers' agreement
-# (the policy's shadow_min_agreement) over 40 s. The comparison is a signed ledger event bound to the stable
-# release: promote reads it as a gate.
+# (the policy's shadow_min_agreement) over 40 s, and on, 40 s at a time up to 160 s, until it
+# has the pairs the policy asks for (shadow_min_pairs): a host that serves fewer requests a
+# second takes longer, not a different verdict. The comparison is a signed ledger event bound
+# to the stable release: promote reads it as a gate.
 releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
-if ! releasekit shadow compare --env staging --window 40; then
+if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
   releasekit shadow stop --env staging
   echo "demo: stopped, the healthy release's shadow comparison breached (figures above); nothing was forced" >&2
   exit 1
@@ -249,7 +251,7 @@ sleep 3
 
 step "shadow demo-v2 (passes every offline suite): its answers against stable's on the same live requests"
 releasekit shadow start "$V2" --env staging --share 0.5 --reason "demo: v2 on live traffic before it takes any"
-releasekit shadow compare --env staging --window 40 || true
+releasekit shadow compare --env staging --window 40 --max-window 160 || true
 releasekit shadow stop --env staging
 expect shadow-failed staging "$V2" --by answers
 releasekit history --env staging --type shadow --limit 3

@@ -132,10 +132,12 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
 ) -> None:
     """A ledger shaped like the demo's progressive-delivery block, written by the real
     ledger, read by the real script: the approval gate's refusal before the approvals, the
-    perf gates' refusal of a `--no-canary` promotion and the watch's rollback after a
-    promotion are in the file, with the users' summary; a refusal from before the block, of
-    a release it never approves, is not."""
+    perf gates' refusal of a `--no-canary` promotion (with its gate report's figures) and the
+    watch's rollback after a promotion are in the file, with the users' summary; a refusal
+    from before the block, of a release it never approves, is not."""
     from releasekit.config import load_settings
+    from releasekit.promote.gates import GateReport, GateResult
+    from releasekit.promote.report import write_report
     from releasekit.stores.ledger import open_ledger
     from releasekit.stores.ledger.schema import Event, EventType
 
@@ -150,7 +152,33 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
     def ev(kind: EventType, release: str, reason: str) -> Event:
         return Event(type=kind, environment="staging", to_release=release, reason=reason)
 
+    report = GateReport(
+        environment="staging",
+        candidate_release_id=seqs1,
+        candidate_name="demo-canary-seqs1",
+        mode="relative",
+        passed=False,
+        gates=[
+            GateResult(
+                name="ttft_p95_s at the knee",
+                kind="perf",
+                passed=False,
+                rule="at most 50% above live",
+                candidate=0.9,
+                live=0.4,
+                limit=0.6,
+            )
+        ],
+    )
+    json_path, _ = write_report(report, tmp_path, stem="staging-demo-canary-seqs1")
     led = open_ledger(load_settings(root=tmp_path))
+    refused = Event(
+        type=EventType.GATE_FAILED,
+        environment="staging",
+        to_release=seqs1,
+        reason="demo: one switch",
+        evidence={"report": str(json_path)},
+    )
     for event in [
         ev(EventType.GATE_FAILED, other, "an earlier release's gates"),
         ev(EventType.GATE_FAILED, good, "demo: before approval"),
@@ -159,7 +187,7 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
         ev(EventType.SHADOW, good, "mirror"),
         ev(EventType.CANARY_STEP, good, "step 1 passed"),
         ev(EventType.PROMOTE, good, "canary steps"),
-        ev(EventType.GATE_FAILED, seqs1, "demo: one switch"),
+        refused,
         ev(EventType.CANARY_ABORTED, seqs1, "breach"),
         ev(EventType.PROMOTE, other, "demo: v2 repackaged, shadow skipped"),
         ev(EventType.ROLLBACK, good, "watch: answers disagree after the promotion"),
@@ -183,6 +211,20 @@ def test_demo_record_keeps_the_gate_failed_events_of_the_block(
     got = [(e["type"], e["reason"]) for e in data["events"]]
     assert got[0] == ("gate_failed", "demo: before approval")
     assert ("gate_failed", "demo: one switch") in got
+    (one,) = [e for e in data["events"] if e["reason"] == "demo: one switch"]
+    assert one["gates"] == [
+        {
+            "name": "ttft_p95_s at the knee",
+            "kind": "perf",
+            "passed": False,
+            "advisory": False,
+            "candidate": 0.9,
+            "live": 0.4,
+            "limit": 0.6,
+            "detail": "",
+        }
+    ]
+    assert all(e["gates"] is None for e in data["events"] if e is not one)
     assert ("gate_failed", "an earlier release's gates") not in got
     assert [t for t, _ in got].count("approve") == 2
     assert got[-1] == ("rollback", "watch: answers disagree after the promotion")

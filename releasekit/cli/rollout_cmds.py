@@ -199,6 +199,15 @@ def print_agreement(a: Agreement) -> None:
 def shadow_compare_cmd(
     env: Annotated[str, typer.Option("--env", help="environment being mirrored")],
     window: Annotated[float, typer.Option("--window", help="seconds to measure")] = 30.0,
+    max_window: Annotated[
+        float | None,
+        typer.Option(
+            "--max-window",
+            help="measure on, --window seconds at a time up to this many, while the "
+            "comparison has fewer answer pairs than the policy's shadow_min_pairs or a "
+            "check still waits for samples",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Judge the shadow candidate's live figures against stable's over the next --window
@@ -207,7 +216,7 @@ def shadow_compare_cmd(
     page with the disagreeing pairs side by side and prints its path."""
     from releasekit.rollout.shadow import compare_shadow
 
-    res = compare_shadow(State.settings(), env=env, window_s=window)
+    res = compare_shadow(State.settings(), env=env, window_s=window, max_window_s=max_window)
     if json_:
         emit_json(res)
     else:

@@ -374,12 +374,19 @@ def compare_shadow(
     *,
     env: str,
     window_s: float = 30.0,
+    max_window_s: float | None = None,
     checks: list[CanaryCheck] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     ledger: Ledger | None = None,
 ) -> ShadowComparison:
     """Judge the shadow candidate against stable over the next `window_s` seconds (the
-    candidate manifest's canary checks, else the defaults) and keep the comparison."""
+    candidate manifest's canary checks, else the defaults) and keep the comparison.
+
+    With `max_window_s` the window grows, `window_s` at a time up to `max_window_s`, while
+    the comparison lacks the samples it needs (fewer answer pairs than the policy's
+    `shadow_min_pairs`, or a required check still waiting for samples): a host that serves
+    fewer requests a second needs longer for the same evidence, and the verdict should
+    rest on the samples, not on the host's speed."""
     status = read_shadow(settings, env)
     if status is None:
         raise ShadowError(f"no shadow runs in {env}")
@@ -443,21 +450,32 @@ def compare_shadow(
                 )
 
             before = snap()
-            sleep(window_s)
-            after = snap()
-            s1 = c.state()
-            pairs = _window_pairs(
-                c, status.release_id, s0, s1, stored=store_dir(settings.state_dir, env)
-            )
+            limit_s = max(window_s, max_window_s or window_s)
+            waited = 0.0
+            while True:
+                step = min(window_s, limit_s - waited)
+                sleep(step)
+                waited += step
+                after = snap()
+                s1 = c.state()
+                pairs = _window_pairs(
+                    c, status.release_id, s0, s1, stored=store_dir(settings.state_dir, env)
+                )
+                cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
+                j = judge_step(checks, cw, sw)
+                agreement = answer_agreement(
+                    [answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
+                    min_agreement=min_agreement,
+                    min_pairs=min_pairs,
+                )
+                short = agreement.pairs < min_pairs or any(
+                    x.required and x.verdict == "wait" for x in j.checks
+                )
+                if not short or waited >= limit_s - 1e-9:
+                    break
+            window_s = waited
     finally:
         release(held)
-    cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
-    j = judge_step(checks, cw, sw)
-    agreement = answer_agreement(
-        [answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
-        min_agreement=min_agreement,
-        min_pairs=min_pairs,
-    )
     breached = [x for x in j.checks if x.verdict == "breach"]
     undecided = [x for x in j.checks if x.required and x.verdict != "pass"]
     verdict: ShadowVerdict = "breach" if breached else "insufficient" if undecided else "pass"

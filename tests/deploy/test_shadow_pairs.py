@@ -390,3 +390,32 @@ def test_shadow_compare_passes_a_candidate_that_answers_the_same(kit: Kit) -> No
     a = cmp.agreement
     assert cmp.verdict == "pass" and a is not None, cmp.reason
     assert (a.pairs, a.agreeing, a.examples) == (30, 30, [])
+
+
+def test_the_window_grows_until_the_comparison_has_its_pairs(kit: Kit) -> None:
+    """With `max_window_s` the comparison measures on, a window at a time, while it has fewer
+    answer pairs than the policy's minimum (a slower host serves fewer requests a second):
+    12 pairs a window reach 30 in the third, and the window says so; capped before enough
+    pairs, it is still "not enough pairs", over the longest window allowed."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    cand = _candidate(kit, "demo-shadow-grow", None)
+    start_shadow(kit.settings, cand, env="staging", share=1.0, reason="try it")
+    windows: list[float] = []
+    ask = _asker(kit, 12)
+
+    def sleep(s: float) -> None:
+        windows.append(s)
+        ask(s)
+
+    cmp = compare_shadow(
+        kit.settings, env="staging", window_s=1, max_window_s=10, checks=[], sleep=sleep
+    )
+    assert cmp.agreement is not None and cmp.agreement.pairs == 36, cmp.reason
+    # The settle before the window first (the canary's settle_s), then three windows.
+    assert cmp.verdict == "pass" and windows[1:] == [1, 1, 1] and cmp.window_s == 3
+    capped = compare_shadow(
+        kit.settings, env="staging", window_s=1, max_window_s=2, checks=[], sleep=_asker(kit, 5)
+    )
+    assert capped.verdict == "insufficient" and capped.window_s == 2
+    assert "not enough pairs: 10 judged, at least 30 needed" in capped.reason
