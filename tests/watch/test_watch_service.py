@@ -197,6 +197,19 @@ class WatchEnv:
             kw["clock"] = clock
         return WatchService(self.settings, ENV, ledger=self.ledger, **kw)
 
+    def rollback_by_hand(self) -> Any:
+        """A manual rollback from r1 to r0, as `releasekit rollback` records it."""
+        return self.ledger.append(
+            Event(
+                type=EventType.ROLLBACK,
+                environment=ENV,
+                from_release=self.r1,
+                to_release=self.r0,
+                live=True,
+                reason="by hand",
+            )
+        )
+
     def rollback_events(self) -> list[Any]:
         return self.ledger.records(environment=ENV, types=[EventType.ROLLBACK.value])
 
@@ -600,16 +613,7 @@ def test_the_cooldown_reads_rollbacks_and_promotions_from_the_ledger(wenv: Watch
     a promotion written after it ends the cool-down, so the new release can be rolled back."""
     svc = wenv.service(cooldown_s=900)
     assert svc.guard.cooldown_left(ENV) == 0.0  # two promotions, no rollback
-    wenv.ledger.append(
-        Event(
-            type=EventType.ROLLBACK,
-            environment=ENV,
-            from_release=wenv.r1,
-            to_release=wenv.r0,
-            live=True,
-            reason="by hand",
-        )
-    )
+    wenv.rollback_by_hand()
     assert 890 < svc.guard.cooldown_left(ENV) <= 900
     assert last_rollback_time(wenv.ledger)(ENV) is not None
     wenv.ledger.append(
@@ -628,16 +632,7 @@ def test_the_cooldown_and_known_good_read_only_verified_records(wenv: WatchEnv) 
     verified the ledger before the edit checks it afresh for the request."""
     running = wenv.service(cooldown_s=900)
     assert running.guard.cooldown_left(ENV) == 0.0  # verified, and cached by head
-    rb = wenv.ledger.append(
-        Event(
-            type=EventType.ROLLBACK,
-            environment=ENV,
-            from_release=wenv.r1,
-            to_release=wenv.r0,
-            live=True,
-            reason="by hand",
-        )
-    )
+    rb = wenv.rollback_by_hand()
     engine = create_engine(wenv.settings.ledger_url or "")
     with engine.begin() as conn:
         conn.execute(
