@@ -451,6 +451,7 @@ def compare_shadow(
 
             before = snap()
             limit_s = max(window_s, max_window_s or window_s)
+            stored = store_dir(settings.state_dir, env)
             waited = 0.0
             while True:
                 step = min(window_s, limit_s - waited)
@@ -458,9 +459,7 @@ def compare_shadow(
                 waited += step
                 after = snap()
                 s1 = c.state()
-                pairs = _window_pairs(
-                    c, status.release_id, s0, s1, stored=store_dir(settings.state_dir, env)
-                )
+                pairs = _window_pairs(c, status.release_id, s0, s1, stored=stored)
                 cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
                 j = judge_step(checks, cw, sw)
                 agreement = answer_agreement(
