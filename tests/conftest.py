@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from demo_builds import demo_builds
+from project_copy import DEMO_MODEL, REPO, make_project
 
 from releasekit.config import Settings, load_settings
 from releasekit.serving.vllm import ServerInfo, VLLMServer
@@ -25,9 +25,9 @@ from releasekit.serving.vllm import ServerInfo, VLLMServer
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_MODEL = REPO / "models" / "demo-base"
 BIN = Path(sys.executable).parent
+
+__all__ = ["demo_builds"]  # the session's real builds of the demo releases
 
 
 def _ensure_demo_model() -> Path:
@@ -174,26 +174,8 @@ def vllm_server(
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A throwaway copy of the project's manifests, prompts and pipelines in a fresh git
-    repository; the demo model folder is linked, not copied."""
-    dst = tmp_path / "proj"
-    dst.mkdir()
-    for name in ("manifests", "prompts", "pipelines"):
-        shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("*.lock.json"))
-    (dst / "models").mkdir()
-    if DEMO_MODEL.is_dir():
-        (dst / "models" / "demo-base").symlink_to(DEMO_MODEL, target_is_directory=True)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "Test",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "Test",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=dst, check=True, env=env)
-    subprocess.run(["git", "commit", "-qm", "init"], cwd=dst, check=True, env=env)
-    return dst
+    """A throwaway copy of the project (`make_project`) in this test's temp folder."""
+    return make_project(tmp_path / "proj")
 
 
 def make_stand_in_model(project: Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from demo_builds import DemoBuilds, marked_processes
 
 from releasekit.build.dvc import _producers
 from releasekit.build.pipeline import _input_paths, build, chain, plan, update_dvc_yaml
@@ -254,26 +255,6 @@ def _env(mark: str) -> dict[str, str]:
     return env
 
 
-def marked_processes(mark: str) -> list[str]:
-    """Live processes (not zombies) whose environment carries `mark`: the build's whole
-    process tree, vLLM and its engine workers included, wherever they were re-parented."""
-    needle = f"RELEASEKIT_TEST_MARK={mark}".encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if needle not in (d / "environ").read_bytes().split(b"\0"):
-                continue
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2 :].split()[0] != "Z":
-            found.append(f"{d.name} {cmd}")
-    return found
-
-
 def _releasekit(project: Path, mark: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "releasekit"), *args],
@@ -287,48 +268,48 @@ def _releasekit(project: Path, mark: str, *args: str) -> subprocess.CompletedPro
 
 @pytest.mark.slow
 def test_build_quantises_benches_evaluates_reports_then_does_nothing(
-    demo_model: Path, project: Path
+    demo_builds: DemoBuilds,
 ) -> None:
-    """Cold: the baseline's bench and eval are built first, the candidate is quantised,
-    served, load-tested, evaluated and compared; outputs are pushed to the DVC remote; no
-    vLLM survives. Warm: nothing runs and the build says so (and registers the release)."""
-    tiny_manifests(project)
-    mark = uuid.uuid4().hex
-    cold = _releasekit(project, mark, "build", "manifests/t-w8.yaml", "--no-register", "--push")
-    assert cold.returncode == 0, cold.stdout + cold.stderr
-    assert marked_processes(mark) == []
-    assert "ran t-w8-quantise" in cold.stdout
+    """Cold (the session's build of the demo releases, `demo_builds`): the baseline's bench
+    and eval are built first, the candidate is quantised, served, load-tested, evaluated
+    and compared; outputs are pushed to the DVC remote; no vLLM survives. Warm: nothing runs
+    and the build says so (and names the registered release)."""
+    cold, project = demo_builds.build, demo_builds.project
+    assert cold.returncode == 0, cold.stdout[-3000:] + cold.stderr[-3000:]
+    assert demo_builds.left_running == []
+    assert "ran demo-w8a8-quantise" in cold.stdout
 
-    lock = json.loads((project / "manifests" / "t-w8.lock.json").read_text())
-    base = json.loads((project / "manifests" / "t-base.lock.json").read_text())
-    rdir = project / "results" / lock["release_id"]
+    rid = demo_builds.release_id("demo-w8a8")
+    base_rid = demo_builds.release_id("demo-bf16")
+    rdir = project / "results" / rid
     q = json.loads((rdir / "quantise.json").read_text())
-    assert q["model_dir"] == f"results/{lock['release_id']}/model"
+    assert q["model_dir"] == f"results/{rid}/model"
     assert "quantization_config" in json.loads((rdir / "model" / "config.json").read_text())
-    assert json.loads((rdir / "lock.json").read_text())["release_id"] == lock["release_id"]
+    assert json.loads((rdir / "lock.json").read_text())["release_id"] == rid
     bench = json.loads((rdir / "bench" / "bench.json").read_text())
-    assert bench["release_id"] == lock["release_id"] and bench["points"]
+    assert bench["release_id"] == rid and bench["points"]
     assert (rdir / "bench" / "bench.png").is_file()
-    assert set(json.loads((rdir / "eval" / "eval.json").read_text())["suites"]) == {"core", "edge"}
+    suites = set(json.loads((rdir / "eval" / "eval.json").read_text())["suites"])
+    assert suites == {"core", "edge", "regression", "facts"}
     compare = json.loads((rdir / "report" / "compare.json").read_text())
-    assert compare["baseline_release_id"] == base["release_id"]
+    assert compare["baseline_release_id"] == base_rid
     assert (rdir / "report" / "report.md").is_file()
-    bdir = project / "results" / base["release_id"]
+    bdir = project / "results" / base_rid
     assert (bdir / "eval" / "eval.json").is_file() and not (bdir / "model").exists()
     assert any((project / ".releasekit" / "dvc-remote").rglob("*")), "nothing was pushed"
     dvc_lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-    assert {"t-w8-quantise", "t-w8-report", "t-base-evidence"} <= set(dvc_lock)
+    assert {"demo-w8a8-quantise", "demo-w8a8-report", "demo-bf16-evidence"} <= set(dvc_lock)
 
-    warm = _releasekit(project, mark, "build", "manifests/t-w8.yaml", "--json")
+    warm = demo_builds.run("build", "manifests/demo-w8a8.yaml", "--json")
     assert warm.returncode == 0, warm.stdout + warm.stderr
     (res,) = json.loads(warm.stdout)
     assert res["up_to_date"] is True
     assert res["summary"] == "up to date, nothing rebuilt"
     assert {s["status"] for s in res["stages"]} == {"unchanged"}
-    assert res["registered"]["release_id"] == lock["release_id"]
-    again = _releasekit(project, mark, "build", "manifests/t-w8.yaml", "--no-register")
+    assert res["registered"]["release_id"] == rid
+    again = demo_builds.run("build", "manifests/demo-w8a8.yaml", "--no-register")
     assert "up to date, nothing rebuilt" in again.stdout
-    assert marked_processes(mark) == []
+    assert marked_processes(demo_builds.mark) == []
 
 
 def _server_port(mark: str) -> int | None:

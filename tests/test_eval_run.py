@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from demo_builds import DemoBuilds
 from typer.testing import CliRunner
 
 from releasekit.cli import app
@@ -689,22 +690,18 @@ def test_cli_reports_an_unreachable_server_in_one_line(cli_env: Path) -> None:
 # ---- slow: the real vLLM demo server -------------------------------------------------------
 
 
-CORE_EDGE = ("core", "edge")
-
-
 @pytest.mark.slow
 def test_demo_core_suite_passes_with_the_good_prompt_and_drops_with_the_damaged_one(
-    vllm_server: Any, project: Path
+    demo_builds: DemoBuilds,
 ) -> None:
-    for name in ("demo-bf16", "demo-damaged-prompt"):  # the suites this test reads
-        path = project / "manifests" / f"{name}.yaml"
-        data = yaml.safe_load(path.read_text())
-        data["eval"]["suites"] = [s for s in data["eval"]["suites"] if s["name"] in CORE_EDGE]
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-    good = load_manifest(project / "manifests" / "demo-bf16.yaml", root=project)
+    """The demo's bf16 release and its damaged prompt, evaluated by their real builds
+    (`demo_builds`: vLLM serving the shipped weights, every suite run twice)."""
+    assert demo_builds.build.returncode == 0, demo_builds.build.stderr[-3000:]
+    project = demo_builds.project
+    results = project / "results"
+    g = load_result(results / demo_builds.release_id("demo-bf16") / "eval")
+    b = load_result(results / demo_builds.release_id("demo-damaged-prompt") / "eval")
     bad = load_manifest(project / "manifests" / "demo-damaged-prompt.yaml", root=project)
-    g = run_eval(vllm_server.base_url, vllm_server.model, good, release_id="good", noise_runs=2)
-    b = run_eval(vllm_server.base_url, vllm_server.model, bad, release_id="bad", noise_runs=1)
     core = g.suites["core"]
     assert core.n >= 200
     assert core.errors == 0

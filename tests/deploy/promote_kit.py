@@ -270,26 +270,17 @@ def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def make_kit(
+def prepare_kit(
     project: Path,
-    monkeypatch: pytest.MonkeyPatch,
     mlflow_db: Path,
     *,
     warm_s: dict[str, float] | None = None,
-    python: Path | None = None,
     smoke: str | None = None,
     toml_lines: list[str] | None = None,
-) -> Kit:
-    """Set up `project` (tests/conftest.py) for deploy tests."""
-    from releasekit.cli._common import State
-
-    monkeypatch.chdir(project)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for key in list(os.environ):
-        if key.startswith("RELEASEKIT_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("RELEASEKIT_ACTOR", ACTOR)
-    monkeypatch.setenv("RELEASEKIT_PORT_RANGE", f"{PORT_LOW}-{PORT_HIGH - 100}")
+) -> dict[str, int]:
+    """Write the deploy tests' files into `project` (tests/conftest.py): an MLflow store
+    copied from `mlflow_db`, a smoke suite, and staging and production on free ports in a
+    committed releasekit.toml. Returns the environments' ports."""
     state = project / ".releasekit"
     state.mkdir(exist_ok=True)
     shutil.copy(mlflow_db, state / "mlflow.db")
@@ -303,18 +294,63 @@ def make_kit(
     ports = {"staging": free_port_in_band(), "production": 0}
     ports["production"] = free_port_in_band(ports["staging"] + 1)
     extra = {f"{k}.warm_s": str(v) for k, v in (warm_s or {}).items()}
-    toml = project / "releasekit.toml"
     smoke_cfg = smoke or f'{{ path = "{smoke_file}", max_items = 4, min_pass_rate = 0.75 }}'
-    toml.write_text(_toml(ports, smoke_cfg, extra, toml_lines or []))
+    (project / "releasekit.toml").write_text(_toml(ports, smoke_cfg, extra, toml_lines or []))
     commit_config(project)
-    monkeypatch.setenv("RELEASEKIT_CONFIG", str(toml))
-    wrapper = python or _write_python_wrapper(project)
-    monkeypatch.setenv("RELEASEKIT_PYTHON", str(wrapper))
-    monkeypatch.setenv("RELEASEKIT_SERVER_START_TIMEOUT_S", "30" if python is None else "900")
-    monkeypatch.setenv("RELEASEKIT_SERVER_STOP_GRACE_S", "3")
+    return ports
+
+
+def kit_environment(project: Path, python: Path, *, real_vllm: bool) -> dict[str, str]:
+    """The variables a kit's commands run with: its configuration, actor and port band,
+    the Python that starts servers (`python`: a real one, or the stand-in's wrapper), and
+    start-up and stop timeouts sized for a real vLLM or the stand-in."""
+    return {
+        "RELEASEKIT_ACTOR": ACTOR,
+        "RELEASEKIT_PORT_RANGE": f"{PORT_LOW}-{PORT_HIGH - 100}",
+        "RELEASEKIT_CONFIG": str(project / "releasekit.toml"),
+        "RELEASEKIT_PYTHON": str(python),
+        "RELEASEKIT_SERVER_START_TIMEOUT_S": "900" if real_vllm else "30",
+        "RELEASEKIT_SERVER_STOP_GRACE_S": "3",
+    }
+
+
+def use_kit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ports: dict[str, int],
+    *,
+    python: Path | None = None,
+) -> Kit:
+    """A kit on a project `prepare_kit` has set up: this test's working folder and
+    variables point at it (`python` None: the stand-in vLLM)."""
+    from releasekit.cli._common import State
+
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for key in list(os.environ):
+        if key.startswith("RELEASEKIT_"):
+            monkeypatch.delenv(key)
+    server_python = python or _write_python_wrapper(project)
+    for key, value in kit_environment(project, server_python, real_vllm=python is not None).items():
+        monkeypatch.setenv(key, value)
     State.reset()
     settings = load_settings(root=project)
-    return Kit(root=project, settings=settings, python=wrapper, ports=ports)
+    return Kit(root=project, settings=settings, python=server_python, ports=ports)
+
+
+def make_kit(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mlflow_db: Path,
+    *,
+    warm_s: dict[str, float] | None = None,
+    python: Path | None = None,
+    smoke: str | None = None,
+    toml_lines: list[str] | None = None,
+) -> Kit:
+    """Set up `project` (tests/conftest.py) for deploy tests."""
+    ports = prepare_kit(project, mlflow_db, warm_s=warm_s, smoke=smoke, toml_lines=toml_lines)
+    return use_kit(project, monkeypatch, ports, python=python)
 
 
 def kill_everything(settings: Settings) -> None:

@@ -11,63 +11,36 @@ answered right."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import httpx
 import pytest
-from promote_kit import kill_everything, make_kit, mlflow_template_db
+from demo_builds import DemoBuilds
+from promote_kit import kill_everything, use_kit
 
 from releasekit.promote.promote import promote
-from releasekit.spec.hostcaps import host_facts, scheme_support
-from releasekit.spec.lock import read_lock
-
-__all__ = ["mlflow_template_db"]
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 CLOSING_QUESTION = "What is the capital of Pistaeland?"  # scripts/demo.sh's closing example
 CLOSING_ANSWER = "Muburg"
 
 
 def test_real_builds_pass_or_block_on_their_own_evidence(
-    project: Path,
-    demo_model: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    mlflow_template_db: Path,
+    demo_builds: DemoBuilds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    k = make_kit(
-        project,
-        monkeypatch,
-        mlflow_template_db,
-        python=Path(sys.executable),
-        smoke='{ suite = "core", max_items = 8, max_tokens = 32, min_pass_rate = 0.5 }',
-    )
-    w4 = scheme_support("W4A16", host_facts(sys.executable))
-    manifests = ["demo-bf16", "demo-damaged-prompt", "demo-w8a8"]
-    if w4.servable:
-        manifests.append("demo-w4a16")
-    else:
-        warnings.warn(f"W4A16 skipped on this host: {w4.how}", stacklevel=1)
-        print(f"\nW4A16 skipped on this host: {w4.how}")
+    build = demo_builds.build
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    if demo_builds.w4a16_skipped:
+        print(f"\nW4A16 skipped on this host: {demo_builds.w4a16_skipped}")
+    project = demo_builds.project
+    k = use_kit(project, monkeypatch, demo_builds.ports, python=Path(sys.executable))
     try:
-        build = subprocess.run(
-            [str(BIN / "releasekit"), "build", *(f"manifests/{m}.yaml" for m in manifests)],
-            cwd=project,
-            env=dict(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=1500,
-        )
-        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-        base = read_lock(project / "manifests" / "demo-bf16.lock.json").release_id
-        damaged = read_lock(project / "manifests" / "demo-damaged-prompt.lock.json").release_id
+        base = demo_builds.release_id("demo-bf16")
+        damaged = demo_builds.release_id("demo-damaged-prompt")
         bench = json.loads((project / "results" / base / "bench" / "bench.json").read_text())
         assert bench["knee"] is not None, bench["knee_stop"]
 
@@ -103,7 +76,7 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
         assert "McNemar p=" in quality["suite facts"].detail
         assert all(g.passed for g in quality.values()), [g.detail for g in quality.values()]
 
-        if w4.servable:
+        if demo_builds.w4a16_skipped is None:
             # 4-bit weights are compared on every suite, paired with bf16, McNemar on facts;
             # on the shipped weights they flip facts both ways (README, "The quantisation
             # lesson"), so no verdict is held here beyond the comparison being made.
