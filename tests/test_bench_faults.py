@@ -379,10 +379,24 @@ def lenient_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("releasekit.bench.stats.BURSTY_SHARE_TOL", 1.0)
 
 
+@pytest.fixture
+def busy_host_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the cross-check's tests of something other than the client's own lag (server
+    deltas, the front end's segment, bursts): the fake serves from this test's process, so
+    a busy test machine (the fast tests run on two workers) now and then adds tens of
+    milliseconds to what the client sees, which the bench rightly flags as client_bound.
+    Only the latency and lag floors are widened, to 0.2 s; the burst, count and relative
+    tolerances stay real. client_bound has its own tests below, at the real tolerances."""
+    monkeypatch.setattr("releasekit.bench.stats.LATENCY_ABS_TOL_S", 0.2)
+    monkeypatch.setattr("releasekit.bench.stats.CLIENT_LAG_ABS_TOL_S", 0.2)
+
+
 # --- a well-behaved fake: the mechanics, and a cross-check that passes ----------------------
 
 
-def test_server_deltas_cover_the_point_and_an_honest_run_raises_no_flag() -> None:
+def test_server_deltas_cover_the_point_and_an_honest_run_raises_no_flag(
+    busy_host_latency: None,
+) -> None:
     """Server deltas cover exactly the point's requests (warm-up happens before the first
     scrape); client and server agree, so the cross-check raises no flag and the knee is the
     top point."""
@@ -443,7 +457,9 @@ def test_a_client_that_queues_inside_itself_is_flagged_client_bound(
     assert result.knee_stop is not None and "client_bound" in result.knee_stop
 
 
-def test_time_the_engine_does_not_see_is_the_front_end_and_counts_in_the_slos() -> None:
+def test_time_the_engine_does_not_see_is_the_front_end_and_counts_in_the_slos(
+    busy_host_latency: None,
+) -> None:
     """Client TTFT 0.5 s against an engine histogram of 5 ms, while the server's own HTTP
     durations agree with the client: the 0.5 s were spent in the server's front end, which
     every user waits for. Reported as its own segment, not as the client's fault; the SLOs
@@ -461,7 +477,9 @@ def test_time_the_engine_does_not_see_is_the_front_end_and_counts_in_the_slos() 
     assert not strict.points[0].slo_ok and strict.knee is None
 
 
-def test_a_server_that_sends_every_token_in_one_burst_is_judged_on_the_engine_tpot() -> None:
+def test_a_server_that_sends_every_token_in_one_burst_is_judged_on_the_engine_tpot(
+    busy_host_latency: None,
+) -> None:
     """Six token events arriving in one write: one arrival per request, far fewer than its
     tokens. That is a finding about the server (bursty), not a reason to distrust the point:
     TPOT and ITL come from the engine's own histograms, labelled so, never a microsecond

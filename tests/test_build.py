@@ -5,7 +5,6 @@ build leaves no vLLM process behind."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from demo_builds import USES_DEMO_BUILDS, DemoBuilds, marked_processes
+from demo_builds import USES_DEMO_BUILDS, DemoBuilds, command_env, marked_processes
 
 from releasekit.build.dvc import _producers
 from releasekit.build.pipeline import _input_paths, build, chain, plan, update_dvc_yaml
@@ -243,23 +242,11 @@ def test_results_outside_the_project_are_refused(
 # ---- slow: real builds -------------------------------------------------------------------
 
 
-def _env(mark: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("RELEASEKIT_") and k != "MLFLOW_TRACKING_URI"
-    }
-    if "RELEASEKIT_PORT_RANGE" in os.environ:  # shared development machines
-        env["RELEASEKIT_PORT_RANGE"] = os.environ["RELEASEKIT_PORT_RANGE"]
-    env["RELEASEKIT_TEST_MARK"] = mark  # every descendant inherits it
-    return env
-
-
 def _releasekit(project: Path, mark: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "releasekit"), *args],
         cwd=project,
-        env=_env(mark),
+        env=command_env(mark),
         capture_output=True,
         text=True,
         timeout=900,
@@ -336,7 +323,7 @@ def test_interrupted_build_leaves_no_vllm_process(
     proc = subprocess.Popen(
         [str(BIN / "releasekit"), "build", "manifests/t-base.yaml", "--no-register"],
         cwd=project,
-        env=_env(mark),
+        env=command_env(mark),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+from portbands import share
 
 from releasekit.bench.runner import BenchResult
 from releasekit.bench.runner import write_outputs as write_bench
@@ -44,10 +45,12 @@ from releasekit.stores.results import ReleasePaths
 
 HERE = Path(__file__).resolve().parent
 FAKE_VLLM = HERE / "promote_fake_vllm.py"
-# RELEASEKIT_TEST_DEPLOY_PORTS=LOW-HIGH moves the range (two suites on one host).
-PORT_LOW, PORT_HIGH = (
-    int(x) for x in os.environ.get("RELEASEKIT_TEST_DEPLOY_PORTS", "25000-25999").split("-")
+# RELEASEKIT_TEST_DEPLOY_PORTS=LOW-HIGH moves the range (two suites on one host); each
+# xdist worker takes its share of it (portbands).
+_DEPLOY_PORTS = share(
+    *(int(x) for x in os.environ.get("RELEASEKIT_TEST_DEPLOY_PORTS", "25000-25999").split("-"))
 )
+PORT_LOW, PORT_HIGH = _DEPLOY_PORTS.start, _DEPLOY_PORTS.stop - 1
 ACTOR = "Pat Promoter <pat@example.com>"
 
 
@@ -62,7 +65,7 @@ def free_port_in_band(low: int | None = None, high: int | None = None) -> int:
             except OSError:
                 continue
             return port
-    pytest.skip(f"no free port in {low}-{high}")
+    pytest.skip(f"no free port in {low}-{high} for a gateway")
 
 
 def latency(p95: float) -> LatencySummary:
@@ -260,14 +263,18 @@ def commit_config(project: Path, message: str = "environments and their policy")
     assert same.returncode == 0, "releasekit.toml could not be committed"
 
 
+def empty_mlflow_store(db: Path) -> Path:
+    """Create and migrate an empty MLflow SQLite store at `db` (a template to copy)."""
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
 @pytest.fixture(scope="session")
 def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty MLflow SQLite store, migrated once per session."""
-    from mlflow import MlflowClient
-
-    db = tmp_path_factory.mktemp("mlflow-template-promote") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
-    return db
+    return empty_mlflow_store(tmp_path_factory.mktemp("mlflow-template-promote") / "mlflow.db")
 
 
 def prepare_kit(

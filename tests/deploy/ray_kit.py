@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from portbands import share
 
 # `ray start` through releasekit's loopback entry point (deploy/ray/loopback.py): several
 # nodes on 127.0.0.1, the cluster address kept as given.
@@ -237,17 +238,19 @@ class RayCluster:
 
 
 def free_slot() -> int:
-    """A 100-port slot of 31000-31999 whose GCS port is free."""
+    """A 100-port slot of 31000-31899 (this worker's share of the nine) whose GCS port is
+    free."""
     import socket
 
-    for slot in range(0, 9):
+    slots = share(0, 8)
+    for slot in slots:
         with socket.socket() as s:
             try:
                 s.bind((RayCluster.node_ip(0), PORT_BASE + slot * 100))
             except OSError:
                 continue
             return slot
-    pytest.skip("no free Ray port slot in 31000-31899")
+    pytest.skip(f"no free Ray port slot among {list(slots)} of 31000-31899")
 
 
 def env_lines(c: RayCluster, **extra: Any) -> list[str]:

@@ -4,7 +4,6 @@ events (a real local listener), with retries and the dead-letter log."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import uuid
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from portbands import free_port
 from promote_kit import Kit, commit_config, kill_everything, make_kit, mlflow_template_db
 from sqlalchemy import create_engine, select
 from typer.testing import CliRunner
@@ -44,15 +44,8 @@ from releasekit.stores.ledger import (
 __all__ = ["mlflow_template_db"]
 
 
-def _port(low: int = 32500, high: int = 32999) -> int:
-    for port in range(low, high + 1):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip("no free port in 32500-32999")
+def _port() -> int:
+    return free_port(32500, 32999, what="a webhook listener")
 
 
 class Listener:

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from promote_kit import Kit, Streamer, kit, mlflow_template_db
+from promote_kit import (
+    PORT_HIGH,
+    PORT_LOW,
+    Kit,
+    Streamer,
+    free_port_in_band,
+    kit,
+    mlflow_template_db,
+)
 
 from releasekit.deploy.state import list_envs, read_state
 from releasekit.promote.deploy import deploy_status, down
@@ -245,15 +253,16 @@ def test_a_crashed_command_leaves_nothing_the_next_one_cannot_find(kit: Kit) -> 
     from releasekit.deploy.local import spawn_detached
     from releasekit.deploy.state import ServerRecord, proc_start_time, write_state
 
+    port = free_port_in_band(PORT_LOW, PORT_HIGH - 100)
     proc = spawn_detached(
         [str(kit.python), "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-         "--served-model-name", "demo", "--port", "25888"],
+         "--served-model-name", "demo", "--port", str(port)],
         env=dict(os.environ), log_path=kit.root / "orphan.log",
     )  # fmt: skip
     st.servers.append(
         ServerRecord(
-            release_id="f" * 64, serving_key="x", base_url="http://127.0.0.1:25888",
-            port=25888, pid=proc.pid, proc_start=proc_start_time(proc.pid), model="demo",
+            release_id="f" * 64, serving_key="x", base_url=f"http://127.0.0.1:{port}",
+            port=port, pid=proc.pid, proc_start=proc_start_time(proc.pid), model="demo",
             log_path="orphan.log", role="starting", started_at=0.0,
         )
     )  # fmt: skip

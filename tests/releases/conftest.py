@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from portbands import free_port
 
 if TYPE_CHECKING:
     from releasekit.config import Settings
@@ -260,14 +260,7 @@ def append_worker_fn() -> Any:
 
 
 def _free_port() -> int:
-    for port in range(8421, 8430):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip("no free port in 8421-8429 for the MLflow server")
+    return free_port(8421, 8429, what="the MLflow server")
 
 
 class _Server:

@@ -4,7 +4,6 @@ in PostgreSQL too, register and assign through both, and the ledger verifying.""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from mlflow import MlflowClient
+from portbands import free_port
 
 from releasekit.config import load_settings
 from releasekit.releases.assign import assign
@@ -27,18 +27,11 @@ if TYPE_CHECKING:
 
 BIN = Path(sys.executable).parent
 
-MLFLOW_PORTS = range(22200, 22300)  # the store tests' range (CONTRIBUTING.md)
+MLFLOW_PORTS = (22200, 22299)  # the store tests' range (CONTRIBUTING.md)
 
 
 def _port() -> int:
-    for port in MLFLOW_PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip("no free port for the MLflow server")
+    return free_port(*MLFLOW_PORTS, what="the MLflow server")
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -25,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from portbands import free_port
 
-PG_PORTS = range(22100, 22200)  # the store tests' range (CONTRIBUTING.md)
+PG_PORTS = (22100, 22199)  # the store tests' range (CONTRIBUTING.md)
 PG_USER = "rk"
 
 
@@ -62,17 +62,6 @@ def _pg_bindir() -> Path | None:
         return found[0].parent
     on_path = shutil.which("pg_ctl")
     return Path(on_path).parent if on_path else None
-
-
-def _free_port() -> int:
-    for port in PG_PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {PG_PORTS.start}-{PG_PORTS.stop - 1}")
 
 
 def _unavailable(reason: str) -> None:
@@ -129,7 +118,7 @@ def server() -> PgServer:
     if owner is not None:
         os.chown(base, *owner)
     data, log = base / "data", base / "server.log"
-    port = _free_port()
+    port = free_port(*PG_PORTS, what="PostgreSQL")
 
     def run(*cmd: str) -> None:
         proc = subprocess.run([*prefix, *cmd], capture_output=True, text=True, timeout=120)

@@ -115,7 +115,8 @@ def test_watch_stops_cleanly_on_sigterm(wenv: WatchEnv, traffic: None) -> None: 
         [sys.executable, "-c", _RUN.format(tests=tests), "watch", "prod", "--json",
          "--interval", "0.2"],
         cwd=wenv.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": tests}, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([tests, str(Path(tests).parent)])},
+        start_new_session=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None

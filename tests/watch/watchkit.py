@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
 import socket
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import portbands
 import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -165,16 +165,8 @@ class Sim:
 
 
 def free_port() -> int:
-    """A free loopback TCP port from the watch tests' range."""
-    lo, hi = PORT_BAND
-    for port in random.sample(range(lo, hi + 1), 200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {lo}-{hi}")
+    """A free loopback TCP port from (this worker's share of) the watch tests' range."""
+    return portbands.free_port(*PORT_BAND, what="a watch test's server", shuffle=True)
 
 
 class AppServer:
