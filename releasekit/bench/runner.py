@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
+from releasekit._support.http import tls
 from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
@@ -269,11 +270,10 @@ async def _bench(
             api_key=api_key,
         ) as client,
         httpx.AsyncClient(
+            verify=tls(),
             base_url=base_url,
             timeout=10.0,
             headers=auth_headers(api_key),
-            # Loading the CA bundle costs ~0.1 s of CPU; plain http never needs it.
-            verify=base_url.startswith("https:"),
         ) as meta,
     ):
         await check_server(meta, model)

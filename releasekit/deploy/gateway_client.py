@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 from pydantic import ValidationError
 
+from releasekit._support.http import tls
 from releasekit.deploy.gateway import (
     DrainResult,
     GatewayAuthError,
@@ -60,6 +61,7 @@ class GatewayClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http = httpx.Client(
+            verify=tls(),
             base_url=self.base_url,
             headers={"authorization": f"Bearer {admin_token}"},
             timeout=timeout_s,

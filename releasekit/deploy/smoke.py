@@ -7,6 +7,7 @@ import time
 
 import httpx
 
+from releasekit._support.http import tls
 from releasekit.deploy.gateway import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.target import SmokeItemResult, SmokeProbe, SmokeResult
 
@@ -40,6 +41,7 @@ def run_smoke(
         headers[ADMIN_HEADER] = admin_token
     results: list[SmokeItemResult] = []
     with httpx.Client(
+        verify=tls(),
         base_url=url.rstrip("/"),
         headers=headers,
         timeout=probe.timeout_s,

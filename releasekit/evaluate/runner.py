@@ -23,6 +23,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from releasekit._support.files import write_atomic
+from releasekit._support.http import tls
 from releasekit._support.progress import (
     Progress,
 )
@@ -415,12 +416,13 @@ async def run_eval_async(
     runs: list[list[ItemResult]] = []
     async with (
         httpx.AsyncClient(
+            verify=tls(),
             base_url=base_url.rstrip("/"),
             timeout=timeout_s,
             limits=limits,
             headers={"Authorization": f"Bearer {key}"} if key else None,
         ) as client,
-        httpx.AsyncClient(limits=limits) as judge_client,
+        httpx.AsyncClient(verify=tls(), limits=limits) as judge_client,
     ):
         await _check_model(client, model)
         runner = _Runner(

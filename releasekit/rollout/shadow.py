@@ -67,6 +67,7 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
+from releasekit._support.http import tls
 from releasekit.config import Settings
 from releasekit.deploy.gateway import (
     GatewayError,
@@ -430,7 +431,7 @@ def compare_shadow(
             ),
         )
     try:
-        with httpx.Client(trust_env=False) as http, _client(settings, env) as c:
+        with httpx.Client(verify=tls(), trust_env=False) as http, _client(settings, env) as c:
             if candidate is not None and not shared and warmup > 0:
                 warm_up_server(http, candidate, warmup)
                 if base is not None:  # warmed alike: both start from the same state

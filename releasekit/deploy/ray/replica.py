@@ -51,6 +51,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from releasekit._support.http import tls
 from releasekit._support.procs import tail
 from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
 from releasekit.deploy.ray.loopback import LOOPBACK_ENV
@@ -217,7 +218,9 @@ class ReleaseReplica:
         finally:
             if raised:
                 reset_priority(self.proc.pid)
-        self.client = httpx.AsyncClient(base_url=self.base_url, timeout=None, trust_env=False)
+        self.client = httpx.AsyncClient(
+            verify=tls(), base_url=self.base_url, timeout=None, trust_env=False
+        )
         self.last_healthy = time.monotonic()
         internal_kv._internal_kv_put(
             kv_key(app, self.replica),
@@ -306,7 +309,9 @@ class ReleaseReplica:
     def _healthy_sync(self) -> bool:
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            with httpx.Client(base_url=self.base_url, timeout=3.0, trust_env=False) as c:
+            with httpx.Client(
+                verify=tls(), base_url=self.base_url, timeout=3.0, trust_env=False
+            ) as c:
                 if c.get("/health").status_code != 200:
                     return False
                 r = c.get("/v1/models", headers=headers)
@@ -516,7 +521,7 @@ class Router:
             raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
             if raw is not None:
                 urls.append(json.loads(raw)["server_url"] + "/metrics")
-        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as c:
+        async with httpx.AsyncClient(verify=tls(), timeout=10.0, trust_env=False) as c:
             got = await asyncio.gather(*(c.get(u) for u in urls), return_exceptions=True)
         pages = [r.text for r in got if isinstance(r, httpx.Response) and r.status_code == 200]
         if not pages:
