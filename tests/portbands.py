@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Sequence
 
 import pytest
 
@@ -28,12 +29,9 @@ def share(low: int, high: int) -> range:
     return range(start, start + size)
 
 
-def free_port(low: int, high: int, *, what: str, shuffle: bool = False) -> int:
-    """A loopback port free now in this worker's share of `low`-`high`; the test is skipped
-    (naming `what` and the share) when every port there is taken."""
-    ports = list(share(low, high))
-    if shuffle:  # several in one test: less chance of meeting a port just released
-        random.shuffle(ports)
+def first_free(ports: Sequence[int], *, what: str) -> int:
+    """The first of `ports` free now on loopback; the test is skipped (naming `what` and the
+    ports) when every one is taken."""
     for port in ports:
         with socket.socket() as s:
             try:
@@ -41,4 +39,12 @@ def free_port(low: int, high: int, *, what: str, shuffle: bool = False) -> int:
             except OSError:
                 continue
             return port
-    pytest.skip(f"no free port in {ports[0]}-{ports[-1]} for {what}")
+    pytest.skip(f"no free port in {min(ports)}-{max(ports)} for {what}")
+
+
+def free_port(low: int, high: int, *, what: str, shuffle: bool = False) -> int:
+    """A loopback port free now in this worker's share of `low`-`high` (`first_free`)."""
+    ports = list(share(low, high))
+    if shuffle:  # several in one test: less chance of meeting a port just released
+        random.shuffle(ports)
+    return first_free(ports, what=what)

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from portbands import share
+from portbands import first_free, share
 
 from releasekit.bench.runner import BenchResult
 from releasekit.bench.runner import write_outputs as write_bench
@@ -54,18 +53,14 @@ PORT_LOW, PORT_HIGH = _DEPLOY_PORTS.start, _DEPLOY_PORTS.stop - 1
 ACTOR = "Pat Promoter <pat@example.com>"
 
 
-def free_port_in_band(low: int | None = None, high: int | None = None) -> int:
-    """A free port from the top of the deploy tests' range (gateways; servers use the rest)."""
+def free_port_in_band(
+    low: int | None = None, high: int | None = None, *, what: str = "a gateway"
+) -> int:
+    """A free port from the top of (this worker's share of) the deploy tests' range
+    (gateways; servers use the rest), or from `low`-`high`."""
     low = PORT_HIGH - 99 if low is None else low
     high = PORT_HIGH if high is None else high
-    for port in range(low, high + 1):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip(f"no free port in {low}-{high} for a gateway")
+    return first_free(range(low, high + 1), what=what)
 
 
 def latency(p95: float) -> LatencySummary:

@@ -253,7 +253,7 @@ def test_a_crashed_command_leaves_nothing_the_next_one_cannot_find(kit: Kit) -> 
     from releasekit.deploy.local import spawn_detached
     from releasekit.deploy.state import ServerRecord, proc_start_time, write_state
 
-    port = free_port_in_band(PORT_LOW, PORT_HIGH - 100)
+    port = free_port_in_band(PORT_LOW, PORT_HIGH - 100, what="an orphaned server")
     proc = spawn_detached(
         [str(kit.python), "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
          "--served-model-name", "demo", "--port", str(port)],
