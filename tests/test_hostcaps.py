@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -323,6 +324,44 @@ def test_both_pin_files_pin_every_package_exactly() -> None:
                 assert "==" in ln, f"{name}: {ln} is not pinned"
     cuda = (REPO / "requirements" / "stack-cuda.txt").read_text()
     assert "vllm==0.32.0" in cuda and "torch==2.13.0\n" in cuda
+
+
+def _requirements(path: Path) -> dict[str, str]:
+    """name -> version of a pins or lock file's `name==version` lines (names normalised)."""
+    out = {}
+    for ln in path.read_text().splitlines():
+        ln = ln.split("#")[0].strip()
+        if "==" in ln:
+            name, version = ln.split("==")
+            name = re.sub(r"\[.*\]", "", name)
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return out
+
+
+def test_the_cpu_locks_hold_every_pin_and_nothing_removed() -> None:
+    """The installer installs the CPU stack from its locks alone: every pinned package of
+    stack.txt and ray.txt is there at its pinned version, the remove stage's packages are
+    not, every line is exact, and Ray's lock only adds packages."""
+    req = REPO / "requirements"
+    lock, ray_lock = _requirements(req / "stack.lock.txt"), _requirements(req / "ray.lock.txt")
+    for name, lines in (
+        ("stack.lock.txt", req / "stack.lock.txt"),
+        ("ray.lock.txt", req / "ray.lock.txt"),
+    ):
+        for ln in lines.read_text().splitlines():
+            assert ln.startswith("#") or "==" in ln, f"{name}: {ln} is not exact"
+    assert not set(lock) & set(ray_lock)
+    pins = _requirements(req / "stack.txt")
+    assert pins and all(lock.get(n) == v for n, v in pins.items()), {
+        n: (v, lock.get(n)) for n, v in pins.items() if lock.get(n) != v
+    }
+    assert ray_lock == {**ray_lock, **_requirements(req / "ray.txt")}
+    text = (req / "stack.txt").read_text()
+    removed = text[text.index("## stage remove") :].splitlines()[1:]
+    gone = {ln.strip() for ln in removed if ln.strip() and not ln.startswith("#")}
+    assert gone == {"torchvision", "torchaudio", "torchcodec"}
+    assert not gone & (set(lock) | set(ray_lock))
+    assert lock["torch"] == "2.13.0+cpu"
 
 
 def test_quantising_on_cuda_without_a_gpu_is_refused_before_anything_runs(

@@ -25,7 +25,10 @@ from releasekit.deploy.target import DeployError, ReleaseStartError
 class RayNotInstalledError(DeployError):
     """Raised when an environment names the `ray` target but Ray is not installed."""
 
-    remedy = "pip install -r requirements/ray.txt (or bash scripts/install.sh --with-ray)"
+    remedy = (
+        "run bash scripts/install.sh without RELEASEKIT_WITH_RAY=0 (it installs "
+        "requirements/ray.lock.txt), or pip install -r requirements/ray.txt"
+    )
 
 
 class RayClusterUnreachableError(DeployError):
