@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from releasekit._support import plots
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -101,7 +100,8 @@ def _panel(
     # points apart instead of flattening them against zero.
     if plotted:
         ax.set_yscale("log")
-    ax.set_title(f"{title} vs throughput")
+        plots.plain_log(ax.yaxis)
+    plots.title(ax, f"{title} vs throughput")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
 
@@ -109,12 +109,10 @@ def _panel(
 def plot_sweep(result: BenchResult, path: Path) -> None:
     """Write a PNG with two panels (TTFT, E2E) across the sweep; the knee is starred."""
     points = sorted(result.points, key=lambda p: p.load)
-    # Fixed margins, not a layout engine: constrained layout measured every tick label again
-    # and took about half of the plot's time; the two panels' labels are short and known.
-    fig = Figure(figsize=(12, 5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax_ttft, ax_e2e = fig.subplots(1, 2)
-    fig.subplots_adjust(left=0.06, right=0.985, bottom=0.11, top=0.88, wspace=0.22)
+    # Fixed margins (the two panels' labels are short and known): see _support.plots.
+    fig, (ax_ttft, ax_e2e) = plots.figure(
+        12, 5, dpi=110, margins=(0.06, 0.985, 0.11, 0.88), cols=2, wspace=0.22
+    )
     _panel(ax_ttft, points, "ttft", "TTFT", result.slo.ttft_s, result.knee)
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from releasekit._support import plots
 from releasekit._support.files import write_atomic
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
 
@@ -57,54 +57,43 @@ def report_json(report: GateReport) -> bytes:
 
 def curve_png(report: GateReport) -> bytes | None:
     """PNG bytes of TTFT p95 against output throughput for both releases (None without
-    points). matplotlib is imported here, with the Agg backend."""
+    points). matplotlib is imported here (its object API: see `_support.plots`)."""
     if not report.candidate_curve and not report.live_curve:
         return None
-    import matplotlib
+    fig, (ax,) = plots.figure(7, 4.2, dpi=100, margins=(0.1, 0.97, 0.12, 0.91))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def draw(points: list[CurvePoint], label: str, style: str, knee: float | None) -> None:
+        pts = [p for p in points if p.ttft_p95_s is not None]
+        if not pts:
+            return
+        xs = [p.output_token_throughput for p in pts]
+        ys = [float(p.ttft_p95_s or 0.0) for p in pts]
+        ax.plot(xs, ys, style, label=label)
+        for p, x, y in zip(pts, xs, ys, strict=True):
+            ax.annotate(
+                f"{p.load:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7
+            )
+            if knee is not None and p.load == knee:
+                ax.plot([x], [y], "o", markersize=11, fillstyle="none", color="black")
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    try:
-
-        def draw(points: list[CurvePoint], label: str, style: str, knee: float | None) -> None:
-            pts = [p for p in points if p.ttft_p95_s is not None]
-            if not pts:
-                return
-            xs = [p.output_token_throughput for p in pts]
-            ys = [float(p.ttft_p95_s or 0.0) for p in pts]
-            ax.plot(xs, ys, style, label=label)
-            for p, x, y in zip(pts, xs, ys, strict=True):
-                ax.annotate(
-                    f"{p.load:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7
-                )
-                if knee is not None and p.load == knee:
-                    ax.plot([x], [y], "o", markersize=11, fillstyle="none", color="black")
-
-        draw(
-            report.live_curve,
-            f"live {report.live_name or ''} {(report.live_release_id or '')[:12]}",
-            "s--",
-            report.live_knee,
-        )
-        draw(
-            report.candidate_curve,
-            f"candidate {report.candidate_name} {report.candidate_release_id[:12]}",
-            "o-",
-            report.candidate_knee,
-        )
-        ax.set_xlabel("output tokens/s (client)")
-        ax.set_ylabel("TTFT p95 (s)")
-        ax.set_title("latency vs throughput (labels: load; ring: knee)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
+    draw(
+        report.live_curve,
+        f"live {report.live_name or ''} {(report.live_release_id or '')[:12]}",
+        "s--",
+        report.live_knee,
+    )
+    draw(
+        report.candidate_curve,
+        f"candidate {report.candidate_name} {report.candidate_release_id[:12]}",
+        "o-",
+        report.candidate_knee,
+    )
+    ax.set_xlabel("output tokens/s (client)")
+    ax.set_ylabel("TTFT p95 (s)")
+    plots.title(ax, "latency vs throughput (labels: load; ring: knee)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return plots.png(fig)
 
 
 def _row(g: GateResult) -> str:
