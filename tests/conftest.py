@@ -9,10 +9,13 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx._transports.default as httpx_transports
 import pytest
 from demo_builds import demo_builds
 from project_copy import DEMO_MODEL, REPO, make_project
+from promote_kit import mlflow_template_db
 
+from releasekit._support.http import tls
 from releasekit.config import Settings, load_settings
 from releasekit.serving.vllm import ServerInfo, VLLMServer
 
@@ -25,9 +28,29 @@ from releasekit.serving.vllm import ServerInfo, VLLMServer
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The tests' own HTTP calls (`httpx.get`/`httpx.post` and their clients, about 140 of them,
+# many in loops) share releasekit's one TLS context, as releasekit's own clients do: httpx
+# builds a new one for each client, loading the CA bundle (about 50 ms of CPU each, a twentieth
+# of the fast tests' own CPU), though nearly every call is plain HTTP on loopback. Only the
+# default verification (verify=True, no client certificate) is shared; the pinned httpx
+# (0.28) builds every transport's context through this one function.
+_create_ssl_context = httpx_transports.create_ssl_context
+
+
+def _shared_tls(verify: object = True, cert: object = None, trust_env: bool = True) -> object:
+    if verify is True and cert is None and trust_env:
+        return tls()
+    return _create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)  # type: ignore[arg-type]
+
+
+httpx_transports.create_ssl_context = _shared_tls  # type: ignore[assignment]
+
 BIN = Path(sys.executable).parent
 
-__all__ = ["demo_builds"]  # the session's real builds of the demo releases
+# The session's real builds of the demo releases; the deploy kit's MLflow template, defined
+# here once so that it is migrated once per session (a fixture imported into each test
+# module is a fixture of each module, however it is scoped).
+__all__ = ["demo_builds", "mlflow_template_db"]
 
 
 def _ensure_demo_model() -> Path:
@@ -37,10 +60,26 @@ def _ensure_demo_model() -> Path:
     return DEMO_MODEL
 
 
+# The session's shared servers and builds: a test that uses one runs in the suite's second
+# run (scripts/test.sh), where they are started once, never beside a test that shares the host.
+SESSION_SHARED = ("vllm_server", "demo_builds")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Fast tests first, slow ones (vLLM, training, quantising) after, each in collection
     order: failures in the fast ones show within minutes, and the session's vLLM server,
-    booted at the start, is ready by the time the first slow test needs it."""
+    booted at the start, is ready by the time the first slow test needs it. A test marked
+    `parallel_safe` must be slow (it is what lets a slow test run in the first run) and must
+    not use the session's server or builds (the first run would start them a second time)."""
+    for it in items:
+        if it.get_closest_marker("parallel_safe") is None:
+            continue
+        shared = [f for f in SESSION_SHARED if f in getattr(it, "fixturenames", ())]
+        if it.get_closest_marker("slow") is None or shared:
+            raise pytest.UsageError(
+                f"{it.nodeid}: parallel_safe is for slow tests that use none of "
+                f"{', '.join(SESSION_SHARED)} (it uses {', '.join(shared) or 'no slow mark'})"
+            )
     items.sort(key=lambda it: it.get_closest_marker("slow") is not None)
 
 

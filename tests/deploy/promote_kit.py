@@ -5,7 +5,8 @@ and Comparison models) and are registered in a real embedded MLflow store, envir
 ports 25000-25999 (these tests' range, see CONTRIBUTING.md), and a stand-in vLLM
 (promote_fake_vllm.py) behind real gateway processes.
 
-Import the fixtures into a test module: `from promote_kit import kit, mlflow_template_db`.
+Import `kit` into a test module (`from promote_kit import kit`); `mlflow_template_db` is
+tests/conftest.py's, so that the store is migrated once per session.
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ class Kit:
         register: bool = True,
     ) -> str:
         """Lock `name` and write real build outputs: lock and manifest copies, eval results
-        (every suite; the first `fail[suite]` items fail), a bench sweep (knee at load 16),
-        optionally a comparison against `baseline`'s eval; then register it in MLflow."""
+        (every suite; the first `fail[suite]` items fail), a bench sweep (knee at load 16;
+        its JSON, not the sweep's picture, which no gate reads), optionally a comparison
+        against `baseline`'s eval; then register it in MLflow."""
         lk: Lock = lock(self.manifest(name), root=self.root)
         rid = lk.release_id
         paths = ReleasePaths.of(self.settings, rid)
@@ -176,7 +178,7 @@ class Kit:
             knee_stable=stable,
             knee_by_repetition=[16, 16, 16] if stable else [16, 4, 16],
         )
-        write_bench(bench, paths.bench_dir)
+        write_bench(bench, paths.bench_dir, plot=False)  # gates read bench.json only
         if baseline is not None:
             from releasekit.evaluate.runner import load_result
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from portbands import free_port
-from promote_kit import Kit, commit_config, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, commit_config, kill_everything, make_kit
 from sqlalchemy import create_engine, select
 from typer.testing import CliRunner
 
@@ -40,8 +40,6 @@ from releasekit.stores.ledger import (
     open_ledger,
     record_hash,
 )
-
-__all__ = ["mlflow_template_db"]
 
 
 def _port() -> int:

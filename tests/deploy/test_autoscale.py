@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from promote_kit import Kit, commit_config, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, commit_config, kill_everything, make_kit
 from pydantic import ValidationError
 from ray_kit import RayCluster, env_lines
 from typer.testing import CliRunner
@@ -39,8 +39,6 @@ from releasekit.promote.promote import promote
 from releasekit.promote.report import render_html
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
-
-__all__ = ["mlflow_template_db"]
 
 NOWHERE = RayCluster(slot=9, root=Path("/nonexistent"))  # an address only: nothing runs
 POLICY = (

@@ -22,7 +22,6 @@ from promote_kit import (
     commit_config,
     kill_everything,
     make_kit,
-    mlflow_template_db,
 )
 
 from releasekit.config import load_settings
@@ -35,7 +34,7 @@ from releasekit.rollout.state import read_rollout, write_rollout
 from releasekit.serving.host import autogroup_nice, host_cores, session_pids
 from releasekit.stores.ledger import Ledger
 
-__all__ = ["admin_token", "gateway_factory", "mlflow_template_db", "upstream_factory"]
+__all__ = ["admin_token", "gateway_factory", "upstream_factory"]
 
 LEASE_S = 1.5
 

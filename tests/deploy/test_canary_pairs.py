@@ -28,7 +28,7 @@ from gateway_fakes import (
     upstream_factory,
     wait_until,
 )
-from promote_kit import Kit, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, kill_everything, make_kit
 from pydantic import ValidationError
 from rich.console import Console
 from test_canary_flow import canary_block, candidate
@@ -49,13 +49,7 @@ from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores.ledger import Ledger
 from releasekit.watch.windows import parse_exposition
 
-__all__ = [
-    "admin_token",
-    "answering",
-    "gateway_factory",
-    "mlflow_template_db",
-    "upstream_factory",
-]
+__all__ = ["admin_token", "answering", "gateway_factory", "upstream_factory"]
 
 Gw = Callable[..., ThreadedGateway]
 KEY = "sk-client-key-0123456789"

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import typer
-from promote_kit import Kit, kit, mlflow_template_db
+from promote_kit import Kit, kit
 from typer.testing import CliRunner
 
 from releasekit.cli import deploy_cmds
 from releasekit.deploy.state import deploy_dir, list_envs
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 def _app() -> typer.Typer:

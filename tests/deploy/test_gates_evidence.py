@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from promote_kit import GOODPUT_LINE, Kit, kit, mlflow_template_db
+from promote_kit import GOODPUT_LINE, Kit, kit
 
 from releasekit.promote.context import load_release
 from releasekit.promote.gates import GateReport, evaluate_gates
@@ -15,7 +15,7 @@ from releasekit.promote.report import gate_rows, render_html, report_json
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 def _gates(k: Kit, cand: str, live: str | None) -> GateReport:

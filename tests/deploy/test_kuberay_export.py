@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from promote_kit import Kit, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, kill_everything, make_kit
 from ray_kit import LOOPBACK_ENV, RayCluster, env_lines, free_slot
 from typer.testing import CliRunner
 
@@ -36,8 +36,6 @@ from releasekit.deploy.ray.target import app_name, release_app_args, router_secr
 from releasekit.deploy.target import ReleaseSpec
 from releasekit.promote.context import load_release, release_spec
 from releasekit.stores.ledger import Ledger
-
-__all__ = ["mlflow_template_db"]
 
 ROOT = Path(releasekit.__file__).resolve().parents[1]
 FAKE_RAY = RayCluster(slot=9, root=Path("/nonexistent"))  # an address only: nothing runs

@@ -22,7 +22,6 @@ from promote_kit import (
     kill_everything,
     kit,
     make_kit,
-    mlflow_template_db,
 )
 from typer.testing import CliRunner
 
@@ -39,7 +38,7 @@ from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 def _head(k: Kit) -> str:

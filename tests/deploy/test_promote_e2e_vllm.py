@@ -10,14 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from promote_kit import Streamer, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Streamer, kill_everything, make_kit
 
 from releasekit.deploy.state import read_state
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
 from releasekit.stores.ledger import Ledger
-
-__all__ = ["mlflow_template_db"]
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ from promote_kit import (
     Streamer,
     free_port_in_band,
     kit,
-    mlflow_template_db,
 )
 
 from releasekit.deploy.state import list_envs, read_state
@@ -25,7 +24,7 @@ from releasekit.promote.promote import PromoteError, promote
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.mlflow import alias_version, client_for
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 def _ledger(k: Kit) -> Ledger:

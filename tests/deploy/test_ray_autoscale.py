@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 import pytest
-from promote_kit import Kit, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, kill_everything, make_kit
 from ray_kit import RayCluster, env_lines, free_slot
 from typer.testing import CliRunner
 
@@ -45,8 +45,6 @@ from releasekit.cli._common import State
 from releasekit.promote.deploy import ScaleStatus, deploy_status
 from releasekit.promote.promote import promote
 from releasekit.spec.lock import read_lock
-
-__all__ = ["mlflow_template_db"]
 
 pytestmark = [pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from promote_kit import Streamer, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Streamer, kill_everything, make_kit
 from ray_kit import RayCluster, env_lines, free_slot
 
 pytest.importorskip("ray")
@@ -27,8 +27,6 @@ pytest.importorskip("ray")
 from releasekit.promote.deploy import deploy_status
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
-
-__all__ = ["mlflow_template_db"]
 
 pytestmark = [pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from promote_kit import Kit, Streamer, kill_everything, kit, make_kit, mlflow_template_db
+from promote_kit import Kit, Streamer, kill_everything, kit, make_kit
 from sqlalchemy import create_engine, select
 from typer.testing import CliRunner
 
@@ -21,7 +21,7 @@ from releasekit.promote.rollback import RollbackError, previous_good_release, ro
 from releasekit.stores.ledger import DecisionRecordsError, Ledger, events_table, head_table
 from releasekit.stores.mlflow import alias_version, client_for
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 @pytest.fixture

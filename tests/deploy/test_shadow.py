@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory, wait_until
-from promote_kit import Kit, Streamer, kill_everything, kit, make_kit, mlflow_template_db
+from promote_kit import Kit, Streamer, kill_everything, kit, make_kit
 from sqlalchemy import create_engine, select
 
 from releasekit.deploy.gateway import (
@@ -52,13 +52,7 @@ from releasekit.stores.ledger import (
     record_hash,
 )
 
-__all__ = [
-    "admin_token",
-    "gateway_factory",
-    "kit",
-    "mlflow_template_db",
-    "upstream_factory",
-]
+__all__ = ["admin_token", "gateway_factory", "kit", "upstream_factory"]
 
 Up = Callable[[str], FakeUpstream]
 Gw = Callable[..., ThreadedGateway]
@@ -306,9 +300,12 @@ def test_a_shadow_with_a_fresh_baseline_is_judged_against_it_and_stops_it(kit: K
     # The figures pass (the streamer samples, so its answers are not judged: insufficient).
     [ttft] = cmp.judgement.checks
     assert ttft.verdict == "pass" and cmp.verdict != "breach", cmp.reason
-    # Both sides of the judgement are copies: as many baseline requests as candidate ones.
+    # Both sides of the judgement are copies: as many baseline requests as candidate ones,
+    # but for a pair of copies that straddles either edge of the window (one copy counted
+    # inside it, its twin just outside: seen once on a busy host, 54 against 53). Judged
+    # against the live server, the stable side would count every client request instead.
     assert cmp.judgement.canary_requests > 0
-    assert cmp.judgement.stable_requests == cmp.judgement.canary_requests
+    assert abs(cmp.judgement.stable_requests - cmp.judgement.canary_requests) <= 2
     [rec] = [
         r
         for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])

@@ -22,7 +22,7 @@ from gateway_fakes import (
     upstream_factory,
     wait_until,
 )
-from promote_kit import Kit, commit_config, kit, mlflow_template_db
+from promote_kit import Kit, commit_config, kit
 from typer.testing import CliRunner
 
 from releasekit.cli import app
@@ -48,14 +48,7 @@ from releasekit.rollout.shadow import compare_shadow, start_shadow
 from releasekit.stores.ledger import Ledger
 from releasekit.watch.pairs import answer_pair
 
-__all__ = [
-    "admin_token",
-    "answering",
-    "gateway_factory",
-    "kit",
-    "mlflow_template_db",
-    "upstream_factory",
-]
+__all__ = ["admin_token", "answering", "gateway_factory", "kit", "upstream_factory"]
 
 Gw = Callable[..., ThreadedGateway]
 KEY = "sk-client-key-0123456789"

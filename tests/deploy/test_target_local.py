@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import typer
-from promote_kit import Kit, kill_everything, kit, make_kit, mlflow_template_db
+from promote_kit import Kit, kill_everything, kit, make_kit
 from typer.testing import CliRunner
 
 from releasekit.cli import deploy_cmds
@@ -33,7 +33,7 @@ from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.promote import promote
 from releasekit.stores.ledger import Ledger
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 
 def _spec(k: Kit, name: str = "demo-bf16") -> ReleaseSpec:

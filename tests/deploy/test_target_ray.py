@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from promote_kit import Kit, Streamer, kill_everything, make_kit, mlflow_template_db
+from promote_kit import Kit, Streamer, kill_everything, make_kit
 from ray_kit import RayCluster, env_lines, free_slot
 
 pytest.importorskip("ray")
@@ -37,8 +37,6 @@ from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
 from releasekit.stores.ledger import Ledger
 from releasekit.watch.service import metrics_urls
-
-__all__ = ["mlflow_template_db"]
 
 
 @pytest.fixture(scope="module")

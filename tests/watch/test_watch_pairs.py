@@ -38,7 +38,6 @@ from promote_kit import (  # noqa: E402
     commit_config,
     kill_everything,
     make_kit,
-    mlflow_template_db,
 )
 from watchkit import FakeClock  # noqa: E402
 
@@ -60,7 +59,7 @@ from releasekit.stores.ledger import EventType, Ledger, open_ledger  # noqa: E40
 from releasekit.watch.pairs import AnswerWatch  # noqa: E402
 from releasekit.watch.service import WatchService  # noqa: E402
 
-__all__ = ["admin_token", "answering", "gateway_factory", "mlflow_template_db"]
+__all__ = ["admin_token", "answering", "gateway_factory"]
 
 ENV = "staging"
 WINDOW_S = 600

@@ -13,14 +13,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "deploy"))  # the deploy tests' fixtures (promote_kit.py)
 
-from promote_kit import Kit, Streamer, kit, mlflow_template_db  # noqa: E402
+from promote_kit import Kit, Streamer, kit  # noqa: E402
 from watchkit import FakeClock  # noqa: E402
 
 from releasekit.promote.promote import marked_bad, promote  # noqa: E402
 from releasekit.stores.ledger import EventType, open_ledger  # noqa: E402
 from releasekit.watch.service import WatchService  # noqa: E402
 
-__all__ = ["kit", "mlflow_template_db"]
+__all__ = ["kit"]
 
 ENV = "staging"
 DEMO_WATCH = """watch:
