@@ -13,12 +13,15 @@ export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
-# The whole suite, in two parts. The fast selection runs on two workers (pytest-xdist, a
-# file per worker at a time): its tests spend about half their time waiting on the servers
-# and commands they start, so one worker leaves a core idle; each worker binds its own
-# share of the test port ranges (tests/portbands.py). The slow tests then run one at a
-# time, as each vLLM start, build or training already keeps both cores busy.
+# The whole suite, in two runs. The first is the fast selection and the slow tests marked
+# parallel_safe (their verdicts read no timing and they share no session server or build:
+# training, quantising, MLflow races, interrupted commands), on two workers (pytest-xdist,
+# a file per worker at a time): the fast tests spend about half their time waiting on the
+# servers and commands they start, so one worker leaves a core idle; each worker binds its
+# own share of the test port ranges (tests/portbands.py). The second runs the other slow
+# tests one at a time, alone on the host: the demo builds' load tests, the session's vLLM
+# server and the tests that judge latency or a replica's health.
 status=0
-.venv/bin/pytest -m "not slow" -n 2 --dist loadfile || status=$?
-.venv/bin/pytest -m slow || status=$?
+.venv/bin/pytest -m "not slow or parallel_safe" -n 2 --dist loadfile || status=$?
+.venv/bin/pytest -m "slow and not parallel_safe" || status=$?
 exit "$status"

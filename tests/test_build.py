@@ -308,6 +308,7 @@ def _server_port(mark: str) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 @pytest.mark.parametrize(
     "sig, when",
     [(signal.SIGINT, "serving"), (signal.SIGTERM, "starting")],

@@ -180,6 +180,7 @@ def test_tokenizer_has_a_chat_template(repo_root: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_training_is_deterministic_from_run_to_run(repo_root: Path, tmp_path: Path) -> None:
     """Two trainings with the same inputs on this host write byte-identical folders (a few
     steps: the same code path as the full run, which `dvc repro demo-model` takes). The two
@@ -212,6 +213,7 @@ def test_training_is_deterministic_from_run_to_run(repo_root: Path, tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_shipped_model_is_quantisable_and_chat_ready(repo_root: Path, demo_model: Path) -> None:
     """The shipped model's linear sizes are multiples of 128 and it carries the chat template."""
     from transformers import AutoTokenizer

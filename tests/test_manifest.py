@@ -39,6 +39,7 @@ def test_example_manifest_schema_is_valid(path: Path) -> None:
 
 
 @pytest.mark.slow  # the first run reads vLLM's engine-argument parser (imports vLLM)
+@pytest.mark.parallel_safe
 def test_validate_cli_accepts_examples_when_files_exist() -> None:
     """The demo manifests validate clean, engine arguments included."""
     if not (REPO / "models" / "demo-base" / "config.json").is_file():

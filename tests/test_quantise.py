@@ -99,6 +99,7 @@ def _files(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_gptq_w8a8_twice_gives_byte_identical_weights(
     tiny_model: Path, calibration: Path, tmp_path: Path
 ) -> None:
@@ -138,6 +139,7 @@ def test_gptq_w8a8_twice_gives_byte_identical_weights(
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_gptq_w4a16_packs_4bit_groups_of_128(
     tiny_model: Path, calibration: Path, tmp_path: Path
 ) -> None:
@@ -189,6 +191,7 @@ def test_bad_calibration_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_llmcompressor_failure_becomes_quantise_error_quoting_the_log(
     tiny_model: Path, calibration: Path, tmp_path: Path
 ) -> None:

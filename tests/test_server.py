@@ -142,6 +142,7 @@ def test_quantised_release_needs_a_build_before_serving(
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_a_server_never_inherits_the_kernel_choosing_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,6 +248,7 @@ def test_bad_engine_arg_raises_start_error_quoting_the_log(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_never_healthy_server_times_out_and_is_stopped(tmp_path: Path) -> None:
     """A server not healthy within the timeout raises ServerStartError and is killed."""
     server = VLLMServer(
@@ -309,6 +311,7 @@ def test_server_dies_with_its_owner(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_serve_runs_in_the_foreground_until_ctrl_c(project: Path, demo_model: Path) -> None:
     """`releasekit serve`: healthy, answers /v1/models under the served name; Ctrl-C stops
     it cleanly (exit 0) and its process group is gone."""

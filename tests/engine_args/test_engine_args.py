@@ -201,6 +201,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_the_real_parser_names_bad_args_and_the_cache_makes_the_second_run_instant(
     probed: tuple[Path, list[str]], install: VllmInstall
 ) -> None:
@@ -224,6 +225,7 @@ def test_the_real_parser_names_bad_args_and_the_cache_makes_the_second_run_insta
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_the_snapshot_still_matches_the_installed_vllm(
     probed: tuple[Path, list[str]], install: VllmInstall, tmp_path: Path
 ) -> None:
@@ -241,6 +243,7 @@ def test_the_snapshot_still_matches_the_installed_vllm(
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe
 def test_the_demo_manifests_validate_clean(
     probed: tuple[Path, list[str]], install: VllmInstall, tmp_path: Path
 ) -> None:

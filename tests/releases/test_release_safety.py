@@ -167,6 +167,7 @@ RACERS = 4  # twice the cores here: they overlap in the ledger and in MLflow
 
 
 @pytest.mark.slow  # four processes importing MLflow on two cores: about 15 s per backend
+@pytest.mark.parallel_safe
 def test_concurrent_assigns_leave_exactly_the_ledgers_alias(
     two: tuple[Proj, Lock, Lock], ledger_backend: str | None
 ) -> None:
@@ -217,6 +218,7 @@ def test_concurrent_assigns_leave_exactly_the_ledgers_alias(
 
 
 @pytest.mark.slow  # two full registers racing: about 45 s on two cores
+@pytest.mark.parallel_safe
 def test_two_concurrent_registers_yield_one_model_version(mlproj: Proj) -> None:
     """Two `releasekit register` processes of one release at once: one model version, one
     register event, and the second reports it as already registered."""

@@ -89,6 +89,7 @@ def pg_mlflow(pg_server: Any, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow  # an MLflow server migrating a PostgreSQL store: about a minute
+@pytest.mark.parallel_safe
 def test_register_and_assign_on_mlflow_server_with_postgres_and_postgres_ledger(
     proj: Proj, pg_server: Any, pg_mlflow: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
