@@ -4,13 +4,16 @@ httpx builds a fresh TLS context for each client it creates, loading the whole C
 about 50 ms of CPU, paid by every health poll, readiness probe, watch scrape and evaluation
 run, nearly all of which talk plain HTTP on loopback. `tls()` builds that same context once
 per process (`httpx.create_ssl_context()`: certifi's bundle, or SSL_CERT_FILE /
-SSL_CERT_DIR when set) and every client is given it as `verify=tls()`.
+SSL_CERT_DIR when set), and releasekit makes every client with `http_client(...)` or
+`async_http_client(...)`, which give it as `verify=` (tests/architecture checks that no module
+builds an httpx client itself).
 """
 
 from __future__ import annotations
 
 import functools
 import ssl
+from typing import Any
 
 import httpx
 
@@ -19,3 +22,15 @@ import httpx
 def tls() -> ssl.SSLContext:
     """The process's TLS context for HTTP clients (certificates verified as httpx does)."""
     return httpx.create_ssl_context()
+
+
+def http_client(**kwargs: Any) -> httpx.Client:
+    """`httpx.Client(**kwargs)` with the process's TLS context (unless `verify` is given)."""
+    kwargs.setdefault("verify", tls())
+    return httpx.Client(**kwargs)
+
+
+def async_http_client(**kwargs: Any) -> httpx.AsyncClient:
+    """`httpx.AsyncClient(**kwargs)` with the process's TLS context (unless `verify` is given)."""
+    kwargs.setdefault("verify", tls())
+    return httpx.AsyncClient(**kwargs)

@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
-from releasekit._support.http import tls
+from releasekit._support.http import async_http_client
 from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
@@ -269,8 +269,7 @@ async def _bench(
             timeout_s=profile.request_timeout_s,
             api_key=api_key,
         ) as client,
-        httpx.AsyncClient(
-            verify=tls(),
+        async_http_client(
             base_url=base_url,
             timeout=10.0,
             headers=auth_headers(api_key),

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 from pydantic import ValidationError
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.deploy.gateway import (
     DrainResult,
     GatewayAuthError,
@@ -60,8 +60,7 @@ class GatewayClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(
-            verify=tls(),
+        self._http = http_client(
             base_url=self.base_url,
             headers={"authorization": f"Bearer {admin_token}"},
             timeout=timeout_s,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit._support.procs import group_alive, last_error_line, tail
 from releasekit.config import EnvironmentConfig
 from releasekit.deploy.gateway import (
@@ -176,7 +176,7 @@ def check_health(base_url: str, model: str, *, api_key: str | None, timeout_s: f
     """True when `base_url` answers /health with 200 and lists `model` on /v1/models."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(verify=tls(), base_url=base_url, timeout=timeout_s, trust_env=False) as c:
+        with http_client(base_url=base_url, timeout=timeout_s, trust_env=False) as c:
             if c.get("/health").status_code != 200:
                 return False
             r = c.get("/v1/models", headers=headers)

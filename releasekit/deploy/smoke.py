@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.deploy.gateway import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.target import SmokeItemResult, SmokeProbe, SmokeResult
 
@@ -40,8 +40,7 @@ def run_smoke(
     if admin_token:
         headers[ADMIN_HEADER] = admin_token
     results: list[SmokeItemResult] = []
-    with httpx.Client(
-        verify=tls(),
+    with http_client(
         base_url=url.rstrip("/"),
         headers=headers,
         timeout=probe.timeout_s,

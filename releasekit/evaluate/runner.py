@@ -23,7 +23,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from releasekit._support.files import write_atomic
-from releasekit._support.http import tls
+from releasekit._support.http import async_http_client
 from releasekit._support.progress import (
     Progress,
 )
@@ -415,14 +415,13 @@ async def run_eval_async(
     key = api_key if api_key is not None else api_key_of(lm.manifest)
     runs: list[list[ItemResult]] = []
     async with (
-        httpx.AsyncClient(
-            verify=tls(),
+        async_http_client(
             base_url=base_url.rstrip("/"),
             timeout=timeout_s,
             limits=limits,
             headers={"Authorization": f"Bearer {key}"} if key else None,
         ) as client,
-        httpx.AsyncClient(verify=tls(), limits=limits) as judge_client,
+        async_http_client(limits=limits) as judge_client,
     ):
         await _check_model(client, model)
         runner = _Runner(

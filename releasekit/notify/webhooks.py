@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.config import Settings, WebhookConfig
 
 log = logging.getLogger("releasekit.notify")
@@ -154,7 +154,7 @@ class Notifier:
         self._pending = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._http = httpx.Client(verify=tls(), trust_env=False, transport=transport)
+        self._http = http_client(trust_env=False, transport=transport)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._work, daemon=True, name="releasekit-notify")
         self._thread.start()

@@ -51,7 +51,7 @@ from typing import Literal, NamedTuple
 import httpx
 from pydantic import BaseModel, Field
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit._support.progress import Progress, no_progress
 from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, pair_label
 from releasekit.deploy.gateway_client import GatewayClient
@@ -381,7 +381,7 @@ class CanaryController:
             else None
         )
         self.compared = self.baseline or self.stable_primary
-        self._http = httpx.Client(verify=tls(), trust_env=False)
+        self._http = http_client(trust_env=False)
         self.answers = answers
         self.mirror = self._canary_mirror(live) if answers is not None else None
         self._pairs: deque[AnswerPair] = deque(maxlen=MAX_PAIRS)

@@ -63,11 +63,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.config import Settings
 from releasekit.deploy.gateway import (
     GatewayError,
@@ -431,7 +430,7 @@ def compare_shadow(
             ),
         )
     try:
-        with httpx.Client(verify=tls(), trust_env=False) as http, _client(settings, env) as c:
+        with http_client(trust_env=False) as http, _client(settings, env) as c:
             if candidate is not None and not shared and warmup > 0:
                 warm_up_server(http, candidate, warmup)
                 if base is not None:  # warmed alike: both start from the same state

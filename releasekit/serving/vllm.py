@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import httpx
 from pydantic import BaseModel
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit._support.procs import (
     deferred_signals,
     die_with_parent_hook,
@@ -259,7 +259,7 @@ class VLLMServer:
         if self.proc is None:
             raise ServerStartError("server was not started")
         deadline = time.monotonic() + self.start_timeout_s
-        with httpx.Client(verify=tls(), base_url=self.base_url, timeout=5.0) as client:
+        with http_client(base_url=self.base_url, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 rc = self.proc.poll()
                 if rc is not None:
@@ -329,7 +329,7 @@ def _stop_all() -> None:
 def check_reachable(base_url: str, *, timeout_s: float = 5.0) -> str | None:
     """Check that a server answers /health; return its /version or raise."""
     try:
-        with httpx.Client(verify=tls(), base_url=base_url, timeout=timeout_s) as c:
+        with http_client(base_url=base_url, timeout=timeout_s) as c:
             r = c.get("/health")
             if r.status_code != 200:
                 raise ServerUnreachableError(f"{base_url}/health answered {r.status_code}")

@@ -21,7 +21,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_asgi_app
 from pydantic import BaseModel, Field
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.errors import ReleasekitError
 from releasekit.watch.pairs import AnswersCheck
 from releasekit.watch.rules import Baseline, BreachEvidence, Judgement, Rule, RuleState, judge
@@ -281,7 +281,7 @@ class Watcher:
         self.clock = clock
         self.registry = registry if registry is not None else CollectorRegistry()
         self._m = _Metrics(self.registry)
-        self._client = client or httpx.Client(verify=tls())
+        self._client = client or http_client()
         self._own_client = client is None
         self._reload = reload
         self._fixed_interval = interval_s

@@ -22,7 +22,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit.bench.scrape import (
     GENERATION_TOKENS,
     HISTOGRAMS,
@@ -190,7 +190,7 @@ def scrape(
     stalls after the headers takes at most about twice `timeout_s`. Raises ScrapeError."""
     deadline = time.monotonic() + timeout_s
     own = client is None
-    c = client or httpx.Client(verify=tls())
+    c = client or http_client()
     try:
         with c.stream("GET", url, timeout=httpx.Timeout(timeout_s)) as resp:
             if resp.status_code != 200:

@@ -51,7 +51,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from releasekit._support.http import tls
+from releasekit._support.http import async_http_client, http_client
 from releasekit._support.procs import tail
 from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
 from releasekit.deploy.ray.loopback import LOOPBACK_ENV
@@ -218,9 +218,7 @@ class ReleaseReplica:
         finally:
             if raised:
                 reset_priority(self.proc.pid)
-        self.client = httpx.AsyncClient(
-            verify=tls(), base_url=self.base_url, timeout=None, trust_env=False
-        )
+        self.client = async_http_client(base_url=self.base_url, timeout=None, trust_env=False)
         self.last_healthy = time.monotonic()
         internal_kv._internal_kv_put(
             kv_key(app, self.replica),
@@ -309,9 +307,7 @@ class ReleaseReplica:
     def _healthy_sync(self) -> bool:
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            with httpx.Client(
-                verify=tls(), base_url=self.base_url, timeout=3.0, trust_env=False
-            ) as c:
+            with http_client(base_url=self.base_url, timeout=3.0, trust_env=False) as c:
                 if c.get("/health").status_code != 200:
                     return False
                 r = c.get("/v1/models", headers=headers)
@@ -521,7 +517,7 @@ class Router:
             raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
             if raw is not None:
                 urls.append(json.loads(raw)["server_url"] + "/metrics")
-        async with httpx.AsyncClient(verify=tls(), timeout=10.0, trust_env=False) as c:
+        async with async_http_client(timeout=10.0, trust_env=False) as c:
             got = await asyncio.gather(*(c.get(u) for u in urls), return_exceptions=True)
         pages = [r.text for r in got if isinstance(r, httpx.Response) and r.status_code == 200]
         if not pages:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from releasekit._support.http import tls
+from releasekit._support.http import http_client
 from releasekit._support.procs import last_error_line
 from releasekit.config import EnvironmentConfig, RayTargetConfig, Settings, load_settings
 from releasekit.deploy.gateway import GatewayError
@@ -154,7 +154,7 @@ def ensure_serve(cfg: RayTargetConfig) -> str:
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
-            with httpx.Client(verify=tls(), timeout=3.0, trust_env=False) as c:
+            with http_client(timeout=3.0, trust_env=False) as c:
                 # 503 "Route table is not populated yet" until a first application runs
                 if c.get(url + "/-/healthz").status_code in (200, 503):
                     return url
