@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections import deque
 from collections.abc import Sequence
 
 import pytest
@@ -42,9 +43,18 @@ def first_free(ports: Sequence[int], *, what: str) -> int:
     pytest.skip(f"no free port in {min(ports)}-{max(ports)} for {what}")
 
 
+_HANDED_OUT: deque[int] = deque(maxlen=64)
+"""The ports `free_port` gave out lately in this process: a port is free until its server
+binds it, so two picks before either server starts would otherwise both get it (seen once:
+a watch test's Prometheus and Alertmanager on one port)."""
+
+
 def free_port(low: int, high: int, *, what: str, shuffle: bool = False) -> int:
-    """A loopback port free now in this worker's share of `low`-`high` (`first_free`)."""
-    ports = list(share(low, high))
+    """A loopback port free now in this worker's share of `low`-`high` (`first_free`), not
+    one of the last 64 this process was given while the share has others."""
+    ports = [p for p in share(low, high) if p not in _HANDED_OUT] or list(share(low, high))
     if shuffle:  # several in one test: less chance of meeting a port just released
         random.shuffle(ports)
-    return first_free(ports, what=what)
+    port = first_free(ports, what=what)
+    _HANDED_OUT.append(port)
+    return port
