@@ -9,13 +9,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx._transports.default as httpx_transports
 import pytest
 from demo_builds import demo_builds
 from project_copy import DEMO_MODEL, REPO, make_project
 from promote_kit import mlflow_template_db
 
-from releasekit._support.http import tls
 from releasekit.config import Settings, load_settings
 from releasekit.serving.vllm import ServerInfo, VLLMServer
 
@@ -27,23 +25,6 @@ from releasekit.serving.vllm import ServerInfo, VLLMServer
 # terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# The tests' own HTTP calls (`httpx.get`/`httpx.post` and their clients, about 140 of them,
-# many in loops) share releasekit's one TLS context, as releasekit's own clients do: httpx
-# builds a new one for each client, loading the CA bundle (about 50 ms of CPU each, a twentieth
-# of the fast tests' own CPU), though nearly every call is plain HTTP on loopback. Only the
-# default verification (verify=True, no client certificate) is shared; the pinned httpx
-# (0.28) builds every transport's context through this one function.
-_create_ssl_context = httpx_transports.create_ssl_context
-
-
-def _shared_tls(verify: object = True, cert: object = None, trust_env: bool = True) -> object:
-    if verify is True and cert is None and trust_env:
-        return tls()
-    return _create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)  # type: ignore[arg-type]
-
-
-httpx_transports.create_ssl_context = _shared_tls  # type: ignore[assignment]
 
 BIN = Path(sys.executable).parent
 

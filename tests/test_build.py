@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import webclient
 import yaml
 from demo_builds import USES_DEMO_BUILDS, DemoBuilds, command_env, marked_processes
 
@@ -337,9 +338,10 @@ def test_interrupted_build_leaves_no_vllm_process(
             time.sleep(0.5)
         assert port is not None, "the build ended before vLLM started"
         if when == "serving":
+            health = f"http://127.0.0.1:{port}/health"
             while time.monotonic() < deadline and proc.poll() is None:
                 try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    if webclient.get(health, timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass

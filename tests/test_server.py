@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
+import webclient
 
 from releasekit._support.procs import reap_registered
 from releasekit.config import Settings
@@ -331,7 +331,7 @@ def test_serve_runs_in_the_foreground_until_ctrl_c(project: Path, demo_model: Pa
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.stderr else ""
         info = json.loads(line)
-        models = httpx.get(info["base_url"] + "/v1/models", timeout=10).json()
+        models = webclient.get(info["base_url"] + "/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["demo"]
         assert group_members(info["pid"])
         proc.send_signal(signal.SIGINT)

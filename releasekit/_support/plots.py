@@ -55,6 +55,25 @@ def plain_log(axis: Axis) -> None:
     axis.set_minor_formatter(label)
 
 
+def short_count(value: float) -> str:
+    """A count in short form: 500, 2k, 10k, 1.5M."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+def counts_log(axis: Axis) -> None:
+    """Label a log-scale axis of counts at its decades in short form (1k, 10k, 1M), the
+    other ticks unlabelled: counts that span several decades, where 2 and 5 of each decade
+    would crowd the axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(10))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: short_count(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def png(fig: Figure) -> bytes:
     """The figure as PNG bytes."""
     import io

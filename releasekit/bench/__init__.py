@@ -3,7 +3,7 @@ metric deltas, the cross-check of the client against the server, the knee of a r
 sweep (and whether it is stable) and its plot.
 
     result = run_bench("http://127.0.0.1:8000", "demo", load_profile(path))
-    write_outputs(result, Path("results/<release_id>/bench"))
+    write_outputs(result, Path("results/<release_id>/bench"))  # evidence and its plot
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from releasekit.bench.runner import (
     point_label,
     profile_repetitions,
     run_bench,
+    write_evidence,
     write_outputs,
 )
 from releasekit.bench.scrape import ServerDelta
@@ -48,5 +49,6 @@ __all__ = [
     "point_label",
     "profile_repetitions",
     "run_bench",
+    "write_evidence",
     "write_outputs",
 ]

@@ -472,29 +472,32 @@ def _wall(raws: list[RawResult]) -> float:
     return end - start
 
 
-def write_outputs(result: BenchResult, out_dir: Path, *, plot: bool = True) -> None:
-    """Write bench.json, requests.jsonl and (unless `plot` is False) bench.png into `out_dir`,
-    each atomically. The picture is for people; gates and plans read bench.json only."""
+def write_evidence(result: BenchResult, out_dir: Path) -> None:
+    """Write what gates, plans and audits read: bench.json and requests.jsonl, each atomically
+    and readable by reviewers (temp files are created 0600)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / BENCH_JSON, (result.model_dump_json(indent=2) + "\n").encode())
     lines = "".join(r.model_dump_json() + "\n" for r in result.requests)
     write_atomic(out_dir / REQUESTS_JSONL, lines.encode())
-    written = [BENCH_JSON, REQUESTS_JSONL]
-    if plot:
-        from releasekit.bench.plot import plot_sweep  # matplotlib: only when plotting
-
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{BENCH_PNG}.", suffix=".png")
-        os.close(fd)
-        try:
-            plot_sweep(result, Path(tmp))
-            os.replace(tmp, out_dir / BENCH_PNG)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        written.append(BENCH_PNG)
-    for name in written:
-        # Temp files are created 0600; evidence is for reviewers to read.
+    for name in (BENCH_JSON, REQUESTS_JSONL):
         (out_dir / name).chmod(0o644)
+
+
+def write_outputs(result: BenchResult, out_dir: Path) -> None:
+    """Write the evidence (`write_evidence`) and bench.png, the latency curves for people,
+    atomically."""
+    from releasekit.bench.plot import plot_sweep  # matplotlib: only when plotting
+
+    write_evidence(result, out_dir)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{BENCH_PNG}.", suffix=".png")
+    os.close(fd)
+    try:
+        plot_sweep(result, Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_dir / BENCH_PNG)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_bench(path: Path) -> BenchResult:

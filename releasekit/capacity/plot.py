@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from releasekit._support.plots import counts_log, figure, title
 from releasekit.capacity.plan import CapacityError, CapacityPlan, num, volume_curve
 
 #: The file name a release's plot gets in its results folder.
@@ -25,15 +26,10 @@ def plot_plan(plan: CapacityPlan, path: Path) -> Path:
 
     Raises CapacityError when the file cannot be written.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     curve = volume_curve(plan)
     xs = [c.daily_requests for c in curve]
     ys = [c.units for c in curve]
-    fig = Figure(figsize=(9, 5), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    fig, (ax,) = figure(9, 5, dpi=110, margins=(0.075, 0.98, 0.1, 0.93))
     ax.step(xs, ys, where="post", color="tab:blue", label="units needed")
     if plan.measured is not None:
         mask = [bool(c.measured) for c in curve]
@@ -62,13 +58,16 @@ def plot_plan(plan: CapacityPlan, path: Path) -> Path:
         label=f"plan: {plan.units} units at {num(t.daily_requests)} requests/day",
     )
     ax.set_xscale("log")
+    counts_log(ax.xaxis)
     if max(ys) / max(min(ys), 1) > 50:
         ax.set_yscale("log")
+        counts_log(ax.yaxis)
     ax.set_xlabel("requests per day (log scale)")
     ax.set_ylabel("serving units")
     src = "load test" if plan.unit.source == "load test" else "figures given by hand"
     who = f"release {plan.release_id[:12]}" if plan.release_id else "plan by hand"
-    ax.set_title(
+    title(
+        ax,
         f"{who}: {num(plan.unit.requests_per_s)} req/s per unit ({src}); peak "
         f"{num(t.peak_hours)} h x {num(t.peak_factor)}, headroom {num(t.headroom)}",
         fontsize=10,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from releasekit.bench import BenchResult, RequestRecord, find_knee, write_outputs
+from releasekit.bench import BenchResult, RequestRecord, find_knee, write_evidence
 from releasekit.bench.scrape import HistogramWindow, ServerDelta
 from releasekit.bench.stats import (
     PointResult,
@@ -169,7 +169,7 @@ def write_release(settings_cap: Settings) -> Callable[..., Path]:
     ) -> Path:
         rdir = settings_cap.release_dir(RELEASE_ID)
         bench = make_bench(knee_duration_s=knee_duration_s, max_num_seqs=max_num_seqs)
-        write_outputs(bench, rdir / "bench")
+        write_evidence(bench, rdir / "bench")
         data = yaml.safe_load((REPO / "manifests" / "demo-bf16.yaml").read_text())
         args = dict(data.get("serving", {}).get("args", {}))
         args.pop("max-num-seqs", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from releasekit.bench import run_bench, write_outputs
+from releasekit.bench import run_bench, write_evidence
 from releasekit.capacity import CapacityEvidenceError, Traffic, plan_release, roofline_release
 from releasekit.config import Settings
 from releasekit.serving.vllm import ServerInfo
@@ -44,7 +44,7 @@ def test_demo_plan_and_roofline_agree_with_the_load_test(
         max_num_seqs=32,
     )
     rdir = settings_cap.release_dir(release_id)
-    write_outputs(result, rdir / "bench")
+    write_evidence(result, rdir / "bench")
     data = yaml.safe_load((REPO / "manifests" / "demo-bf16.yaml").read_text())
     data["model"]["source"] = str(demo_model)
     (rdir / "manifest.yaml").write_text(yaml.safe_dump(data))

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import typer
 from starlette.applications import Starlette
@@ -23,7 +22,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-from releasekit.bench.runner import BenchResult, write_outputs
+from releasekit._support.http import http_client
+from releasekit.bench.runner import BenchResult, write_evidence
 from releasekit.capacity.diagnose import (
     Baseline,
     Diagnosis,
@@ -424,7 +424,7 @@ def test_live_release_bench_sets_the_lines(
 ) -> None:
     """With the live release's bench.json on disk (the real writer), diagnose reads its knee:
     the queue line is relative to the knee's queue mean."""
-    write_outputs(knee_bench, settings_cap.release_dir(release_id) / "bench")
+    write_evidence(knee_bench, settings_cap.release_dir(release_id) / "bench")
     with Ledger(settings_cap.ledger_url or "") as led:
         _assign(led, "prod", release_id, None, "first")
 
@@ -652,7 +652,7 @@ def test_real_gateway_edge_figures_feed_the_diagnosis(
     )
     before = _snapshot(targets, 5.0)
     body = {"model": "demo", "prompt": "hi", "max_tokens": 48, "stream": True}
-    with httpx.Client(base_url=tg.url, timeout=10) as c:
+    with http_client(base_url=tg.url, timeout=10) as c:
         for _ in range(12):
             with c.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200

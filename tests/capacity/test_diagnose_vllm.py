@@ -16,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from releasekit._support.http import async_http_client
 from releasekit.bench.scrape import WAITING
 from releasekit.capacity.diagnose import Diagnosis, Thresholds
 from releasekit.cli import diagnose_cmds
@@ -55,7 +56,7 @@ def load(
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=clients + 4)
-        async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as c:
+        async with async_http_client(base_url=base_url, timeout=120, limits=limits) as c:
             await asyncio.gather(*(client(c) for _ in range(clients)))
 
     th = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)

@@ -30,8 +30,8 @@ import httpx
 import pytest
 from portbands import first_free, share
 
-from releasekit.bench.runner import BenchResult
-from releasekit.bench.runner import write_outputs as write_bench
+from releasekit._support.http import http_client
+from releasekit.bench.runner import BenchResult, write_evidence
 from releasekit.bench.stats import LatencySummary, PointFlag, PointResult
 from releasekit.config import Settings, load_settings
 from releasekit.evaluate.compare import compare, dump_comparison
@@ -178,7 +178,7 @@ class Kit:
             knee_stable=stable,
             knee_by_repetition=[16, 16, 16] if stable else [16, 4, 16],
         )
-        write_bench(bench, paths.bench_dir, plot=False)  # gates read bench.json only
+        write_evidence(bench, paths.bench_dir)  # gates read bench.json only
         if baseline is not None:
             from releasekit.evaluate.runner import load_result
 
@@ -458,7 +458,7 @@ class Streamer:
         self.log.append((time.monotonic(), what, self._replica))
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as client:
+        with http_client(base_url=self.url, timeout=60, trust_env=False) as client:
             while not self._stop.is_set():
                 try:
                     self._one(client)

@@ -25,8 +25,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("ray")
 
-from releasekit.bench.runner import BenchResult, knee_in_flight
-from releasekit.bench.runner import write_outputs as write_bench
+from releasekit.bench.runner import BenchResult, knee_in_flight, write_evidence
 from releasekit.bench.stats import LatencySummary
 from releasekit.cli import app
 from releasekit.cli._common import State
@@ -150,17 +149,17 @@ def _no_bench(k: Kit, rid: str) -> None:
 
 def _other_release(k: Kit, rid: str) -> None:
     folder, bench = _bench(k, rid)
-    write_bench(bench.model_copy(update={"release_id": "f" * 64}), folder)
+    write_evidence(bench.model_copy(update={"release_id": "f" * 64}), folder)
 
 
 def _other_profile(k: Kit, rid: str) -> None:
     folder, bench = _bench(k, rid)
-    write_bench(bench.model_copy(update={"profile_digest": "0" * 64}), folder)
+    write_evidence(bench.model_copy(update={"profile_digest": "0" * 64}), folder)
 
 
 def _no_knee(k: Kit, rid: str) -> None:
     folder, bench = _bench(k, rid)
-    write_bench(
+    write_evidence(
         bench.model_copy(update={"knee": None, "knee_stop": "no load met the SLOs"}), folder
     )
 

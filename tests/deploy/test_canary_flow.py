@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory
 from promote_kit import (
     Kit,
@@ -280,7 +281,7 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit, as
     assert baseline_url not in {s.base_url for s in servers}
     assert [r.release_id for r in _gateway_state(ckit).routes] == [new]
     with pytest.raises(httpx.HTTPError):
-        httpx.get(baseline_url + "/health", timeout=2)
+        webclient.get(baseline_url + "/health", timeout=2)
 
 
 @pytest.mark.parametrize("ckit", [REQUIRE_FRESH], indirect=True)
@@ -541,5 +542,5 @@ def test_gateway_lease_reverts_and_renewal_keeps_the_split(
         with pytest.raises(GatewayRequestError) as e:
             c.renew_lease(gen)
         assert e.value.status == 409
-    r = httpx.get(f"{gw.url}/metrics", timeout=10)
+    r = webclient.get(f"{gw.url}/metrics", timeout=10)
     assert 'releasekit_gateway_lease_expiries_total{env="test"} 1.0' in r.text

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-import httpx
 import pytest
+import webclient
 from gateway_fakes import (
     FakeGateway,
     FakeUpstream,
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from test_canary_flow import canary_block, candidate
 
+from releasekit._support.http import http_client
 from releasekit.cli import rollout_cmds
 from releasekit.config import load_settings
 from releasekit.deploy.gateway import (
@@ -100,7 +101,7 @@ def _split_gateway(
 
 def _series(gw: ThreadedGateway, family: str) -> dict[str, float]:
     """Release -> the sum of `family`'s samples for it in the gateway's exposition."""
-    exp = parse_exposition(httpx.get(gw.url + "/metrics", timeout=10).text, url=gw.url)
+    exp = parse_exposition(webclient.get(gw.url + "/metrics", timeout=10).text, url=gw.url)
     out: dict[str, float] = {}
     for key, v in exp.samples.items():
         name, labels = key[0], dict(key[1])
@@ -127,10 +128,10 @@ def test_the_canarys_answers_are_paired_with_stables_and_clients_get_theirs_unch
         path, body = _request(i)
         raw = json.dumps(body).encode()
         digests[hashlib.sha256(raw).hexdigest()] = i
-        via = httpx.post(gw.url + path, content=raw, headers=AUTH, timeout=10)
+        via = webclient.post(gw.url + path, content=raw, headers=AUTH, timeout=10)
         who = via.headers["x-releasekit-release"]
         server = stable if who == "s" else canary
-        direct = httpx.post(server.url + path, content=raw, timeout=10)
+        direct = webclient.post(server.url + path, content=raw, timeout=10)
         assert via.status_code == 200 and via.content == direct.content
         by[who].append(i)
     assert by["s"] and by["c"], by  # both answered some (a 1:1 split over 40 requests)
@@ -151,7 +152,7 @@ def test_the_canarys_answers_are_paired_with_stables_and_clients_get_theirs_unch
         assert p.complete and not p.sampled
         assert (p.stable, p.candidate) == (truth(q), bad_at_sums(q))
         assert p.prompt is None
-    raw_pairs = httpx.get(
+    raw_pairs = webclient.get(
         gw.url + "/admin/mirror/pairs",
         headers={"authorization": f"Bearer {admin_token}"},
         timeout=10,
@@ -183,7 +184,7 @@ def test_the_copies_are_capped_and_never_hold_the_canarys_answers(
         cl.set_routes(RouteTable(routes=[s, c], mirror=canary_mirror(s, "c", max_in_flight=2)))
     body = {"prompt": "sum 1 2", "max_tokens": 4, "stream": True, "temperature": 0}
     for _ in range(5):
-        r = httpx.post(
+        r = webclient.post(
             gw.url + "/v1/completions",
             json=body,
             headers={**AUTH, "x-fake-hold": "copies"},
@@ -257,7 +258,7 @@ class Asker:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as http:
+        with http_client(base_url=self.url, timeout=30) as http:
             i = 0
             while not self._stop.is_set():
                 q = f"sum {i} {i + 1}" if i % 2 else f"capital of France ({i})?"

@@ -15,8 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
+import webclient
 from demo_builds import USES_DEMO_BUILDS, DemoBuilds
 from promote_kit import kill_everything, use_kit
 
@@ -88,7 +88,7 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
             assert re.search(r"McNemar p=([0-9.e-]+)", facts.detail), facts.detail
             assert facts.candidate is not None and facts.live is not None
 
-        answer = httpx.post(
+        answer = webclient.post(
             f"{k.gateway('staging')}/v1/templates/chat/chat/completions",
             json={"variables": {"question": CLOSING_QUESTION}, "max_tokens": 8},
             timeout=60,

@@ -11,9 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from gateway_fakes import FakeUpstream, refused_url
 from prometheus_client.parser import text_string_to_metric_families
 
+from releasekit._support.http import http_client
 from releasekit.deploy.gateway import (
     GatewayConfig,
     GatewayConfigError,
@@ -34,7 +36,7 @@ PLAIN = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 
 def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of the gateway's /metrics, keyed by (name, sorted labels)."""
-    text = httpx.get(url + "/metrics").text
+    text = webclient.get(url + "/metrics").text
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -56,7 +58,7 @@ def test_stream_is_relayed_chunk_by_chunk(upstream_factory: Up, gateway_factory:
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
     with (
-        httpx.Client(base_url=tg.url, timeout=5) as c,
+        http_client(base_url=tg.url, timeout=5) as c,
         c.stream(
             "POST",
             "/v1/completions",
@@ -84,7 +86,7 @@ def test_non_stream_passes_status_body_and_headers(
     headers are not forwarded to the upstream; the path and query are kept."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    r = httpx.post(
+    r = webclient.post(
         tg.url + "/v1/completions?x=1",
         json=PLAIN,
         headers={"x-fake-status": "418", "x-custom": "kept", "te": "trailers"},
@@ -112,7 +114,7 @@ def test_switch_is_atomic_and_in_flight_stream_finishes_on_old(
 
     def stream_on_a() -> None:
         with (
-            httpx.Client(timeout=10) as c,
+            http_client(timeout=10) as c,
             c.stream(
                 "POST", tg.url + "/v1/completions", json=STREAM, headers={"x-fake-hold": "old"}
             ) as r,
@@ -127,7 +129,7 @@ def test_switch_is_atomic_and_in_flight_stream_finishes_on_old(
     state = gc.set_routes([Route(release_id="rel-b", base_url=b.url)])
     assert [r.release_id for r in state.routes] == ["rel-b"]
     assert state.in_flight == {"rel-a": 1}
-    assert httpx.get(tg.url + "/v1/models").headers["x-releasekit-release"] == "rel-b"
+    assert webclient.get(tg.url + "/v1/models").headers["x-releasekit-release"] == "rel-b"
     assert gc.wait_drained("rel-a", deadline_s=0.2) is False
     a.release("old")
     assert gc.wait_drained("rel-a", deadline_s=5) is True
@@ -149,7 +151,7 @@ def test_weighted_split_is_random_in_proportion(upstream_factory: Up, gateway_fa
     ]
     tg = gateway_factory(routes)
     seen = {"rel-a": 0, "rel-b": 0}
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         for _ in range(40):
             seen[c.get("/v1/models").headers["x-releasekit-release"]] += 1
     assert sum(seen.values()) == 40 and seen["rel-a"] > 0 and seen["rel-b"] > 0
@@ -170,7 +172,7 @@ def test_client_key_401_and_open_endpoints(
     admin token; /health and /metrics stay open; the upstream never sees the client key."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], api_keys=["k-one", "k-two"])
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         for headers in (
             {},
             {"authorization": "Bearer nope"},
@@ -194,7 +196,7 @@ def test_upstream_key_replaces_client_key(upstream_factory: Up, gateway_factory:
     tg = gateway_factory(
         [Route(release_id="rel-a", base_url=a.url, api_key="up-key")], api_keys=["k"]
     )
-    httpx.get(tg.url + "/v1/models", headers={"authorization": "Bearer k"})
+    webclient.get(tg.url + "/v1/models", headers={"authorization": "Bearer k"})
     assert a.received[-1]["headers"]["authorization"] == "Bearer up-key"
 
 
@@ -204,7 +206,7 @@ def test_admin_api_needs_admin_token(
     """/admin/* answers 401 without the admin token, even to a valid client key, and the
     client raises GatewayAuthError on a wrong token."""
     tg = gateway_factory([], api_keys=["client-key"])
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         assert c.get("/admin/state").status_code == 401
         assert (
             c.get("/admin/state", headers={"authorization": "Bearer client-key"}).status_code == 401
@@ -231,7 +233,7 @@ def test_invalid_route_table_is_422_and_changes_nothing(
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
     gc = GatewayClient(tg.url, admin_token=admin_token)
     bad = {"routes": [{"release_id": "x", "base_url": "ftp://h/v1"}]}
-    r = httpx.put(
+    r = webclient.put(
         tg.url + "/admin/routes", json=bad, headers={"authorization": f"Bearer {admin_token}"}
     )
     assert r.status_code == 422
@@ -260,7 +262,7 @@ def test_rate_limit_429_per_key(upstream_factory: Up, gateway_factory: Gw) -> No
         api_keys=["k1", "k2"],
         rate_limit={"rps": 0.01, "burst": 2},
     )
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         k1 = {"authorization": "Bearer k1"}
         assert [c.get("/v1/models", headers=k1).status_code for _ in range(3)] == [200, 200, 429]
         r = c.get("/v1/models", headers=k1)
@@ -284,7 +286,7 @@ def test_queue_limit_503_with_retry_after(
 
     def hold() -> None:
         with (
-            httpx.Client(timeout=10) as c,
+            http_client(timeout=10) as c,
             c.stream(
                 "POST", tg.url + "/v1/completions", json=STREAM, headers={"x-fake-hold": "slot"}
             ) as r,
@@ -296,14 +298,14 @@ def test_queue_limit_503_with_retry_after(
     t.start()
     while gc.state().in_flight_total == 0:
         time.sleep(0.01)
-    r = httpx.get(tg.url + "/v1/models", timeout=5)
+    r = webclient.get(tg.url + "/v1/models", timeout=5)
     assert r.status_code == 503
     assert r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "queue_full"
     a.release("slot")
     t.join(5)
     assert done == [200]
-    assert httpx.get(tg.url + "/v1/models").status_code == 200
+    assert webclient.get(tg.url + "/v1/models").status_code == 200
     m = metrics(tg.url)
     assert sample(m, "releasekit_gateway_rejections_total", env="test", reason="queue_full") == 1
 
@@ -318,7 +320,7 @@ def test_queued_request_gets_the_freed_slot(
     )
     gc = GatewayClient(tg.url, admin_token=admin_token)
     t = threading.Thread(
-        target=lambda: httpx.post(
+        target=lambda: webclient.post(
             tg.url + "/v1/completions", json=STREAM, timeout=10, headers={"x-fake-hold": "q"}
         )
     )
@@ -327,7 +329,7 @@ def test_queued_request_gets_the_freed_slot(
         time.sleep(0.01)
     result: list[int] = []
     t2 = threading.Thread(
-        target=lambda: result.append(httpx.get(tg.url + "/v1/models", timeout=10).status_code)
+        target=lambda: result.append(webclient.get(tg.url + "/v1/models", timeout=10).status_code)
     )
     t2.start()
     while gc.state().queued == 0:
@@ -347,10 +349,10 @@ def test_hung_upstream_gives_504(upstream_factory: Up, gateway_factory: Gw) -> N
         [Route(release_id="rel-a", base_url=a.url)], upstream_first_byte_timeout_s=0.3
     )
     hang = {"x-fake-hang": "1"}
-    r = httpx.post(tg.url + "/v1/completions", json=STREAM, headers=hang, timeout=10)
+    r = webclient.post(tg.url + "/v1/completions", json=STREAM, headers=hang, timeout=10)
     assert r.status_code == 504
     assert r.headers["x-releasekit-release"] == "rel-a"
-    r = httpx.post(tg.url + "/v1/completions", json=PLAIN, headers=hang, timeout=10)
+    r = webclient.post(tg.url + "/v1/completions", json=PLAIN, headers=hang, timeout=10)
     assert r.status_code == 504
     m = metrics(tg.url)
     assert sample(m, "releasekit_gateway_rejections_total", env="test", reason="timeout") == 1
@@ -365,7 +367,7 @@ def test_stalled_stream_ends_with_sse_error(upstream_factory: Up, gateway_factor
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], stream_idle_timeout_s=0.3)
     with (
-        httpx.Client(timeout=10) as c,
+        http_client(timeout=10) as c,
         c.stream(
             "POST",
             tg.url + "/v1/completions",
@@ -394,7 +396,7 @@ def test_stalled_stream_ends_with_sse_error(upstream_factory: Up, gateway_factor
 def test_refused_upstream_gives_502(gateway_factory: Gw) -> None:
     """Connection refused answers 502 with a JSON error, counted as upstream_error."""
     tg = gateway_factory([Route(release_id="rel-x", base_url=refused_url())])
-    r = httpx.post(tg.url + "/v1/completions", json=PLAIN)
+    r = webclient.post(tg.url + "/v1/completions", json=PLAIN)
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_error"
     m = metrics(tg.url)
@@ -407,19 +409,19 @@ def test_health_follows_the_route_table(gateway_factory: Gw, admin_token: str) -
     """/health is 503 with no route carrying traffic and 200 once one does; /v1 without a
     route is 503."""
     tg = gateway_factory([])
-    assert httpx.get(tg.url + "/health").status_code == 503
-    assert httpx.get(tg.url + "/v1/models").status_code == 503
+    assert webclient.get(tg.url + "/health").status_code == 503
+    assert webclient.get(tg.url + "/v1/models").status_code == 503
     GatewayClient(tg.url, admin_token=admin_token).set_routes(
         [Route(release_id="r", base_url=refused_url())]
     )
-    assert httpx.get(tg.url + "/health").status_code == 200
+    assert webclient.get(tg.url + "/health").status_code == 200
 
 
 def test_metrics_after_known_traffic(upstream_factory: Up, gateway_factory: Gw) -> None:
     """Three streams and one upstream 500 show up with exact counts and histogram counts."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         for _ in range(3):
             with c.stream("POST", "/v1/completions", json=STREAM) as r:
                 assert len(sse_lines(r)) == 4
@@ -457,7 +459,7 @@ def test_templated_route_renders_the_live_release(
     v2 = {"qa": PromptTemplate(system=None, user="Question: {{question}}\nAnswer:")}
     tg = gateway_factory([Route(release_id="p1", base_url=a.url, model="demo", prompts=v1)])
     req = {"variables": {"tone": "brief", "question": "2+2?"}, "max_tokens": 3}
-    r = httpx.post(tg.url + "/v1/templates/qa/chat/completions", json=req)
+    r = webclient.post(tg.url + "/v1/templates/qa/chat/completions", json=req)
     assert r.status_code == 200 and r.headers["x-releasekit-release"] == "p1"
     sent = a.received[-1]
     assert sent["path"] == "/v1/chat/completions"
@@ -472,13 +474,13 @@ def test_templated_route_renders_the_live_release(
     GatewayClient(tg.url, admin_token=admin_token).set_routes(
         [Route(release_id="p2", base_url=a.url, model="demo", prompts=v2)]
     )
-    r = httpx.post(tg.url + "/v1/templates/qa/chat/completions", json=req)
+    r = webclient.post(tg.url + "/v1/templates/qa/chat/completions", json=req)
     assert r.headers["x-releasekit-release"] == "p2"
     assert json.loads(a.received[-1]["body"])["messages"] == [
         {"role": "user", "content": "Question: 2+2?\nAnswer:"}
     ]
     raw = b'{"model":"demo",  "messages":[{"role":"user","content":"{{ question }}"}]}'
-    httpx.post(
+    webclient.post(
         tg.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
     )
     assert a.received[-1]["body"] == raw
@@ -490,14 +492,14 @@ def test_templated_route_errors_name_the_problem(upstream_factory: Up, gateway_f
     prompts = {"qa": PromptTemplate(system="{{ tone }}", user="{{ question }}")}
     tg = gateway_factory([Route(release_id="p1", base_url=a.url, prompts=prompts)])
     url = tg.url + "/v1/templates/{}/chat/completions"
-    r = httpx.post(url.format("nope"), json={"variables": {}})
+    r = webclient.post(url.format("nope"), json={"variables": {}})
     assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
     assert "known: qa" in r.json()["error"]["message"]
-    r = httpx.post(url.format("qa"), json={"variables": {"tone": "x"}})
+    r = webclient.post(url.format("qa"), json={"variables": {"tone": "x"}})
     assert r.status_code == 400 and "question" in r.json()["error"]["message"]
-    r = httpx.post(url.format("qa"), json={"variables": {}})
+    r = webclient.post(url.format("qa"), json={"variables": {}})
     assert "question, tone" in r.json()["error"]["message"]
-    r = httpx.post(
+    r = webclient.post(
         url.format("qa"), json={"variables": {"tone": "x", "question": "y"}, "messages": []}
     )
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
@@ -509,7 +511,7 @@ def test_feedback_is_counted_per_release(upstream_factory: Up, gateway_factory: 
     ids are 404, malformed bodies 400."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         rid = c.post("/v1/completions", json=PLAIN).json()["id"]
         with c.stream("POST", "/v1/chat/completions", json={**STREAM, "messages": []}) as r:
             first = sse_lines(r)[0]
@@ -550,7 +552,7 @@ def test_client_disconnect_stops_the_upstream(
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
     with (
-        httpx.Client(timeout=10) as c,
+        http_client(timeout=10) as c,
         c.stream(
             "POST",
             tg.url + "/v1/completions",
@@ -601,7 +603,7 @@ def test_runs_as_its_own_process(upstream_factory: Up, tmp_path: Any, admin_toke
         assert (os.stat(tmp_path / "gw.json").st_mode & 0o777) == 0o600
         assert read_endpoint(tmp_path / "gw.ready") == lg.endpoint
         assert lg.pid != os.getpid() and os.getpgid(lg.pid) == lg.pid
-        r = httpx.get(lg.url + "/v1/models")
+        r = webclient.get(lg.url + "/v1/models")
         assert r.status_code == 200 and r.headers["x-releasekit-release"] == "rel-a"
         state = GatewayClient(lg.url, admin_token=admin_token).state()
         assert state.env == "proc" and state.pid == lg.pid

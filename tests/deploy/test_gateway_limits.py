@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from gateway_fakes import FakeUpstream, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from rawhttp import raw_exchange, status_of
 from starlette.requests import Request
 
+from releasekit._support.http import http_client
 from releasekit.deploy.gateway import (
     PromptTemplate,
     RateLimit,
@@ -67,7 +69,7 @@ def in_flight(tg: ThreadedGateway, admin_token: str) -> int:
 
 def series(url: str, name: str) -> list[dict[str, str]]:
     out = []
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for fam in text_string_to_metric_families(webclient.get(url + "/metrics").text):
         out.extend(s.labels for s in fam.samples if s.name == name)
     return out
 
@@ -87,7 +89,7 @@ def test_deep_json_is_400_and_frees_the_slot(
     )
     tg = gateway_factory([route], max_in_flight=4)
     deep = b'{"variables": {"q": "x"}, "x": ' + b"[" * 1100 + b"]" * 1100 + b"}"
-    with httpx.Client(base_url=tg.url, timeout=10) as c:
+    with http_client(base_url=tg.url, timeout=10) as c:
         for _ in range(10):
             r = c.post("/v1/templates/qa/chat/completions", content=deep)
             assert r.status_code == 400, r.text
@@ -142,7 +144,7 @@ def test_chunked_body_is_counted_while_it_streams(
     assert status_of(answer) == 413, answer[:200]
     assert sent < 8 << 20, f"sent {sent} bytes before the 413"
     assert a.received == []
-    assert httpx.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
+    assert webclient.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
 
 
 # ----------------------------------------------------------------------------- headers
@@ -179,7 +181,7 @@ def test_complete_oversize_headers_are_refused(upstream_factory: Up, gateway_fac
     got = raw_request(tg, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + big + b"\r\n")
     assert status_of(got) == 431
     assert a.received == []
-    r = httpx.get(tg.url + "/v1/models", headers={"x-small": "a" * 1000})
+    r = webclient.get(tg.url + "/v1/models", headers={"x-small": "a" * 1000})
     assert r.status_code == 200
 
 
@@ -210,7 +212,7 @@ def test_slow_headers_time_out(upstream_factory: Up, gateway_factory: Gw) -> Non
         assert status_of(got) in (408, 0)
         closed, got = is_closed(silent, 3)
         assert closed
-    assert httpx.get(tg.url + "/v1/models").status_code == 200
+    assert webclient.get(tg.url + "/v1/models").status_code == 200
 
 
 # ----------------------------------------------------------------------------- paths
@@ -249,8 +251,8 @@ def test_allowed_routes_still_pass(upstream_factory: Up, gateway_factory: Gw) ->
     """The routes vLLM serves keep working, query strings included."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    assert httpx.get(tg.url + "/v1/models").status_code == 200
-    assert httpx.post(tg.url + "/v1/completions?x=1", json=PLAIN).status_code == 200
+    assert webclient.get(tg.url + "/v1/models").status_code == 200
+    assert webclient.post(tg.url + "/v1/completions?x=1", json=PLAIN).status_code == 200
     assert [r["path"] for r in a.received] == ["/v1/models", "/v1/completions"]
 
 
@@ -258,10 +260,10 @@ def test_unknown_paths_do_not_grow_metric_series(upstream_factory: Up, gateway_f
     """200 distinct made-up paths leave the metric series as they were: labels are bounded."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    httpx.post(tg.url + "/v1/completions", json=PLAIN)
+    webclient.post(tg.url + "/v1/completions", json=PLAIN)
     names = ("releasekit_gateway_requests_total", "releasekit_gateway_rejections_total")
     before = [series(tg.url, n) for n in names]
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         for i in range(200):
             assert c.post(f"/v1/made-up-{i}", json=PLAIN).status_code == 404
     after = [series(tg.url, n) for n in names]
@@ -302,7 +304,7 @@ def test_client_that_stops_reading_loses_its_slot(
         lab.get("reason") == "timeout"
         for lab in series(tg.url, "releasekit_gateway_rejections_total")
     )
-    assert httpx.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
+    assert webclient.post(tg.url + "/v1/completions", json=PLAIN).status_code == 200
 
 
 def test_client_leaving_a_non_stream_request_cancels_the_upstream(
@@ -313,7 +315,7 @@ def test_client_leaving_a_non_stream_request_cancels_the_upstream(
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"},
+        webclient.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"},
                    timeout=0.5)  # fmt: skip
     assert wait_until(lambda: "hang" in a.cancelled, timeout_s=5)
     assert wait_until(lambda: in_flight(tg, admin_token) == 0, timeout_s=5)
@@ -330,7 +332,7 @@ def test_wrong_keys_are_rate_limited_per_address(upstream_factory: Up, gateway_f
         api_keys=["right-key"],
         auth_failure_limit=RateLimit(rps=0.01, burst=3),
     )
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         codes = [
             c.post(
                 "/v1/completions", json=PLAIN, headers={"authorization": f"Bearer w{i}"}
@@ -371,7 +373,7 @@ def _flood(tg: ThreadedGateway, key: str, n: int) -> tuple[list[int], list[httpx
     returns (the statuses of those refused outright, the open held streams)."""
     import concurrent.futures
 
-    client = httpx.Client(base_url=tg.url, timeout=30, limits=httpx.Limits(max_connections=n + 4))
+    client = http_client(base_url=tg.url, timeout=30, limits=httpx.Limits(max_connections=n + 4))
     headers = {"authorization": f"Bearer {key}", "x-fake-hold": "flood"}
 
     def one(_: int) -> httpx.Response:
@@ -412,7 +414,7 @@ def test_one_key_flooding_cannot_take_the_slots_or_the_queue_of_another(
         with GatewayClient(tg.url, admin_token=admin_token) as gc:
             assert gc.state().in_flight_total == 2 and gc.state().queued == 0
         good = [
-            httpx.post(
+            webclient.post(
                 f"{tg.url}/v1/completions",
                 json=STREAM,
                 headers={"authorization": "Bearer sk-good"},
@@ -422,7 +424,7 @@ def test_one_key_flooding_cannot_take_the_slots_or_the_queue_of_another(
         ]
         assert [r.status_code for r in good] == [200] * 5
         assert all(r.text.rstrip().endswith("data: [DONE]") for r in good)
-        text = httpx.get(f"{tg.url}/metrics", timeout=10).text
+        text = webclient.get(f"{tg.url}/metrics", timeout=10).text
         assert _sample(text, "releasekit_gateway_rejections_total", reason="client_in_flight") == 8
         assert _sample(text, "releasekit_gateway_queue_wait_seconds_count") == 7
         assert _sample(text, "releasekit_gateway_queue_wait_seconds_sum") == 0.0
@@ -442,7 +444,7 @@ def test_one_key_flooding_cannot_take_the_slots_or_the_queue_of_another(
     refused, held = _flood(open_gw, "sk-flood", 6)
     try:
         assert refused == [503] * 2 and len(held) == 4  # every slot is the flooder's
-        r = httpx.post(
+        r = webclient.post(
             f"{open_gw.url}/v1/completions",
             json=STREAM,
             headers={"authorization": "Bearer sk-good"},
@@ -467,19 +469,19 @@ def test_feedback_is_capped_per_client(upstream_factory: Up, gateway_factory: Gw
     )
 
     def served(key: str) -> str:
-        r = httpx.post(f"{tg.url}/v1/completions", json=PLAIN,
+        r = webclient.post(f"{tg.url}/v1/completions", json=PLAIN,
                        headers={"authorization": f"Bearer {key}"}, timeout=10)  # fmt: skip
         return str(r.json()["id"])
 
     def vote(key: str, rid: str) -> int:
-        r = httpx.post(f"{tg.url}/v1/feedback", json={"response_id": rid, "score": "down"},
+        r = webclient.post(f"{tg.url}/v1/feedback", json={"response_id": rid, "score": "down"},
                        headers={"authorization": f"Bearer {key}"}, timeout=10)  # fmt: skip
         return r.status_code
 
     ids = [served("sk-a") for _ in range(6)]
     assert [vote("sk-a", i) for i in ids] == [200, 200, 200, 429, 429, 429]
     assert vote("sk-b", served("sk-b")) == 200
-    text = httpx.get(f"{tg.url}/metrics", timeout=10).text
+    text = webclient.get(f"{tg.url}/metrics", timeout=10).text
     assert _sample(text, "releasekit_gateway_feedback_total", score="negative") == 4
     assert _sample(text, "releasekit_gateway_rejections_total", reason="feedback_limit") == 3
 
@@ -492,16 +494,16 @@ def test_the_release_header_is_opt_in(
     the upstream."""
     up = upstream_factory("u")
     tg = gateway_factory([Route(release_id="rel-x", base_url=up.url)], release_header=False)
-    ok = httpx.post(f"{tg.url}/v1/completions", json=STREAM, timeout=10)
-    bad = httpx.post(
+    ok = webclient.post(f"{tg.url}/v1/completions", json=STREAM, timeout=10)
+    bad = webclient.post(
         f"{tg.url}/v1/completions", json=PLAIN, headers={"x-fake-status": "500"}, timeout=10
     )
-    wrong = httpx.post(
+    wrong = webclient.post(
         f"{tg.url}/v1/completions", json=PLAIN, headers={"x-releasekit-admin": "guess"}, timeout=10
     )
     assert ok.status_code == 200 and bad.status_code == 500 and wrong.status_code == 200
     assert all("x-releasekit-release" not in r.headers for r in (ok, bad, wrong))
-    shown = httpx.post(
+    shown = webclient.post(
         f"{tg.url}/v1/completions",
         json=PLAIN,
         headers={"x-releasekit-admin": admin_token},
@@ -534,9 +536,9 @@ def test_the_slot_is_freed_when_the_gateway_fails_before_relaying(
         return real_pick(self)
 
     monkeypatch.setattr(Table, "pick", failing_pick)
-    first = httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
+    first = webclient.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
     assert first.status_code == 500
-    assert httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10).status_code == 200
+    assert webclient.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10).status_code == 200
 
     def failing_copy(self: Mirroring, *args: object, **kwargs: object) -> None:
         raise RuntimeError("copy failed")
@@ -546,7 +548,7 @@ def test_the_slot_is_freed_when_the_gateway_fails_before_relaying(
         gc.set_routes(RouteTable(routes=[route], mirror=Mirror(
             route=Route(release_id="c", base_url=cand.url), share=1.0)))  # fmt: skip
         for _ in range(3):
-            r = httpx.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
+            r = webclient.post(f"{tg.url}/v1/completions", json=PLAIN, timeout=10)
             assert r.status_code == 200  # the client's request never pays for the copy
         st = gc.state()
     assert st.in_flight_total == 0 and st.mirror_dropped == 3 and st.served == {"r": 4}
@@ -584,12 +586,12 @@ def test_a_deployed_environment_gives_its_gateway_limits_and_hides_the_release(
             gw = load_config(deploy_dir(settings.state_dir) / "staging-gateway.json")
             assert gw.rate_limit == RateLimit(rps=50, burst=100)
             assert gw.max_in_flight_per_client == 32 and gw.release_header is False
-            r = httpx.post(f"{url}/v1/completions", json=PLAIN, timeout=10)
+            r = webclient.post(f"{url}/v1/completions", json=PLAIN, timeout=10)
             assert r.status_code == 200 and "x-releasekit-release" not in r.headers
             # What the deployer's smoke check sends: the gateway's admin token.
             assert h.state.gateway is not None
             admin = {"x-releasekit-admin": h.state.gateway.admin_token}
-            r = httpx.post(f"{url}/v1/completions", json=PLAIN, headers=admin, timeout=10)
+            r = webclient.post(f"{url}/v1/completions", json=PLAIN, headers=admin, timeout=10)
             assert r.headers["x-releasekit-release"] == "rel-s"
         finally:
             target.stop_router()

@@ -10,8 +10,10 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+import webclient
 from gateway_fakes import FakeUpstream
 
+from releasekit._support.http import http_client, tls
 from releasekit.deploy.gateway import Route, ThreadedGateway
 from releasekit.watch.windows import Snapshot, build_window, parse_exposition
 
@@ -22,7 +24,7 @@ PLAIN = {"model": "demo", "prompt": "hi", "max_tokens": 4}
 
 
 def snap(tg: ThreadedGateway) -> Snapshot:
-    text = httpx.get(tg.url + "/metrics").text
+    text = webclient.get(tg.url + "/metrics").text
     return Snapshot(t=time.monotonic(), gateway=parse_exposition(text, url=tg.url))
 
 
@@ -30,7 +32,7 @@ def settle(tg: ThreadedGateway) -> None:
     """Wait until nothing is in flight (client-side hang-ups finish on the gateway later)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        m = httpx.get(tg.url + "/metrics").text
+        m = webclient.get(tg.url + "/metrics").text
         if all(
             ln.endswith(" 0.0")
             for ln in m.splitlines()
@@ -50,7 +52,7 @@ def test_client_caused_outcomes_are_not_errors(upstream_factory: Up, gateway_fac
     )
     before = snap(tg)
     time.sleep(0.01)
-    with httpx.Client(base_url=tg.url, timeout=10) as c:
+    with http_client(base_url=tg.url, timeout=10) as c:
         for _ in range(5):
             assert c.post("/v1/completions", json=PLAIN).status_code == 200
         for _ in range(3):  # "generation" longer than the first-byte timeout
@@ -63,7 +65,7 @@ def test_client_caused_outcomes_are_not_errors(upstream_factory: Up, gateway_fac
             next(s.iter_lines())
     for _ in range(2):  # the client's own timeout, shorter than the generation
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"},
+            webclient.post(tg.url + "/v1/completions", json=PLAIN, headers={"x-fake-hang": "1"},
                        timeout=0.1)  # fmt: skip
     settle(tg)
     w = build_window(before, snap(tg), env="test", release="rel-a")
@@ -80,7 +82,7 @@ def test_server_caused_outcomes_are_errors(upstream_factory: Up, gateway_factory
     )
     before = snap(tg)
     time.sleep(0.01)
-    with httpx.Client(base_url=tg.url, timeout=10) as c:
+    with http_client(base_url=tg.url, timeout=10) as c:
         for _ in range(2):
             assert c.post("/v1/completions", json=PLAIN).status_code == 200
         r = c.post("/v1/completions", json=PLAIN, headers={"x-fake-status": "500"})
@@ -102,7 +104,7 @@ def test_feedback_counts_only_from_the_client_served(
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)], api_keys=["key-a", "key-b"])
     ka = {"authorization": "Bearer key-a"}
     kb = {"authorization": "Bearer key-b"}
-    with httpx.Client(base_url=tg.url) as c:
+    with http_client(base_url=tg.url) as c:
         rid = c.post("/v1/completions", json=PLAIN, headers=ka).json()["id"]
         with c.stream("POST", "/v1/completions", json=STREAM, headers=ka) as r:
             first = next(ln for ln in r.iter_lines() if ln.startswith("data:"))
@@ -114,7 +116,7 @@ def test_feedback_counts_only_from_the_client_served(
         assert own.status_code == 200 and own.json()["counted"] is True
         again = c.post("/v1/feedback", json={"response_id": rid, "score": "down"}, headers=ka)
         assert again.json()["counted"] is False
-    m = httpx.get(tg.url + "/metrics").text
+    m = webclient.get(tg.url + "/metrics").text
     assert 'releasekit_gateway_feedback_total{env="test",release="rel-a",score="negative"} 1.0' in m
 
 
@@ -125,10 +127,10 @@ def test_feedback_without_keys_is_tied_to_the_client_address(
     voted on from 127.0.0.2."""
     a = upstream_factory("a")
     tg = gateway_factory([Route(release_id="rel-a", base_url=a.url)])
-    rid = httpx.post(tg.url + "/v1/completions", json=PLAIN).json()["id"]
-    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    rid = webclient.post(tg.url + "/v1/completions", json=PLAIN).json()["id"]
+    other = http_client(transport=httpx.HTTPTransport(local_address="127.0.0.2", verify=tls()))
     with other:
         r = other.post(tg.url + "/v1/feedback", json={"response_id": rid, "score": "down"})
     assert r.status_code == 404
-    r = httpx.post(tg.url + "/v1/feedback", json={"response_id": rid, "score": "down"})
+    r = webclient.post(tg.url + "/v1/feedback", json={"response_id": rid, "score": "down"})
     assert r.status_code == 200

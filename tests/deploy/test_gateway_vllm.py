@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import httpx
 import pytest
+import webclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from releasekit._support.http import http_client
 from releasekit.deploy.gateway import PromptTemplate, Route, ThreadedGateway
 from releasekit.serving.vllm import ServerInfo
 
@@ -25,7 +26,7 @@ def test_streams_templates_and_feedback_through_real_vllm(
                   prompts=prompts)  # fmt: skip
     tg = gateway_factory([route], api_keys=["client-key"])
     auth = {"authorization": "Bearer client-key"}
-    with httpx.Client(base_url=tg.url, headers=auth, timeout=120) as c:
+    with http_client(base_url=tg.url, headers=auth, timeout=120) as c:
         models = c.get("/v1/models")
         assert models.status_code == 200
         assert models.json()["data"][0]["id"] == "demo"
@@ -52,7 +53,7 @@ def test_streams_templates_and_feedback_through_real_vllm(
         assert t.json()["choices"][0]["message"]["role"] == "assistant"
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(httpx.get(tg.url + "/metrics").text)
+        for fam in text_string_to_metric_families(webclient.get(tg.url + "/metrics").text)
         for s in fam.samples
     }
     lab = (("env", "test"), ("release", "demo-bf16"))

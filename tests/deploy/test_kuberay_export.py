@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from promote_kit import Kit, kill_everything, make_kit
 from ray_kit import LOOPBACK_ENV, RayCluster, env_lines, free_slot
 from typer.testing import CliRunner
+
+from releasekit._support.http import http_client
 
 pytest.importorskip("ray")
 
@@ -239,7 +240,7 @@ def test_serve_deploy_of_the_export_serves_the_release(
         proxy = f"http://127.0.0.1:{c.serve_port}"
         secret = router_secret(k.settings.state_dir, "staging")
         token = routing_token(name, secret, spec.api_key)
-        with httpx.Client(base_url=proxy, timeout=60.0, trust_env=False) as h:
+        with http_client(base_url=proxy, timeout=60.0, trust_env=False) as h:
             # the manifest holds no secret: until releasekit records it, nothing gets in
             early = h.get("/v1/models", headers={"authorization": f"Bearer {token}"})
             assert early.status_code == 401, early.text

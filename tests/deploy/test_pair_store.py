@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import webclient
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory, wait_until
 
 from releasekit.deploy.gateway import (
@@ -66,7 +66,7 @@ def _ask(gw: ThreadedGateway, stable: FakeUpstream, n: int, start: int = 0) -> N
             msgs = [{"role": "user", "content": f"secret question {i}"}]
             body = {"messages": msgs, "stream": stream}
         body["temperature"] = 0
-        r = httpx.post(gw.url + path, json=body, headers=AUTH, timeout=10)
+        r = webclient.post(gw.url + path, json=body, headers=AUTH, timeout=10)
         assert r.status_code == 200, r.text
         assert ("t0" if stream else "hello") in r.text
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
+import webclient
 from promote_kit import Streamer, kill_everything, make_kit
 
 from releasekit.deploy.state import read_state
@@ -76,7 +76,7 @@ def test_real_vllm_promote_and_rollback_with_a_streaming_client(
         assert set(s.releases) == {base, new}  # the broken one never got a request
         [after] = read_state(k.settings.state_dir, "staging").servers
         assert after.pid == server.pid  # one vLLM all along
-        r = httpx.post(
+        r = webclient.post(
             f"{k.gateway('staging')}/v1/templates/chat/chat/completions",
             json={"variables": {"question": "What is the capital of Pistaeland?"}, "max_tokens": 8},
             timeout=60,

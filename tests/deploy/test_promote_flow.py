@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import webclient
 from promote_kit import (
     PORT_HIGH,
     PORT_LOW,
@@ -32,7 +33,7 @@ def _ledger(k: Kit) -> Ledger:
 
 
 def _ask(k: Kit, env: str, question: str = "What?") -> httpx.Response:
-    return httpx.post(
+    return webclient.post(
         f"{k.gateway(env)}/v1/templates/chat/chat/completions",
         json={"variables": {"question": question}, "max_tokens": 5},
         timeout=30,
@@ -90,7 +91,7 @@ def test_dry_run_changes_nothing(kit: Kit) -> None:
     assert not (kit.settings.state_dir / "reports").exists()
     assert not (kit.settings.state_dir / "deploy").exists()
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{kit.gateway('staging')}/health", timeout=2)
+        webclient.get(f"{kit.gateway('staging')}/health", timeout=2)
 
 
 def test_blocked_release_never_starts_and_is_recorded(kit: Kit) -> None:

@@ -34,9 +34,12 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from promote_kit import Kit, kill_everything, make_kit
 from ray_kit import RayCluster, env_lines, free_slot
 from typer.testing import CliRunner
+
+from releasekit._support.http import http_client
 
 pytest.importorskip("ray")
 
@@ -125,7 +128,7 @@ class Load:
             stop = threading.Event()
 
             def run(stop: threading.Event = stop) -> None:
-                with httpx.Client(base_url=self.url, timeout=120, trust_env=False) as c:
+                with http_client(base_url=self.url, timeout=120, trust_env=False) as c:
                     while not stop.is_set():
                         self._one(c)
 
@@ -238,7 +241,7 @@ def _load_step(
             break
         time.sleep(0.5)
     [st] = deploy_status(k.settings, env="staging")
-    metrics = httpx.get(
+    metrics = webclient.get(
         f"{st.servers[0].base_url}/metrics",
         params={"app": st.servers[0].app or ""},
         timeout=10,

@@ -15,7 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from ray_kit import RayCluster, free_slot
+
+from releasekit._support.http import http_client
 
 pytest.importorskip("ray")
 
@@ -122,7 +125,7 @@ def test_the_router_relays_only_what_the_gateway_sends(
     route. Through a gateway whose route holds the token: answered."""
     _, proxy, secret = cluster
     token = routing_token(APP, secret, "sk-upstream")
-    with httpx.Client(base_url=proxy, timeout=30, trust_env=False) as h:
+    with http_client(base_url=proxy, timeout=30, trust_env=False) as h:
 
         def ask(path: str, auth: str | None, method: str = "GET") -> httpx.Response:
             headers = {"authorization": f"Bearer {auth}"} if auth is not None else {}
@@ -157,7 +160,7 @@ def test_the_router_relays_only_what_the_gateway_sends(
         shutdown_timeout_s=1,
     )
     with ThreadedGateway(cfg) as tg:
-        r = httpx.post(f"{tg.url}/v1/completions", json={"prompt": "x"}, timeout=30)
+        r = webclient.post(f"{tg.url}/v1/completions", json={"prompt": "x"}, timeout=30)
         assert r.status_code == 200 and r.json()["auth"] == "Bearer sk-upstream"
 
 
@@ -168,7 +171,7 @@ def test_a_rotated_secret_takes_over(cluster: tuple[RayCluster, str, str], tmp_p
     new = router_secret(tmp_path, ENV)
     publish_secret(ENV, new)
     try:
-        with httpx.Client(base_url=proxy, timeout=30, trust_env=False) as h:
+        with http_client(base_url=proxy, timeout=30, trust_env=False) as h:
             hdr = {"authorization": f"Bearer {routing_token(APP, new, None)}"}
             assert h.get("/v1/models", headers=hdr).status_code == 200
             hdr = {"authorization": f"Bearer {routing_token(APP, old, None)}"}

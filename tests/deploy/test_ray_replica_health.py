@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
+
+from releasekit._support.http import async_http_client
 
 pytest.importorskip("ray")
 
@@ -28,7 +29,7 @@ def _replica(proc: subprocess.Popen[bytes], silent_s: float) -> object:
     cls = rmod.ReleaseReplica.func_or_class
     r = object.__new__(cls)
     r.proc = proc  # type: ignore[attr-defined]
-    r.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{_closed_port()}")  # type: ignore[attr-defined]
+    r.client = async_http_client(base_url=f"http://127.0.0.1:{_closed_port()}")  # type: ignore[attr-defined]
     r.last_healthy = time.monotonic() - silent_s  # type: ignore[attr-defined]
     return r
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import webclient
 from promote_kit import Kit, Streamer, kill_everything, kit, make_kit
 from sqlalchemy import create_engine, select
 from typer.testing import CliRunner
@@ -108,7 +108,7 @@ def test_cold_rollback_starts_the_previous_release_first(cold_kit: Kit) -> None:
         s.wait_for(2)
     assert res.status == "rolled_back" and not res.warm
     assert s.failures == []
-    r = httpx.post(
+    r = webclient.post(
         f"{cold_kit.gateway('staging')}/v1/completions", json={"prompt": "x", "max_tokens": 2}
     )
     assert r.headers["x-releasekit-release"] == old

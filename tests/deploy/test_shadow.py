@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from gateway_fakes import FakeUpstream, admin_token, gateway_factory, upstream_factory, wait_until
 from promote_kit import Kit, Streamer, kill_everything, kit, make_kit
 from sqlalchemy import create_engine, select
@@ -76,7 +77,7 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
             )
         )
         answers = [
-            httpx.post(
+            webclient.post(
                 f"{gw.url}/v1/completions", json={"prompt": f"p{i}", "stream": True}, timeout=10
             )
             for i in range(8)
@@ -85,12 +86,12 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
         assert {r.headers["x-releasekit-release"] for r in answers} == {"s"}
         assert all(b"cand" not in r.content for r in answers)
         # 8 admitted = the whole burst: the 2 copies took none of it, the 9th is refused.
-        assert httpx.post(f"{gw.url}/v1/completions", json={}, timeout=10).status_code == 429
+        assert webclient.post(f"{gw.url}/v1/completions", json={}, timeout=10).status_code == 429
         assert wait_until(lambda: len(cand.finished) == 2), cand.finished
         st = c.state()
     assert st.mirror == "c" and st.mirrored == 2 and st.served == {"s": 8}
     assert len(stable.received) == 8
-    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    metrics = webclient.get(f"{gw.url}/metrics", timeout=10).text
     assert 'releasekit_gateway_mirrored_total{env="test",outcome="sent",release="c"} 2.0' in metrics
     assert 'release="c",route="completions",status="200"} 2.0' in metrics
 
@@ -115,7 +116,7 @@ def test_a_mirror_with_a_baseline_copies_each_request_to_both_at_once(
             )
         )
         answers = [
-            httpx.post(
+            webclient.post(
                 f"{gw.url}/v1/completions",
                 json={"prompt": f"p{i}", "stream": True, "temperature": 0},
                 timeout=10,
@@ -130,7 +131,7 @@ def test_a_mirror_with_a_baseline_copies_each_request_to_both_at_once(
     assert st.mirror == "c" and st.mirrored == 4 and st.served == {"s": 8}
     assert sorted(b["body"] for b in cand.received) == sorted(b["body"] for b in base.received)
     assert {p.candidate_release_id for p in pairs.pairs} == {"c"}
-    metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    metrics = webclient.get(f"{gw.url}/metrics", timeout=10).text
     for rid in ("c", "s:baseline"):
         assert f'outcome="sent",release="{rid}"}} 4.0' in metrics
         assert f'release="{rid}",route="completions",status="200"}} 4.0' in metrics
@@ -157,7 +158,7 @@ def _client_answers(gw_url: str) -> list[tuple[int, Any]]:
         else:
             path = "/v1/templates/chat/chat/completions"
             body = {"variables": {"q": f"question {i}"}, "max_tokens": 4, "stream": stream}
-        r = httpx.post(gw_url + path, json=body, timeout=10)
+        r = webclient.post(gw_url + path, json=body, timeout=10)
         if stream:
             chunks = [
                 json.loads(line[6:]).get("choices")
@@ -482,7 +483,9 @@ def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:
     assert new.pid != gw.pid
     with GatewayClient(url, admin_token=new.admin_token) as c:
         assert c.state().mirror == cand
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": "p", "max_tokens": 2}, timeout=30)
+        r = webclient.post(
+            f"{url}/v1/completions", json={"prompt": "p", "max_tokens": 2}, timeout=30
+        )
         assert r.status_code == 200 and r.headers["x-releasekit-release"] == old
         assert wait_until(lambda: c.state().mirrored >= 1)
     with locked_state(kit.settings.state_dir, "staging") as handle:
@@ -492,7 +495,7 @@ def test_a_restarted_gateway_mirrors_again(kit: Kit) -> None:
 
 def _answers(url: str) -> bool:
     try:
-        httpx.get(f"{url}/metrics", timeout=1)
+        webclient.get(f"{url}/metrics", timeout=1)
     except httpx.HTTPError:
         return False
     return True

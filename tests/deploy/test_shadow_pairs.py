@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import webclient
 from gateway_fakes import (
     Answering,
     admin_token,
@@ -25,6 +25,7 @@ from gateway_fakes import (
 from promote_kit import Kit, commit_config, kit
 from typer.testing import CliRunner
 
+from releasekit._support.http import http_client
 from releasekit.cli import app
 from releasekit.cli._common import State
 from releasekit.config import load_settings
@@ -105,8 +106,8 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
         path, body = _request(q, i)
         raw = json.dumps(body).encode()
         bodies.append(raw)
-        via = httpx.post(gw.url + path, content=raw, headers=auth, timeout=10)
-        direct = httpx.post(stable.url + path, content=raw, timeout=10)
+        via = webclient.post(gw.url + path, content=raw, headers=auth, timeout=10)
+        direct = webclient.post(stable.url + path, content=raw, timeout=10)
         assert via.status_code == 200 and via.content == direct.content
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         assert wait_until(lambda: c.state().mirror_pairs == 8), c.state()
@@ -122,7 +123,7 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
         assert p.prompt is None
         assert p.prompt_sha256 == hashlib.sha256(bodies[p.seq - 1]).hexdigest()
         assert (p.stable_release_id, p.candidate_release_id) == ("s", "c")
-    raw_pairs = httpx.get(
+    raw_pairs = webclient.get(
         gw.url + "/admin/mirror/pairs",
         headers={"authorization": f"Bearer {admin_token}"},
         timeout=10,
@@ -133,7 +134,7 @@ def test_pairs_sit_beside_byte_identical_client_answers_bounded_and_keyless(
         assert [p.seq for p in c.mirror_pairs(since=6).pairs] == [7, 8]
     for token in (None, KEY):
         h = {"authorization": f"Bearer {token}"} if token else {}
-        r = httpx.get(gw.url + "/admin/mirror/pairs", headers=h, timeout=10)
+        r = webclient.get(gw.url + "/admin/mirror/pairs", headers=h, timeout=10)
         assert r.status_code == 401
 
 
@@ -153,9 +154,9 @@ def test_a_failing_capture_never_fails_the_clients_answer(
     for i, q in enumerate(_questions(4)):
         path, body = _request(q, i)
         raw = json.dumps(body).encode()
-        via = httpx.post(gw.url + path, content=raw, headers=auth, timeout=10)
+        via = webclient.post(gw.url + path, content=raw, headers=auth, timeout=10)
         assert via.status_code == 200
-        assert via.content == httpx.post(stable.url + path, content=raw, timeout=10).content
+        assert via.content == webclient.post(stable.url + path, content=raw, timeout=10).content
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         assert wait_until(lambda: c.state().mirror_pairs == 4)
         got = c.mirror_pairs()
@@ -175,7 +176,7 @@ def test_prompts_are_kept_only_where_allowed(
         path, body = _request(q, i)
         if i == 2:
             del body["temperature"]
-        assert httpx.post(gw.url + path, json=body, headers=auth, timeout=10).status_code == 200
+        assert webclient.post(gw.url + path, json=body, headers=auth, timeout=10).status_code == 200
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         assert wait_until(lambda: c.state().mirror_pairs == 3)
         got = c.mirror_pairs()
@@ -203,7 +204,7 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
         gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand)
         for i, q in enumerate(_questions(n)):
             path, body = _request(q, i)
-            r = httpx.post(gw.url + path, json=body, headers=auth, timeout=10)
+            r = webclient.post(gw.url + path, json=body, headers=auth, timeout=10)
             assert r.status_code == 200
         with GatewayClient(gw.url, admin_token=admin_token) as c:
             assert wait_until(lambda: c.state().mirror_pairs == n)
@@ -272,7 +273,7 @@ def _asker(k: Kit, n: int) -> Callable[[float], None]:
     gw: Any = read_state(k.settings.state_dir, "staging").gateway
 
     def ask(_: float) -> None:
-        with httpx.Client(base_url=gw.url, timeout=30) as http:
+        with http_client(base_url=gw.url, timeout=30) as http:
             for i in range(n):
                 body = {
                     "model": "demo",

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import typer
+import webclient
 from promote_kit import Kit, kill_everything, kit, make_kit
 from typer.testing import CliRunner
 
@@ -199,8 +199,8 @@ def test_an_environment_with_api_keys_smokes_with_its_key_and_refuses_others(
         assert res.deploy is not None and res.deploy.smoke_gateway is not None
         assert res.deploy.smoke_gateway.passed
         url = f"{k.gateway('staging')}/v1/completions"
-        assert httpx.post(url, json={"prompt": "x", "max_tokens": 2}).status_code == 401
-        ok = httpx.post(
+        assert webclient.post(url, json={"prompt": "x", "max_tokens": 2}).status_code == 401
+        ok = webclient.post(
             url,
             json={"prompt": "x", "max_tokens": 2},
             headers={"authorization": "Bearer sk-test-key-1"},

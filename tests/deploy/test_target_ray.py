@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import webclient
 from promote_kit import Kit, Streamer, kill_everything, make_kit
 from ray_kit import RayCluster, env_lines, free_slot
 
@@ -137,8 +137,8 @@ def test_promotion_rollback_metrics_and_a_replaced_replica_on_ray(rkit: Kit) -> 
     assert len({r.node_id for r in reps}) == 1  # the head alone
 
     vllm_url, _ = metrics_urls(rkit.settings, "staging", v1)
-    direct = [_served(httpx.get(f"{r.server_url}/metrics", timeout=10).text) for r in reps]
-    merged = httpx.get(vllm_url, timeout=10)
+    direct = [_served(webclient.get(f"{r.server_url}/metrics", timeout=10).text) for r in reps]
+    merged = webclient.get(vllm_url, timeout=10)
     assert merged.status_code == 200 and merged.headers["x-releasekit-replicas"] == "2"
     assert all(n > 0 for n in direct)  # Serve spread the requests over both
     assert _served(merged.text) == sum(direct)

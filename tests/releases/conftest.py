@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import webclient
 import yaml
 from portbands import free_port
 
@@ -302,7 +303,7 @@ class _Server:
                 tail = (self.tmp / "server.log").read_text()[-2000:]
                 raise RuntimeError(f"mlflow server exited: {tail}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if webclient.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return self.url
             except httpx.HTTPError:
                 pass

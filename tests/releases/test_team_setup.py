@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import webclient
 from mlflow import MlflowClient
 from portbands import free_port
 
@@ -70,7 +71,7 @@ def pg_mlflow(pg_server: Any, tmp_path: Path) -> Iterator[str]:
                     f"mlflow server exited: {(tmp_path / 'mlflow.log').read_text()[-2000:]}"
                 )
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                if webclient.get(f"{url}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import webclient
 from typer.testing import CliRunner
+
+from releasekit._support.http import http_client
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "deploy"))  # the deploy tests' fixtures
@@ -107,7 +109,7 @@ def _ask(k: Kit, questions: list[str]) -> list[tuple[str, str]]:
     every copy sent has its pair."""
     gw: Any = read_state(k.settings.state_dir, ENV).gateway
     got = []
-    with httpx.Client(base_url=gw.url, timeout=30, trust_env=False) as http:
+    with http_client(base_url=gw.url, timeout=30, trust_env=False) as http:
         for q in questions:
             body = {
                 "model": "demo",
@@ -353,8 +355,8 @@ def test_clients_get_the_live_releases_bytes_and_nothing_is_copied_past_the_wind
     _comparing(gw, admin_token, live, prev, until=time.time() + 3600)
     for i, q in enumerate(_sums(3) + _capitals(3)):
         raw = _body(q, stream=i % 2 == 1)
-        via = httpx.post(gw.url + "/v1/chat/completions", content=raw, timeout=10)
-        direct = httpx.post(live.url + "/v1/chat/completions", content=raw, timeout=10)
+        via = webclient.post(gw.url + "/v1/chat/completions", content=raw, timeout=10)
+        direct = webclient.post(live.url + "/v1/chat/completions", content=raw, timeout=10)
         assert via.status_code == 200 and via.content == direct.content
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         assert wait_until(lambda: c.state().mirror_pairs == 6)
@@ -367,7 +369,7 @@ def test_clients_get_the_live_releases_bytes_and_nothing_is_copied_past_the_wind
     _comparing(gw, admin_token, live, prev, until=time.time() - 1)
     seen = prev.received
     for q in _sums(3):
-        r = httpx.post(gw.url + "/v1/chat/completions", content=_body(q), timeout=10)
+        r = webclient.post(gw.url + "/v1/chat/completions", content=_body(q), timeout=10)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == WRONG
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         st = c.state()
@@ -406,7 +408,9 @@ def test_too_few_pairs_are_never_a_breach_nor_a_pass_and_the_end_records_so(
         settings.state_dir, EnvState(env=ENV, gateway=record, routes=[route], mirror=mirror)
     )
     for q in _sums(5):
-        assert httpx.post(gw.url + "/v1/chat/completions", content=_body(q), timeout=10).is_success
+        assert webclient.post(
+            gw.url + "/v1/chat/completions", content=_body(q), timeout=10
+        ).is_success
     with GatewayClient(gw.url, admin_token=admin_token) as c:
         assert wait_until(lambda: c.state().mirror_pairs == 5)
     led = Ledger(settings.ledger_url or "", actor="Wanda Watcher <wanda@example.com>")

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 from prometheus_client import generate_latest
 from pydantic import SecretStr
 from watchkit import AppServer
@@ -108,7 +109,7 @@ def receiver(tmp_path: Path, recorder: Recorder) -> Iterator[tuple[str, Any]]:
 
 def post(url: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(
+    return webclient.post(
         url,
         content=data,
         headers={"Content-Type": "application/json", **(headers or {})},
@@ -222,7 +223,7 @@ def test_oversize_body_is_refused(receiver: tuple[str, Any], recorder: Recorder)
         for i in range(0, len(data), 8192):
             yield data[i : i + 8192]
 
-    r = httpx.post(url, content=chunks(), headers=BEARER, timeout=10)
+    r = webclient.post(url, content=chunks(), headers=BEARER, timeout=10)
     assert r.status_code == 413
     assert recorder.requests == []
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import webclient
 import yaml
 from sqlalchemy import create_engine
 from watchkit import AppServer, FakeClock, FaultyMetrics, Sim
@@ -470,10 +470,12 @@ def test_receiver_on_the_watch_port_rolls_back_once_and_shares_the_guard(
     auth = ReceiverAuth.model_validate({"bearer_tokens": ["s3cret"]})
     with svc.serve("127.0.0.1", 0, auth=auth, store_path=tmp_path / "alerts.db") as url:
         body = _alert(ENV, wenv.r1)
-        bad = httpx.post(f"{url}/alertmanager", json=body, headers={"Authorization": "Bearer x"})
+        bad = webclient.post(
+            f"{url}/alertmanager", json=body, headers={"Authorization": "Bearer x"}
+        )
         assert bad.status_code == 401 and impl.calls == []
         codes = [
-            httpx.post(
+            webclient.post(
                 f"{url}/alertmanager", json=body, headers={"Authorization": "Bearer s3cret"}
             ).status_code
             for _ in range(3)
@@ -482,7 +484,7 @@ def test_receiver_on_the_watch_port_rolls_back_once_and_shares_the_guard(
         assert len(impl.calls) == 1 and impl.calls[0]["actor"] == "releasekit-alertmanager"
         (ev,) = wenv.rollback_events()
         assert ev.evidence["alert"]["fingerprint"] == "abc123"
-        metrics = httpx.get(f"{url}/metrics").text
+        metrics = webclient.get(f"{url}/metrics").text
         assert "releasekit_receiver_deliveries_total" in metrics
         assert "releasekit_watch_windows_judged" in metrics
 
@@ -513,7 +515,7 @@ def test_the_receiver_has_the_gateways_header_limits(
         huge = start + b"x-pad: " + b"a" * (70 * 1024)  # never ends
         assert raw_exchange(url, huge, wait_s=30).startswith(b"HTTP/1.1 431")
         assert raw_exchange(url, start, wait_s=30).startswith(b"HTTP/1.1 408")  # stops mid-headers
-        ok = httpx.post(
+        ok = webclient.post(
             f"{url}/alertmanager",
             json=_alert(ENV, wenv.r1),
             headers={"Authorization": "Bearer s3cret"},

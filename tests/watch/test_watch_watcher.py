@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
+import webclient
 from watchkit import AppServer, FakeClock, FaultyMetrics, Sim
 
 from releasekit.watch.rules import Rule
@@ -351,7 +351,7 @@ def test_run_loop_and_own_metrics_endpoint(faulty: tuple[FaultyMetrics, str], si
     assert summary.rollbacks[0].status == "rolled_back"
     assert summary.windows_judged >= 2 and summary.breaches >= 2
     with AppServer(w.metrics_app()) as srv:
-        text = httpx.get(srv.url + "/").text
+        text = webclient.get(srv.url + "/").text
     assert "releasekit_watch_windows_judged_total" in text
     assert "releasekit_watch_last_scrape_timestamp_seconds" in text
     w.close()

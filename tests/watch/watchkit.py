@@ -19,6 +19,7 @@ import httpx
 import portbands
 import pytest
 import uvicorn
+import webclient
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -320,7 +321,7 @@ def wait_http(url: str, *, proc: Proc, timeout_s: float = 30.0) -> None:
         if proc.p.poll() is not None:
             raise RuntimeError(f"{proc.log.name} exited {proc.p.returncode}:\n{proc.tail()}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            if webclient.get(url, timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
