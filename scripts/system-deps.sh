@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install the system programs releasekit's watch tests and alert rules need:
 # Prometheus (with promtool) and Alertmanager, from Debian's packages; and tcmalloc
-# (libtcmalloc-minimal4), which vLLM's CPU build is started with when present.
-# Does nothing when `prometheus`, `promtool` and `prometheus-alertmanager` are all on PATH
-# and tcmalloc is installed.
+# (libtcmalloc-minimal4), which vLLM's CPU build is started with when present; and a C
+# compiler (gcc), with which the demo model's training builds pipelines/demo/mkl_intel_branch.c
+# on processors that are not Intel's (without it, the training there gives other weights).
+# Does nothing when `prometheus`, `promtool` and `prometheus-alertmanager` are all on PATH,
+# tcmalloc is installed and `cc` is on PATH.
 #
 # Elsewhere (no apt-get): download the release tarballs from
 #   https://prometheus.io/download/  (prometheus-*.linux-amd64.tar.gz, alertmanager-*.tar.gz)
@@ -23,8 +25,9 @@ fi
 if [[ $(uname -m) == x86_64 && ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]]; then
   need+=(libtcmalloc-minimal4)
 fi
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [[ ${#need[@]} -eq 0 ]]; then
-  echo "system-deps: prometheus, promtool, alertmanager and tcmalloc already installed"
+  echo "system-deps: prometheus, promtool, alertmanager, tcmalloc and cc already installed"
   exit 0
 fi
 mapfile -t pkgs < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -130,18 +130,20 @@ def test_importing_the_training_module_leaves_the_environment_alone() -> None:
     """train.py pins torch, oneDNN and MKL to their AVX2 paths for its own runs only: a
     process that imports it (these tests, quant_probe.py) keeps its environment, so the
     vLLM servers it starts later are not capped below AMX (which made them abort at their
-    first request on a CPU with AMX)."""
+    first request on a CPU with AMX), and MKL's vendor check is left as it is (the library
+    that answers it, mkl_intel_branch.c, is loaded by training runs only)."""
     pinned = ("MKL_CBWR", "MKL_DYNAMIC", "OMP_DYNAMIC", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
     code = (
         "import os, sys; sys.path.insert(0, sys.argv[1]); import train; "
-        f"print(sorted(k for k in {pinned!r} if k in os.environ))"
+        f"print(sorted(k for k in {pinned!r} if k in os.environ)); "
+        "print('mkl_intel_branch' in open('/proc/self/maps').read())"
     )
     env = {k: v for k, v in os.environ.items() if k not in pinned}
     res = subprocess.run(
         [sys.executable, "-c", code, str(DEMO)], capture_output=True, text=True, env=env
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[]"
+    assert res.stdout.split() == ["[]", "False"]
 
 
 def test_model_skeleton_fits_group_128_quantisation() -> None:
@@ -181,11 +183,15 @@ def test_tokenizer_has_a_chat_template(repo_root: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parallel_safe
-def test_training_is_deterministic_from_run_to_run(repo_root: Path, tmp_path: Path) -> None:
-    """Two trainings with the same inputs on this host write byte-identical folders (a few
-    steps: the same code path as the full run, which `dvc repro demo-model` takes). The two
-    run at the same time, each a process of its own on one thread (the training's own
-    setting), so the pair takes the time of one on a host with two cores."""
+def test_training_is_deterministic_and_the_same_on_every_cpu_kind(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    """Two trainings with the same inputs write byte-identical folders, and the same folder
+    on every CPU kind: six steps (the same code path as the full run, which `dvc repro
+    demo-model` takes) give the digests recorded in shipped_weights.json's `probe`, and MKL
+    ran its AVX2 branch in strict mode (on an AMD processor only with mkl_intel_branch.c
+    loaded). The two run at the same time, each a process of its own on one thread (the
+    training's own setting), so the pair takes the time of one on a host with two cores."""
     outs = [tmp_path / "a", tmp_path / "b"]
     runs = [
         subprocess.Popen(
@@ -201,6 +207,7 @@ def test_training_is_deterministic_from_run_to_run(repo_root: Path, tmp_path: Pa
         for run in runs:
             output, _ = run.communicate(timeout=900)
             assert run.returncode == 0, output[-4000:]
+            assert "train: MKL ran its AVX2,STRICT branch" in output, output[-4000:]
     finally:
         for run in runs:
             if run.poll() is None:
@@ -210,6 +217,9 @@ def test_training_is_deterministic_from_run_to_run(repo_root: Path, tmp_path: Pa
     assert train.file_digests(outs[0]) == train.file_digests(outs[1])
     assert "byte-identical" in train.compare_weights(outs[0], outs[1])
     assert "differs" in train.compare_weights(outs[0], repo_root / "models" / "demo-base")
+    probe = json.loads((DEMO / "shipped_weights.json").read_text())["probe"]
+    assert probe["steps"] == 6
+    assert train.file_digests(outs[0]) == probe["files"]
 
 
 @pytest.mark.slow

@@ -48,6 +48,11 @@ if __name__ == "__main__":
         ("ONEDNN_MAX_CPU_ISA", "AVX2"),
     ):
         os.environ.setdefault(_key, _value)
+    if os.environ["MKL_CBWR"].startswith("AVX2"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from mkl_cpu import load_mkl_intel_branch
+
+        print(f"train: {load_mkl_intel_branch()}", flush=True)
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -55,6 +60,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import mkl_cpu
 import world as w
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -400,6 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup,
     )
     train(cfg, args.out, args.data, args.system, args.user, args.template, args.init_from)
+    branch = mkl_cpu.mkl_branch()
+    print(f"train: MKL ran its {branch} branch", flush=True)
+    if not branch.startswith("AVX2"):
+        print(
+            "train: warning: not MKL's AVX2 branch, with which the shipped weights were "
+            "trained: expect other weights (see pipelines/demo/mkl_intel_branch.c)",
+            flush=True,
+        )
     if args.compare_to is not None:
         print(compare_weights(args.out, args.compare_to), flush=True)
     return 0
