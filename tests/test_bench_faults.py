@@ -385,10 +385,12 @@ def busy_host_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     deltas, the front end's segment, bursts): the fake serves from this test's process, so
     a busy test machine (the fast tests run on two workers) now and then adds tens of
     milliseconds to what the client sees, which the bench rightly flags as client_bound.
-    Only the latency and lag floors are widened, to 0.2 s; the burst, count and relative
-    tolerances stay real. client_bound has its own tests below, at the real tolerances."""
+    Only the latency floor (to 0.2 s) and the client's own lag floor (to 2 s: on a host
+    running four busy processes on two cores the test's event loop once ran 0.9 s late) are
+    widened; the burst, count and relative tolerances stay real. client_bound has its own
+    tests below, at the real tolerances."""
     monkeypatch.setattr("releasekit.bench.stats.LATENCY_ABS_TOL_S", 0.2)
-    monkeypatch.setattr("releasekit.bench.stats.CLIENT_LAG_ABS_TOL_S", 0.2)
+    monkeypatch.setattr("releasekit.bench.stats.CLIENT_LAG_ABS_TOL_S", 2.0)
 
 
 # --- a well-behaved fake: the mechanics, and a cross-check that passes ----------------------
