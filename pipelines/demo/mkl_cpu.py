@@ -11,7 +11,7 @@ from pathlib import Path
 # MKL takes the AVX2 branch only on processors it takes for Intel's (mkl_intel_branch.c says
 # why and how): elsewhere the training loads a library that answers MKL's vendor check first.
 MKL_INTEL_BRANCH_C = Path(__file__).resolve().parent / "mkl_intel_branch.c"
-#: mkl_cbwr_get(MKL_CBWR_BRANCH)'s answers (MKL's named constants), for the training's log.
+#: MKL's branch constants (MKL_CBWR_AUTO = 2, ...), by value, for the training's log.
 MKL_BRANCHES = {2: "AUTO", 3: "COMPATIBLE", 10: "AVX2", 12: "AVX512", 13: "AVX512_E1"}
 
 
