@@ -108,8 +108,10 @@ _RUN = (
 
 
 def test_watch_stops_cleanly_on_sigterm(wenv: WatchEnv, traffic: None) -> None:  # noqa: F811
-    """The long-running `watch prod --json` prints one JSON line per scrape and, on
-    SIGTERM, finishes its tick and exits 0."""
+    """The long-running `watch prod --json` prints one JSON line per scrape, judges the
+    healthy traffic a pass and, on SIGTERM, finishes its tick and exits 0. (On a busy host
+    the sim's traffic thread may fall behind, and the first judged windows are rightly
+    `no_data`: the test reads ticks until a pass, for up to 60 s of them.)"""
     tests = str(Path(__file__).parent)
     proc = subprocess.Popen(
         [sys.executable, "-c", _RUN.format(tests=tests), "watch", "prod", "--json",
@@ -123,7 +125,8 @@ def test_watch_stops_cleanly_on_sigterm(wenv: WatchEnv, traffic: None) -> None: 
         lines = []
         for line in proc.stdout:
             lines.append(json.loads(line))
-            if any(t["judgements"] for t in lines):
+            verdicts = [j["verdict"] for j in lines[-1]["judgements"]]
+            if "pass" in verdicts or len(lines) >= 300:  # 300 ticks of 0.2 s
                 break
         proc.send_signal(signal.SIGTERM)
         _rest, errtext = proc.communicate(timeout=30)
@@ -132,4 +135,5 @@ def test_watch_stops_cleanly_on_sigterm(wenv: WatchEnv, traffic: None) -> None: 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, errtext
-    assert any(j["verdict"] == "pass" for t in lines for j in t["judgements"])
+    seen = [j["verdict"] for t in lines for j in t["judgements"]]
+    assert "pass" in seen, seen
