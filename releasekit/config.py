@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from releasekit.errors import ConfigError
+from releasekit.spec.manifest import WatchRule
 
 CONFIG_FILE = "releasekit.toml"
 
@@ -153,6 +154,20 @@ DEFAULT_MAX_PERF_TOLERANCE: dict[str, float] = {"ttft_p95_s": 0.5, "goodput": 0.
 """Ceilings on the perf tolerances at the knee where the environment names none."""
 DEFAULT_MAX_PERF_SPREAD = 0.25
 """How far the live release's run-to-run spread may widen a perf tolerance by default."""
+DEFAULT_MAX_CANARY_TOLERANCE: dict[str, float] = {"*": 1.0}
+"""Ceilings on a canary check's relative tolerance where the environment names none."""
+DEFAULT_MAX_CANARY_SLACK: dict[str, float] = {
+    "ttft_p95_s": 0.5,
+    "tpot_p95_s": 0.05,
+    "error_rate": 0.05,
+    "negative_feedback_rate": 0.1,
+}
+"""Ceilings on a canary check's absolute slack (seconds, or a rate) where the environment
+names none."""
+DEFAULT_MAX_CANARY_CONFIDENCE = 0.99
+"""The highest confidence a canary check may ask before it breaches, by default."""
+DEFAULT_MAX_CANARY_SUSTAIN = 5
+"""The most breaching judgements in a row a canary may wait for before aborting, by default."""
 
 POLICY_FIELDS: tuple[str, ...] = (
     "gates_required",
@@ -174,6 +189,11 @@ POLICY_FIELDS: tuple[str, ...] = (
     "comparison_baseline",
     "canary_compare_answers",
     "autoscaling",
+    "max_canary_tolerance",
+    "max_canary_slack",
+    "max_canary_confidence",
+    "max_canary_sustain",
+    "watch_floor",
 )
 """The fields of `[environments.NAME]` that decide what may go live there: read from a
 committed revision of releasekit.toml (`releasekit.promote.policy`), recorded with every
@@ -233,7 +253,7 @@ class EnvironmentConfig(BaseModel):
     approvers: list[str] = Field(
         default_factory=list,
         description="who may approve a release for this environment: key ids (or "
-        "keys/<key id>.pub) of public keys committed under keys/ at trusted_keys_rev; an "
+        "keys/<key id>.pub) of public keys committed under keys/ at the trust commit; an "
         "approval counts only when signed with one of them, and not with the promoter's key",
     )
     canary_lease_s: float = Field(
@@ -340,12 +360,57 @@ class EnvironmentConfig(BaseModel):
     max_perf_spread: float = Field(
         DEFAULT_MAX_PERF_SPREAD,
         ge=0,
-        le=1,
+        lt=0.5,
         description="the perf gates widen their tolerance to the live release's run-to-run "
         "spread at its knee ((max - min) / median) up to this much; a spread above it on "
-        "either release fails as an evidence gate (too noisy to judge: rerun)",
+        "either release fails as an evidence gate (too noisy to judge: rerun). Below 0.5: "
+        "widened to s, goodput must stay above live x (1 - s), so a halved goodput always "
+        "fails (and a doubled TTFT, above live x (1 + s))",
+    )
+    max_canary_tolerance: dict[str, float] = Field(
+        default_factory=dict,
+        description="ceilings on the relative tolerance of the candidate manifest's canary "
+        'checks (also used by its shadow comparisons): metric -> largest, "*" for the rest '
+        "(default "
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_CANARY_TOLERANCE.items())
+        + "); a wider one is clamped to the ceiling and reported",
+    )
+    max_canary_slack: dict[str, float] = Field(
+        default_factory=dict,
+        description="ceilings on the absolute slack of the candidate manifest's canary checks: "
+        'metric -> largest, "*" for the rest (defaults: '
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_CANARY_SLACK.items())
+        + "); a wider one is clamped to the ceiling and reported",
+    )
+    max_canary_confidence: float = Field(
+        DEFAULT_MAX_CANARY_CONFIDENCE,
+        gt=0.5,
+        lt=1,
+        description="the highest `confidence` a canary check may ask for before a figure "
+        "above its limit breaches (higher: harder to breach); a higher one is clamped",
+    )
+    max_canary_sustain: int = Field(
+        DEFAULT_MAX_CANARY_SUSTAIN,
+        ge=1,
+        description="the most breaching judgements in a row a canary's `sustain` may wait "
+        "for before aborting; a longer one is clamped",
+    )
+    watch_floor: list[WatchRule] = Field(
+        default_factory=list,
+        description="watch rules every release live here is watched with at least: the "
+        "release's own `watch:` may tighten one (lower max or factor, fewer windows, a "
+        "shorter window, fewer min_requests) but not drop or loosen it; a looser one is "
+        "clamped to the floor and reported",
     )
     ray: RayTargetConfig | None = Field(None, description="the `ray` target's cluster")
+
+    @field_validator("max_canary_tolerance", "max_canary_slack")
+    @classmethod
+    def _not_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(k for k, x in v.items() if not x >= 0)
+        if bad:
+            raise ValueError(f"values must be 0 or more (not {', '.join(bad)})")
+        return v
 
     @field_validator("min_pass_rate", "max_margin", "max_perf_tolerance")
     @classmethod
@@ -373,6 +438,16 @@ class EnvironmentConfig(BaseModel):
         """The largest relative tolerance a `bench.knee.<metric>` gate may have here."""
         default = DEFAULT_MAX_PERF_TOLERANCE.get(metric, DEFAULT_MAX_PERF_TOLERANCE["*"])
         return self.max_perf_tolerance.get(metric, self.max_perf_tolerance.get("*", default))
+
+    def canary_tolerance_ceiling(self, metric: str) -> float:
+        """The largest relative tolerance a canary check of `metric` may have here."""
+        default = DEFAULT_MAX_CANARY_TOLERANCE.get(metric, DEFAULT_MAX_CANARY_TOLERANCE["*"])
+        return self.max_canary_tolerance.get(metric, self.max_canary_tolerance.get("*", default))
+
+    def canary_slack_ceiling(self, metric: str) -> float:
+        """The largest absolute slack a canary check of `metric` may have here."""
+        default = DEFAULT_MAX_CANARY_SLACK.get(metric, 0.0)
+        return self.max_canary_slack.get(metric, self.max_canary_slack.get("*", default))
 
     def policy(self) -> dict[str, Any]:
         """The environment's policy fields (`POLICY_FIELDS`) as JSON-ready values: what a
@@ -428,6 +503,20 @@ class WebhookConfig(BaseModel):
         if parts.scheme != "https" and not loopback:
             raise ValueError(f"webhook {shown}: a URL off this host's loopback must be https")
         return v
+
+
+class TrustSettings(BaseModel):
+    """`[trust]`: where the protected ref is named when the branch tracks no remote branch.
+    Read only from releasekit.toml as committed at HEAD (`releasekit.stores.trust`); the
+    copy here (the file on disk, RELEASEKIT_CONFIG, a variable) is accepted and never used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    protected_revision: str | None = Field(
+        None,
+        description="a remote-tracking branch (origin/main) or tag (refs/tags/NAME) whose "
+        "history policy, keys and approvers must come from, where the branch has no upstream",
+    )
 
 
 class Settings(BaseSettings):
@@ -496,11 +585,14 @@ class Settings(BaseSettings):
     signing_key: Path | None = Field(
         None, description="Ed25519 private key (PEM) that signs ledger records; never committed"
     )
-    trusted_keys_rev: str = Field(
-        "HEAD",
-        min_length=1,
-        description="git revision whose committed keys/*.pub the ledger trusts (e.g. a "
-        "protected branch such as origin/main); the working tree never counts",
+    trusted_keys_rev: str | None = Field(
+        None,
+        description="refused when set: policy, trusted keys and approvers are read at the "
+        "trust commit (releasekit.stores.trust), which no variable or config file chooses",
+    )
+    trust: TrustSettings = Field(
+        default_factory=lambda: TrustSettings(),
+        description="[trust]: read only from releasekit.toml as committed at HEAD",
     )
     mlflow_http_timeout_s: float | None = Field(
         None, gt=0, description="MLflow HTTP timeout (MLFLOW_HTTP_REQUEST_TIMEOUT wins); default 4"
@@ -529,6 +621,17 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_path())
         return (init_settings, env_settings, toml)
+
+    @field_validator("trusted_keys_rev")
+    @classmethod
+    def _no_trust_override(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError(
+                "the trust revision is not a setting: policy, keys and approvers are read at "
+                "HEAD when it is on the protected ref (the branch's upstream, or [trust] "
+                "protected_revision committed at HEAD); unset it"
+            )
+        return v
 
     @model_validator(mode="after")
     def _resolve(self) -> Settings:

@@ -27,15 +27,39 @@ expect() { python scripts/demo_expect.py "$@" || exit 1; }
 
 bash scripts/system-deps.sh  # tcmalloc for vLLM's CPU build (and Prometheus for `watch`)
 
-step "signing key: the ledger is signed, and the repository trusts the committed public key"
+step "the team's server: a bare repository under .releasekit/ that this branch tracks (the protected ref)"
+# Policy, trusted keys and approvers are read only from commits on the protected ref, the
+# branch as fetched from the team's server (README "Trust root"); a local commit counts for
+# nothing. The demo stands in for that server with a bare repository, and lands its key and
+# approver commits there by pushing, as a reviewed merge would.
+TEAM_REPO="$PWD/.releasekit/team.git"
+BRANCH=$(git symbolic-ref --quiet --short HEAD || true)
+if [ -z "$BRANCH" ]; then
+  BRANCH=releasekit-demo
+  git checkout -q -B "$BRANCH"
+fi
+[ -d "$TEAM_REPO" ] || git init -q --bare "$TEAM_REPO"
+git remote get-url team >/dev/null 2>&1 || git remote add team "$TEAM_REPO"
+git push -q team "HEAD:refs/heads/$BRANCH"
+git fetch -q team
+git branch -q --set-upstream-to="team/$BRANCH"
+land() {  # land MESSAGE PATH...: commit the paths, push the commit to the team's branch, fetch
+  local message=$1
+  shift
+  git add -- "$@"
+  git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
+    commit -q -m "$message" -- "$@"
+  git push -q team "HEAD:refs/heads/$BRANCH"
+  git fetch -q team
+}
+
+step "signing key: the ledger is signed, and the repository trusts the public key landed on team/$BRANCH"
 if ! compgen -G ".releasekit/keys/*.pem" >/dev/null; then
   releasekit ledger keygen
 fi
 KEY_ID=$(basename "$(ls .releasekit/keys/*.pem | head -n 1)" .pem)
 if ! git cat-file -e "HEAD:keys/$KEY_ID.pub" 2>/dev/null; then
-  git add "keys/$KEY_ID.pub"
-  git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
-    commit -q -m "Trust the demo's ledger signing key $KEY_ID" -- "keys/$KEY_ID.pub"
+  land "Trust the demo's ledger signing key $KEY_ID" "keys/$KEY_ID.pub"
 fi
 
 step "demo data: dvc repro demo-data; the demo model is shipped in git (models/demo-base)"
@@ -65,8 +89,9 @@ done
 
 step "approvals: staging takes no release without one (requires_approval in the committed releasekit.toml)"
 # An approval counts only when signed with the key of one of staging's `approvers` (named in
-# the committed releasekit.toml, public key committed under keys/), never with the key
-# promote signs with: the demo's approver has a key of their own, made once and committed.
+# releasekit.toml, public key under keys/, both on the protected ref), never with the key
+# promote signs with: the demo's approver has a key of their own, made once, and the commit
+# that names it lands on team/$BRANCH as a reviewed change would.
 APPROVER_KEY=.releasekit/approver/approver.pem
 if [ ! -f "$APPROVER_KEY" ]; then
   releasekit ledger keygen --private "$APPROVER_KEY" >/dev/null
@@ -87,9 +112,7 @@ if line not in section:
     toml.write_text(text[:start] + section + text[end:])
 PY
 if ! git diff --quiet HEAD -- releasekit.toml || ! git cat-file -e "HEAD:keys/$APPROVER_ID.pub" 2>/dev/null; then
-  git add "keys/$APPROVER_ID.pub" releasekit.toml
-  git -c user.name="releasekit demo" -c user.email="demo@releasekit.local" \
-    commit -q -m "Name the demo's approver $APPROVER_ID for staging" -- "keys/$APPROVER_ID.pub" releasekit.toml
+  land "Name the demo's approver $APPROVER_ID for staging" "keys/$APPROVER_ID.pub" releasekit.toml
 fi
 # An approval lets a release be judged, not pass: the damaged prompt is approved too, and
 # its quality gates still block it below.
@@ -283,6 +306,9 @@ releasekit status || true   # exits 1 when it finds drift between ledger and MLf
 releasekit history --env staging
 releasekit deploy-status
 releasekit ledger verify
+# Every recorded decision's gate verdicts, recomputed from its signed inputs (exit 1 on any
+# difference): the evidence files by digest, the policy at the recorded commit.
+releasekit audit replay --all
 
 STAGING=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 PRODUCTION=$(python -c "from releasekit.config import load_settings as l; print(l().environments['production'].url)")

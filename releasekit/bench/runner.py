@@ -26,6 +26,7 @@ from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
 )
+from releasekit.bench.host import MeasuredOn, measure_host
 from releasekit.bench.loadgen import (
     LoadClient,
     LoopLag,
@@ -113,6 +114,11 @@ class BenchResult(BaseModel):
         description="loads of points with too few unflagged repetitions to be trusted",
     )
     client_cpu_s: float | None = Field(None, description="client CPU seconds over all points")
+    host: MeasuredOn | None = Field(
+        None,
+        description="where it was measured: host kind, cores, load (None: not recorded, an "
+        "unknown host that no perf comparison accepts)",
+    )
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
 
 
@@ -253,6 +259,7 @@ async def _bench(
 ) -> BenchResult:
     sweep = profile.sweep
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    host = measure_host()
     run_start = time.perf_counter()
     cpu_start = time.process_time()
     chat = profile.api == "chat"
@@ -381,6 +388,7 @@ async def _bench(
         knee_stop=knee_stop(points, profile.slo),
         flagged_points=[p.load for p in points if not p.trusted],
         client_cpu_s=round(time.process_time() - cpu_start, 4),
+        host=host.ended(),
         requests=records,
     )
 

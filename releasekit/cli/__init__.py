@@ -18,6 +18,7 @@ from releasekit.cli import (
     eval_cmds,
     export_cmds,
     manifest_cmds,
+    replay_cmds,
     rollout_cmds,
     watch_cmds,
 )
@@ -64,6 +65,7 @@ for _group in (
     doctor_cmds,
     rollout_cmds,
     export_cmds,
+    replay_cmds,
 ):
     _group.register(app)
 

@@ -17,6 +17,7 @@ from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_e
 from releasekit.cli._common import table as common_table
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
+from releasekit.promote.policy import verify_with_policies
 from releasekit.releases.queries import at, diff, event_gates, history, show
 from releasekit.releases.reconcile import checked_status, reconcile
 from releasekit.releases.resolve import parse_time
@@ -477,14 +478,18 @@ def verify_cmd(
         str | None,
         typer.Option(
             help="also check against the anchor pushed to this git remote, trusting the keys "
-            "committed on its default branch"
+            "committed on its default branch, and recompute every decision's policy digest "
+            "at its recorded commit (which must be on that branch)"
         ),
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Check the ledger: the hash chain, every signature, and that it extends every git
     anchor; name the first edited, deleted, re-signed or truncated record (exit 1)."""
-    res = _ledger().verify(remote=remote)
+    if remote is None:
+        res = _ledger().verify()
+    else:
+        res = verify_with_policies(_ledger(), State.settings().root, remote=remote)
     if json_:
         emit_json(res)
     elif res.ok:
@@ -533,7 +538,8 @@ def keygen_cmd(
         f"  private: {esc(kp.private_path)} (keep it secret; never commit it)", highlight=False
     )
     out.print(
-        f"  public:  {esc(kp.public_path)} (commit it: `git add {esc(kp.public_path)}`)",
+        f"  public:  {esc(kp.public_path)} (commit it, `git add {esc(kp.public_path)}`, and "
+        "land it on the protected ref: it signs once it is there)",
         highlight=False,
     )
     out.print(

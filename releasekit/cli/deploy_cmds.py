@@ -192,8 +192,7 @@ def promote_cmd(
         back = "; traffic went back to the previous release" if failed_deploy.reverted else ""
         err.print(
             f"[red]deploy failed[/red] ({esc(failed_deploy.failed_stage)}): "
-            f"{esc(failed_deploy.failure)}{esc(back)}; "
-            f"{_short(failed_deploy.previous_release_id)} keeps serving",
+            f"{esc(failed_deploy.failure)}{esc(back)}; {esc(failed_deploy.still_serving)}",
             highlight=False,
         )
     elif res.status == "already_live":
@@ -224,30 +223,51 @@ def promote_cmd(
 @handle_errors
 def rollback_cmd(
     env: Annotated[str, typer.Argument(help="environment to roll back")],
-    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     to: Annotated[
         str | None, typer.Option("--to", help="release to go back to (default: the previous)")
     ] = None,
+    break_glass: Annotated[
+        bool,
+        typer.Option(
+            "--break-glass",
+            help="go back even when the ledger fails verification: to the release its "
+            "verified records show live before the first bad record (needs --reason; "
+            "recorded with the failure it went past)",
+        ),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Move ENV back to the release live before the current one (or --to: one that was
     live in ENV, is not marked bad and may go there; anything else goes through
-    `promote`), no gates; the release rolled back from is marked bad."""
+    `promote`), no gates; the release rolled back from is marked bad. When the ledger
+    fails verification, only `--break-glass --reason TEXT` goes back."""
     from releasekit.promote.rollback import rollback
 
-    res = rollback(State.settings(), env, to=to, reason=reason)
+    res = rollback(State.settings(), env, to=to, reason=reason, break_glass=break_glass)
     if json_:
         emit_json(res)
     elif res.status == "rolled_back":
         how = "warm" if res.warm else "cold start"
+        glass = res.record.evidence.get("break_glass") if res.record is not None else None
         out.print(
             f"[green]{esc(env)}[/green] rolled back {_short(res.from_release)} -> "
             f"{_short(res.to_release)} ({esc(how)}, switched after {res.switch_s:.2f} s); "
-            f"{_short(res.from_release)} marked bad",
+            f"{_short(res.from_release)} marked bad"
+            + (" [yellow](break glass)[/yellow]" if glass else ""),
             highlight=False,
         )
+        if glass and res.record is not None:
+            out.print(
+                f"  recorded as #{res.record.seq}, past record {glass.get('first_bad_seq')}: "
+                f"{esc(str(glass.get('problem')))}",
+                highlight=False,
+            )
     else:
         err.print(f"[red]rollback {res.status}:[/red] {esc(res.message)}", highlight=False)
+    if not json_:
+        for w in res.warnings:
+            err.print(f"[yellow]warning:[/yellow] {esc(w)}", highlight=False)
     if res.status != "rolled_back":
         raise typer.Exit(1)
 

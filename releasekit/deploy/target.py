@@ -78,6 +78,10 @@ class KneeEvidence(BaseModel):
     load: float = Field(description="the knee's load (concurrency, or arrival rate in req/s)")
     mode: str = Field(description="concurrency (closed loop) or rate (open loop)")
     source: str = Field(description="the bench result it was read from")
+    cores: int | None = Field(
+        None, description="cores of the host it was measured on (None: not recorded)"
+    )
+    host: str | None = Field(None, description="that host, in words")
 
 
 class ReleaseSpec(BaseModel):

@@ -27,6 +27,7 @@ from releasekit._support.http import async_http_client
 from releasekit._support.progress import (
     Progress,
 )
+from releasekit.bench.host import MeasuredOn, measure_host
 from releasekit.errors import EvalError, InputMissingError, PromptError, ServerUnreachableError
 from releasekit.evaluate import scorers
 from releasekit.evaluate.judge import JudgeIdentity, LLMJudge
@@ -127,6 +128,11 @@ class EvalResult(_Evidence):
     suites: dict[str, SuiteSummary]
     judge: JudgeIdentity | None = None
     noise: Noise | None = None
+    host: MeasuredOn | None = Field(
+        None,
+        description="where it was measured (host kind, cores, load); shown, not compared: "
+        "quality verdicts are by the exact answers of a deterministic model",
+    )
     items: list[ItemResult] = Field(default_factory=list)
 
     def suite_items(self, suite: str) -> list[ItemResult]:
@@ -405,6 +411,7 @@ async def run_eval_async(
     if concurrency < 1:
         raise EvalError(f"concurrency must be at least 1, got {concurrency}")
     started = dt.datetime.now(dt.UTC)
+    host = measure_host()
     t0 = time.perf_counter()
     suites = [load_suite(lm.resolve(s.path), s) for s in lm.manifest.eval.suites]
     prompt = build_prompt(lm)
@@ -457,6 +464,7 @@ async def run_eval_async(
         },
         judge=judge.identity if judge else None,
         noise=measure_noise(runs, names) if noise_runs > 1 else None,
+        host=host.ended(),
         items=first,
     )
 
@@ -535,15 +543,26 @@ def load_result(eval_dir: Path) -> EvalResult:
     summary_path = eval_dir / EVAL_JSON
     if not summary_path.is_file():
         raise InputMissingError(summary_path, what="eval result")
-    try:
-        result = EvalResult.model_validate_json(summary_path.read_bytes())
-    except ValueError as exc:
-        raise EvalError(f"unreadable eval result {summary_path}: {exc}") from exc
     items_path = eval_dir / ITEMS_JSONL
     if not items_path.is_file():
         raise InputMissingError(items_path, what="eval item records")
+    return parse_result(summary_path.read_bytes(), items_path.read_bytes(), eval_dir)
+
+
+def parse_result(summary: bytes, items_data: bytes, eval_dir: Path) -> EvalResult:
+    """An eval result from the bytes of its `eval.json` and `items.jsonl` (as read once,
+    e.g. checked against signed digests); `eval_dir` names them in errors."""
+    summary_path, items_path = eval_dir / EVAL_JSON, eval_dir / ITEMS_JSONL
+    try:
+        result = EvalResult.model_validate_json(summary)
+    except ValueError as exc:
+        raise EvalError(f"unreadable eval result {summary_path}: {exc}") from exc
     items: list[ItemResult] = []
-    for lineno, line in enumerate(items_path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = items_data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EvalError(f"{items_path}: not UTF-8 ({exc})") from exc
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -1,8 +1,10 @@
 """Approvals: a person's signed yes for a release to enter an environment.
 
 An environment with `requires_approval = true` (releasekit.toml) names its approvers by
-public key (`approvers = ["<key id>", ...]`: keys committed under keys/ at
-`trusted_keys_rev`, the same revision the ledger's trusted keys come from). It takes a
+public key (`approvers = ["<key id>", ...]`: keys committed under keys/ at the trust
+commit, the same revision the ledger's trusted keys and the policy come from:
+`releasekit.stores.trust`; the `approvers` list itself is read there too, never from this
+command's settings). It takes a
 release only once `releasekit approve RELEASE --env ENV --reason TEXT --key APPROVER.pem`
 recorded an `approve` ledger event for it, signed with one of those keys. An approval
 counts only when:
@@ -192,7 +194,11 @@ def why_not_counted(
         return f"approval {rec.seq} was edited: its contents do not match its hash"
     try:
         verify_signature(
-            aset.keys, record_hash=rec.hash, key_id=rec.key_id, signature=rec.signature
+            aset.keys,
+            record_hash=rec.hash,
+            key_id=rec.key_id,
+            signature=rec.signature,
+            seq=rec.seq,
         )
     except SignatureError as exc:
         return f"approval {rec.seq}: {exc.message}"

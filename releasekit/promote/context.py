@@ -9,21 +9,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
-from releasekit._support.digests import digest_obj
+from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
 from releasekit.bench.runner import BENCH_JSON, BenchResult, knee_in_flight
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.gateway import PromptTemplate
 from releasekit.deploy.target import KneeEvidence, ReleaseSpec, SmokeItem, SmokeProbe
-from releasekit.errors import LockError, RegistryError, ReleasekitError
-from releasekit.releases.context import release_manifest
+from releasekit.errors import LockError, ManifestError, RegistryError, ReleasekitError
 from releasekit.releases.register import release_prompts
 from releasekit.serving.vllm import api_key_of, release_model_dir
 from releasekit.spec.lock import Lock, lock_path_for, read_lock, serving_args
-from releasekit.spec.manifest import LoadedManifest
+from releasekit.spec.manifest import LoadedManifest, Manifest, parse_manifest
 from releasekit.stores.ledger import EventType, Ledger
-from releasekit.stores.results import ReleasePaths
+from releasekit.stores.results import FILES, ReleasePaths
+from releasekit.stores.verified import (
+    REGISTER_REMEDY,
+    SignedEvidence,
+    register_record,
+    verify_release_evidence,
+)
 
 CHAT_PROMPT = "chat"
 """The templated route's prompt name for a release's chat prompt:
@@ -47,6 +53,11 @@ class ReleaseInfo:
     release_id: str
     lm: LoadedManifest
     lock: Lock
+    evidence: SignedEvidence | None = None
+    """Its build outputs checked against its register event (`verify_release_evidence`)."""
+    edited_manifest: str | None = None
+    """Set when the project's manifest file was edited after registration (same release
+    id): the gates refuse the release until it is restored or made a new release."""
 
     @property
     def name(self) -> str:
@@ -72,28 +83,18 @@ def serving_key(lock: Lock) -> str:
 
 
 def load_release(settings: Settings, release_id: str, *, ledger: Ledger) -> ReleaseInfo:
-    """The manifest and lock of `release_id`: results/<id>/lock.json and its manifest
-    copy, else the registered manifest's lock file when it still has this id."""
-    paths = ReleasePaths.of(settings, release_id)
-    lk: Lock | None = None
-    if paths.lock.is_file():
-        try:
-            lk = read_lock(paths.lock)
-        except LockError:
-            lk = None
-    if lk is None or lk.release_id != release_id:
-        lk = None
-        regs = ledger.records(
-            release=release_id, types=[EventType.REGISTER.value], newest_first=True, limit=1
-        )
-        manifest_rel = regs[0].evidence.get("manifest") if regs else None
-        if manifest_rel:
-            try:
-                cand = read_lock(lock_path_for(settings.root / str(manifest_rel)))
-                lk = cand if cand.release_id == release_id else None
-            except LockError:
-                lk = None
-    manifest = release_manifest(settings, release_id, ledger=ledger)
+    """The manifest and lock of `release_id`, as its verified `register` event signed them:
+    results/<id>/lock.json and its manifest copy (each checked against the event's digests,
+    the copy also against the lock's `manifest_digest`), else the registered manifest's lock
+    file when it still has this id and the manifest file the signed digest names.
+
+    A lock or manifest copy that differs from what the event signed (or from its lock) is
+    refused (ReleaseContextError naming the file); nothing is rebuilt in its place. A
+    release with no register event loads (its lock and manifest copy must still agree), and
+    its evidence carries the problem, which fails every evidence gate."""
+    ve = verify_release_evidence(settings, release_id, ledger)
+    lk = _verified_lock(settings, release_id, ve, ledger)
+    manifest = _verified_manifest(settings, ve, lk) if lk is not None else None
     if lk is None or manifest is None:
         raise ReleaseContextError(
             f"release {release_id[:12]}: its "
@@ -101,7 +102,98 @@ def load_release(settings: Settings, release_id: str, *, ledger: Ledger) -> Rele
             f"{release_id[:12]}.../ or the registered manifest)"
         )
     lm = LoadedManifest(path=settings.root / lk.manifest, base=settings.root, manifest=manifest)
-    return ReleaseInfo(release_id=release_id, lm=lm, lock=lk)
+    return ReleaseInfo(
+        release_id=release_id,
+        lm=lm,
+        lock=lk,
+        evidence=ve,
+        edited_manifest=_edited_manifest(settings, ve, lk),
+    )
+
+
+def _refuse(problem: str) -> ReleaseContextError:
+    return ReleaseContextError(problem, remedy=REGISTER_REMEDY)
+
+
+def _verified_lock(
+    settings: Settings, release_id: str, ve: SignedEvidence, ledger: Ledger
+) -> Lock | None:
+    paths = ReleasePaths.of(settings, release_id)
+    bad = ve.file_problem("lock")
+    if bad is not None:
+        raise _refuse(bad)
+    lk: Lock | None = None
+    if paths.lock.is_file():
+        try:
+            lk = Lock.model_validate_json(paths.lock.read_bytes())
+        except (ValueError, OSError):
+            lk = None
+    if lk is not None and lk.release_id == release_id:
+        return lk
+    rec = register_record(ledger, release_id)
+    manifest_rel = rec.evidence.get("manifest") if rec is not None else None
+    if manifest_rel:
+        try:
+            cand = read_lock(lock_path_for(settings.root / str(manifest_rel)))
+        except LockError:
+            return None
+        return cand if cand.release_id == release_id else None
+    return None
+
+
+def _verified_manifest(settings: Settings, ve: SignedEvidence, lk: Lock) -> Manifest | None:
+    """The manifest copy as signed (and as its lock says), else the manifest file when its
+    bytes are the ones signed; None when neither is there."""
+    bad = ve.file_problem("manifest")
+    if bad is not None:
+        raise _refuse(bad)
+    want = ve.manifest_digest or lk.manifest_digest
+    copy = ve.directory / FILES["manifest"]
+    if copy.is_file():
+        data, path = copy.read_bytes(), copy
+    else:
+        path = settings.root / lk.manifest
+        if not path.is_file():
+            return None
+        data = path.read_bytes()
+    shown = path.relative_to(settings.root) if path.is_relative_to(settings.root) else path
+    digest = sha256_bytes(data)
+    if digest != want:
+        what = f"release {ve.release_id[:12]}'s register event #{ve.register_seq} signed"
+        raise _refuse(
+            f"{shown} differs from the manifest digest "
+            + (what if ve.manifest_digest else "its lock records")
+        )
+    if digest != lk.manifest_digest:
+        raise _refuse(f"{shown} does not match its lock's manifest_digest")
+    try:
+        return parse_manifest(yaml.safe_load(data.decode("utf-8")), path=path)
+    except (UnicodeDecodeError, yaml.YAMLError, ManifestError) as exc:
+        raise _refuse(f"{shown}: unreadable manifest ({exc})") from exc
+
+
+def _edited_manifest(settings: Settings, ve: SignedEvidence, lk: Lock) -> str | None:
+    """Why the project's manifest file is not the one the release was registered with,
+    while its lock still names this release (its gates, environments, promotion or watch
+    edited after registration: same release id, other rules), or None."""
+    signed = ve.manifest_digest
+    path = settings.root / lk.manifest
+    if signed is None or not path.is_file():
+        return None
+    try:
+        working = read_lock(lock_path_for(path))
+    except LockError:
+        return None
+    if working.release_id != ve.release_id or sha256_file(path) == signed:
+        return None
+    return (
+        f"{lk.manifest} was edited after release {ve.release_id[:12]} was registered "
+        f"(register event #{ve.register_seq} signed another manifest digest): its gates, "
+        "environments, promotion and watch sections are part of the signed release, so the "
+        "edit does not apply to it; restore the file (`git checkout -- "
+        f"{lk.manifest}`), or make the change a new release (a new name or input gives a "
+        "new release id) and build it"
+    )
 
 
 def _prompt_templates(settings: Settings, info: ReleaseInfo, ledger: Ledger) -> PromptTemplate:
@@ -133,14 +225,21 @@ def _prompt_templates(settings: Settings, info: ReleaseInfo, ledger: Ledger) -> 
 
 def release_knee(settings: Settings, info: ReleaseInfo) -> tuple[KneeEvidence | None, str]:
     """The release's knee from its own load test, verified as the evidence gate verifies it
-    (results/<id>/bench/bench.json made for this release, on its locked load profile), or
-    None and why not, in words."""
+    (results/<id>/bench/bench.json as its register event signed it, made for this release,
+    on its locked load profile), or None and why not, in words. The knee carries the core
+    count it was measured on (None: not recorded)."""
     file = ReleasePaths.of(settings, info.release_id).bench_dir / BENCH_JSON
     if not file.is_file():
         return None, f"no load test ({file} is missing)"
+    if info.evidence is None:
+        return None, f"{file} was not checked against the release's register event"
     try:
-        bench = BenchResult.model_validate_json(file.read_bytes())
-    except (ValidationError, ValueError, OSError) as exc:
+        data = info.evidence.read_bytes("bench")
+    except ReleasekitError as exc:
+        return None, exc.message
+    try:
+        bench = BenchResult.model_validate_json(data)
+    except (ValidationError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, f"unreadable load test {file}: {first}"
     if bench.release_id != info.release_id:
@@ -159,6 +258,8 @@ def release_knee(settings: Settings, info: ReleaseInfo) -> tuple[KneeEvidence | 
             source=str(
                 file.relative_to(settings.root) if file.is_relative_to(settings.root) else file
             ),
+            cores=bench.host.cores if bench.host is not None else None,
+            host=bench.host.label if bench.host is not None else None,
         ),
         "",
     )

@@ -117,6 +117,23 @@ class DeployOutcome(BaseModel):
     after_promotion: AfterPromotionMirror | None = Field(
         None, description="answers compared with the previous release's for a window"
     )
+    serving: list[str] | None = Field(
+        None,
+        description="after a failure: the releases the environment's gateway still sends "
+        "traffic to (empty: nothing serves it), read from the deploy state",
+    )
+
+    @property
+    def still_serving(self) -> str:
+        """After a failure, who keeps serving, in words: '0123abcd4567 keeps serving',
+        'nothing serves staging'."""
+        if self.serving is None:  # not read: the release of record before the deploy
+            prev = self.previous_release_id
+            return f"{prev[:12]} keeps serving" if prev else f"nothing serves {self.environment}"
+        if not self.serving:
+            return f"nothing serves {self.environment}"
+        names = ", ".join(r[:12] for r in self.serving)
+        return f"{names} {'keeps' if len(self.serving) == 1 else 'keep'} serving"
 
 
 RecordFn = Callable[[str], Any]
@@ -256,7 +273,57 @@ def deploy_release(
     environment already; when it fails, the candidate is drained and stopped, nothing else
     changes, and the outcome's `failure_event` is the shift's record.
     `compare_previous` (a promotion, not a rollback): mirror to the previous release for
-    the policy's `after_promotion_compare_s` (the caller checked the policy is committed)."""
+    the policy's `after_promotion_compare_s` (the caller checked the policy is committed).
+    A failed outcome says what still serves the environment (`serving`)."""
+    out = _deploy_release(
+        settings,
+        env=env,
+        spec=spec,
+        probe=probe,
+        record=record,
+        ledger=ledger,
+        expected_live=expected_live,
+        actor=actor,
+        lock_timeout_s=lock_timeout_s,
+        started_at=started_at,
+        shift=shift,
+        replicas=replicas,
+        compare_previous=compare_previous,
+    )
+    if not out.ok:
+        out.serving = serving_releases(settings, env)
+    return out
+
+
+def serving_releases(settings: Settings, env: str) -> list[str]:
+    """The releases `env`'s gateway sends traffic to now (by the deploy state: a running
+    gateway's routes with weight; empty when no gateway runs)."""
+    from releasekit.deploy.local import process_alive
+
+    st = read_state(settings.state_dir, env)
+    gw = st.gateway
+    if gw is None or not process_alive(gw.pid, gw.proc_start):
+        return []
+    return list(dict.fromkeys(r.release_id for r in st.routes if r.weight > 0))
+
+
+def _deploy_release(
+    settings: Settings,
+    *,
+    env: str,
+    spec: ReleaseSpec,
+    probe: SmokeProbe | None,
+    record: RecordFn,
+    ledger: Ledger,
+    expected_live: str | None,
+    actor: str | None = None,
+    lock_timeout_s: float = 600.0,
+    started_at: float | None = None,
+    shift: ShiftFn | None = None,
+    replicas: int | None = None,
+    compare_previous: bool = False,
+) -> DeployOutcome:
+    """The steps of `deploy_release`."""
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -267,7 +334,8 @@ def deploy_release(
         )
 
     with locked_state(settings.state_dir, env, timeout_s=lock_timeout_s) as handle:
-        live_rec = ledger.live_at(env)
+        # What releasekit put in place there (an `assign` record deployed nothing).
+        live_rec = ledger.served_at(env)
         live_now = live_rec.to_release if live_rec else None
         if live_now != expected_live:
             raise ConcurrentChangeError(
@@ -772,7 +840,14 @@ def _scale(
         try:
             info = load_release(settings, release_id, ledger=ledger)
             knee, problem = release_knee(settings, info)
-            plan = plan_for(env, auto, release_id, knee, problem or None)
+            plan = plan_for(
+                env,
+                auto,
+                release_id,
+                knee,
+                problem or None,
+                replica_cpus=cfg.ray.cpus_per_replica,
+            )
         except ReleasekitError as exc:
             out.autoscaling = (
                 f"autoscaling {auto.min_replicas}-{auto.max_replicas} replicas ({exc})"

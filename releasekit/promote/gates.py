@@ -2,7 +2,11 @@
 
 Gates, each with its numbers and its rule in words (`GateResult`):
 
-- evidence: each release's eval and bench results exist, were made for that release (their
+- evidence: each release's eval, bench and comparison files are the ones its verified
+  `register` ledger event signed (`releasekit.stores.verified`; a file that differs is
+  named and not read), its project manifest was not edited after registration, and the two
+  load tests were made on one host kind and core count ("benched on another host");
+  each release's eval and bench results exist, were made for that release (their
   `release_id`), on the suites its lock pinned (suite-file sha256 + suite config = the lock's
   `eval/<suite>` digest) and on its locked load profile (`load/profile`). Against a live
   release, both must share every suite file (same sha256) and the load profile (same
@@ -45,12 +49,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from releasekit._support.digests import digest_obj
+from releasekit.bench.host import same_host
 from releasekit.bench.runner import BenchResult, load_bench
 from releasekit.bench.stats import PointResult
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.errors import ReleasekitError
-from releasekit.evaluate.compare import Comparison, compare, load_comparison
-from releasekit.evaluate.runner import EvalResult, load_result
+from releasekit.evaluate.compare import Comparison, compare
+from releasekit.evaluate.comparison import parse_comparison
+from releasekit.evaluate.runner import ITEMS_JSONL, EvalResult, load_result, parse_result
 from releasekit.promote.context import ReleaseInfo
 from releasekit.spec.manifest import LoadedManifest, Suite
 from releasekit.stores.results import ReleasePaths
@@ -177,7 +183,7 @@ class GateReport(BaseModel):
         thresholds still block."""
         gates = [
             g.model_copy(update={"advisory": True, "detail": f"{g.detail} ({PERF_BY_CANARY_NOTE})"})
-            if g.kind == "perf" and g.against_live and not g.passed and not g.advisory
+            if g.kind in ("perf", "evidence") and g.against_live and not g.passed and not g.advisory
             else g
             for g in self.gates
         ]
@@ -196,13 +202,26 @@ class Evidence:
 
 
 def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
-    """Read and check a release's eval and bench results against its own lock."""
+    """Read and check a release's eval and bench results: first against the digests its
+    verified register event signed (`info.evidence`, from `load_release`; a file that
+    differs is a problem naming it, and is not read), then against its own lock."""
     paths = ReleasePaths.of(settings, info.release_id)
     ev = Evidence(info=info)
-    try:
-        ev.eval = load_result(paths.eval_dir)
-    except ReleasekitError as exc:
-        ev.eval_problems.append(f"no usable eval results: {exc.message}")
+    ve = info.evidence
+    unchecked = f"release {info.short_id}'s evidence was not checked against its register event"
+    eval_signed = ve.problems_for("eval", "eval_items") if ve is not None else [unchecked]
+    if eval_signed:
+        ev.eval_problems += eval_signed
+    elif ve is not None:
+        try:
+            if not (paths.eval.is_file() and (paths.eval_dir / ITEMS_JSONL).is_file()):
+                ev.eval = load_result(paths.eval_dir)  # raises: names the missing file
+            else:
+                ev.eval = parse_result(
+                    ve.read_bytes("eval"), ve.read_bytes("eval_items"), paths.eval_dir
+                )
+        except ReleasekitError as exc:
+            ev.eval_problems.append(f"no usable eval results: {exc.message}")
     if ev.eval is not None:
         if ev.eval.release_id != info.release_id:
             ev.eval_problems.append(
@@ -221,10 +240,20 @@ def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
                 ev.eval_problems.append(
                     f"suite {s.name} was evaluated on a file or config other than the locked one"
                 )
-    try:
-        ev.bench = load_bench(paths.bench_dir)
-    except ReleasekitError as exc:
-        ev.bench_problems.append(f"no usable bench results: {exc.message}")
+    bench_signed = ve.problems_for("bench") if ve is not None else [unchecked]
+    if bench_signed:
+        ev.bench_problems += bench_signed
+    elif ve is not None:
+        try:
+            if not paths.bench.is_file():
+                ev.bench = load_bench(paths.bench_dir)  # raises: names the missing file
+            else:
+                ev.bench = BenchResult.model_validate_json(ve.read_bytes("bench"))
+        except ReleasekitError as exc:
+            ev.bench_problems.append(f"no usable bench results: {exc.message}")
+        except ValueError as exc:
+            first = str(exc).strip().splitlines()[0]
+            ev.bench_problems.append(f"no usable bench results: unreadable {paths.bench}: {first}")
     if ev.bench is not None:
         if ev.bench.release_id != info.release_id:
             ev.bench_problems.append(
@@ -233,6 +262,63 @@ def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
         if ev.bench.profile_digest != info.lock.inputs.get("load/profile"):
             ev.bench_problems.append("bench results were made with another load profile")
     return ev
+
+
+def _registered_gates(cand: Evidence) -> list[GateResult]:
+    """The candidate's manifest and comparison report are the ones its register event
+    signed: a manifest edited after registration, or a compare.json / report.html that
+    differs, fails as evidence (the comparison is then not taken from the file)."""
+    info, gates = cand.info, []
+    if info.edited_manifest is not None:
+        gates.append(
+            GateResult(
+                name="manifest as registered",
+                kind="evidence",
+                passed=False,
+                rule="the manifest's gates, environments, promotion and watch sections are "
+                "the ones the release's register event signed",
+                detail=info.edited_manifest,
+            )
+        )
+    ve = info.evidence
+    if ve is not None and ("compare" in ve.files or "report_html" in ve.files):
+        probs = [p for k in ("compare", "report_html") if (p := ve.file_problem(k))]
+        if probs:
+            gates.append(
+                GateResult(
+                    name="comparison report (candidate)",
+                    kind="evidence",
+                    passed=False,
+                    rule="the comparison report is the one the release's register event signed",
+                    detail="; ".join(probs),
+                )
+            )
+    return gates
+
+
+def _host_gate(cand: Evidence, live: Evidence) -> GateResult | None:
+    """A failed evidence gate when the two releases were benched on different host kinds or
+    core counts (or either bench records no host): their perf cannot be compared."""
+    assert cand.bench is not None and live.bench is not None
+    ch, lh = cand.bench.host, live.bench.host
+    why = same_host(ch, lh)
+    if why is None:
+        return None
+    where = "; ".join(
+        f"{side}: {h.label if h is not None else 'no host recorded'}"
+        for side, h in (("candidate", ch), ("live", lh))
+    )
+    return GateResult(
+        name="benched on the same host kind as live",
+        kind="evidence",
+        against_live=True,
+        passed=False,
+        rule="a perf comparison is made only between load tests of one host kind (CPU "
+        "vendor, model and instruction-set level, GPUs) and core count",
+        detail=f"benched on another host ({why}; {where}): rebench live beside it, on "
+        "the candidate's host kind and core count, or let a canary judge performance "
+        "against live traffic",
+    )
 
 
 def curve(bench: BenchResult | None) -> list[CurvePoint]:
@@ -504,9 +590,10 @@ def _comparison(
 ) -> tuple[Comparison, str]:
     assert cand.eval is not None and live.eval is not None
     path = ReleasePaths.of(settings, cand.info.release_id).compare
-    if path.is_file():
+    ve = cand.info.evidence
+    if path.is_file() and ve is not None and not ve.problems_for("compare"):
         try:
-            stored = load_comparison(path)
+            stored: Comparison | None = parse_comparison(ve.read_bytes("compare"), source=str(path))
         except ReleasekitError:
             stored = None
         if (
@@ -635,6 +722,7 @@ def evaluate_gates(
     gates: list[GateResult] = [
         _evidence_gate("eval evidence (candidate)", cand.eval_problems, "eval results"),
         _evidence_gate("bench evidence (candidate)", cand.bench_problems, "bench results"),
+        *_registered_gates(cand),
     ]
     report_kw: dict[str, object] = {}
     lev: Evidence | None = None
@@ -693,7 +781,10 @@ def evaluate_gates(
                 )
             )
             gates += _knee_gates("candidate", cand.bench)
-            if same:
+            host = _host_gate(cand, lev) if same else None
+            if host is not None:
+                gates.append(host)
+            elif same:
                 gates += _relative_perf(cand, lev, policy)
         else:
             gates.append(
@@ -707,6 +798,11 @@ def evaluate_gates(
             )
     gates += _threshold_gates(cand)
     compare_path = ReleasePaths.of(settings, candidate.release_id).report_dir / "report.html"
+    linked = (
+        compare_path.is_file()
+        and candidate.evidence is not None
+        and not candidate.evidence.problems_for("report_html")
+    )
     return GateReport(
         environment=env,
         candidate_release_id=candidate.release_id,
@@ -716,7 +812,7 @@ def evaluate_gates(
         mode="absolute" if live is None else "relative",
         passed=all(g.passed for g in gates),
         gates=gates,
-        comparison_path=str(compare_path) if compare_path.is_file() else None,
+        comparison_path=str(compare_path) if linked else None,
         candidate_curve=curve(cand.bench),
         live_curve=curve(lev.bench) if lev else [],
         candidate_knee=cand.bench.knee.load if cand.bench and cand.bench.knee else None,

@@ -60,7 +60,9 @@ from releasekit.promote.report import write_report
 from releasekit.releases.assign import AssignResult, assign
 from releasekit.releases.prompt_alias import PromptAliasResult, move_prompt_alias
 from releasekit.releases.resolve import resolve_release
+from releasekit.rollout.ceilings import CEILING_FIELDS, CanaryWithin, canary_within
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+from releasekit.stores.ledger.queries import SERVED_TYPES
 
 PromoteStatus = Literal[
     "dry_run",
@@ -132,8 +134,13 @@ def marked_bad(ledger: Ledger, release_id: str) -> LedgerRecord | None:
 
 
 def was_live_in(ledger: Ledger, release_id: str, env: str) -> bool:
-    """True when the ledger shows `release_id` was ever live in `env`."""
-    return any(r.to_release == release_id for r in ledger.records(environment=env, live=True))
+    """True when the ledger shows `release_id` was ever put in place in `env` by promote or
+    rollback (`SERVED_TYPES`); an `assign` record only moved a name, so it never counts
+    (not for `requires`, a redeploy or `rollback --to`)."""
+    return any(
+        r.to_release == release_id
+        for r in ledger.records(environment=env, live=True, types=SERVED_TYPES)
+    )
 
 
 def policy_gates(
@@ -208,12 +215,27 @@ def _running(settings: Settings, env: str, release_id: str) -> bool:
 
 
 def _gate_summary(report: GateReport) -> dict[str, Any]:
+    """What a decision's event records of its gates: the verdict, the failed ones, and
+    each gate's verdict with the figures it judged (what `releasekit audit replay`
+    recomputes and compares)."""
     return {
         "passed": report.passed,
         "mode": report.mode,
         "failed": [g.name for g in report.failed],
         "advisory_failed": [g.name for g in report.advisory_failed],
         "against": report.live_release_id,
+        "verdicts": [
+            {
+                "name": g.name,
+                "kind": g.kind,
+                "passed": g.passed,
+                "advisory": g.advisory,
+                "candidate": g.candidate,
+                "live": g.live,
+                "limit": g.limit,
+            }
+            for g in report.gates
+        ],
     }
 
 
@@ -221,6 +243,30 @@ PERF_BY_CANARY_UNUSED = (
     "perf_by_canary does not apply: the release's canary has no judged step below 100% "
     "with a required latency check (ttft_p95_s or tpot_p95_s), so its perf gates block"
 )
+
+
+PERF_BY_CANARY_CLAMPED = (
+    "perf_by_canary does not apply: the release's canary asks for more than {env}'s "
+    "ceilings allow (it runs clamped), so its perf gates block"
+)
+
+
+def canary_ceiling_gate(within: CanaryWithin, *, perf_by_canary: bool) -> GateResult:
+    """A report row saying what of the manifest's canary the environment's ceilings
+    clamped (it passes: the canary runs within them), and that `perf_by_canary` does not
+    apply to it."""
+    detail = within.note
+    if perf_by_canary:
+        detail += "; perf_by_canary does not apply: the offline perf gates block"
+    return GateResult(
+        name=f"canary within {within.environment}'s ceilings",
+        kind="policy",
+        passed=True,
+        rule="a manifest's canary is never looser than the environment's ceilings ("
+        + ", ".join(CEILING_FIELDS)
+        + ")",
+        detail=detail,
+    )
 
 
 class RecordMove(BaseModel):
@@ -362,7 +408,10 @@ def release_autoscaling(
     if auto is None:
         return None
     knee, problem = release_knee(settings, info)
-    return plan_for(env, auto, info.release_id, knee, problem or None)
+    assert cfg.ray is not None
+    return plan_for(
+        env, auto, info.release_id, knee, problem or None, replica_cpus=cfg.ray.cpus_per_replica
+    )
 
 
 def run_promotion(
@@ -415,11 +464,21 @@ def run_promotion(
             report = report.with_gates(more)
     cfg = target.cfg
     notes: list[str] = []
-    if request.canary_steps and target.live_id and cfg.perf_by_canary and cfg.gates_required:
+    canary = target.info.lm.manifest.promotion.canary if request.canary_steps else None
+    within = canary_within(canary, cfg, request.env) if canary is not None else None
+    by_canary = bool(
+        request.canary_steps and target.live_id and cfg.perf_by_canary and cfg.gates_required
+    )
+    if within is not None and within.clamped:
+        # The manifest asked for a looser canary than the environment allows: it runs
+        # clamped, and it does not stand in for the offline perf gates.
+        report = report.with_gates([canary_ceiling_gate(within, perf_by_canary=by_canary)])
+        if by_canary:
+            notes.append(PERF_BY_CANARY_CLAMPED.format(env=request.env))
+    elif by_canary:
         # This environment lets the canary judge performance on live traffic (there is a
         # stable release to judge it against; where gates are advisory anyway, nothing to
         # do), when the canary does judge latency at a step below 100%.
-        canary = target.info.lm.manifest.promotion.canary
         if canary is not None and canary.judges_latency:
             report = report.perf_judged_live()
         else:
@@ -470,7 +529,9 @@ def resolve_target(
     rid = resolve_release(settings, request.release_ref, ledger=ledger).release_id
     info = load_release(settings, rid, ledger=ledger)
     _check_allowed(info, request.env)
-    live_rec = ledger.live_at(request.env)
+    # The release releasekit put in place there: an `assign` record deployed nothing, so
+    # its release is neither redeployed without gates nor the one the gates compare with.
+    live_rec = ledger.served_at(request.env)
     live_id = live_rec.to_release if live_rec else None
     base = PromoteResult(
         status="dry_run",

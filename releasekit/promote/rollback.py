@@ -32,13 +32,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
+from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
 from releasekit.promote.promote import RecordMove, marked_bad, move_record, was_live_in
 from releasekit.releases.prompt_alias import PromptAliasResult
 from releasekit.releases.resolve import resolve_release
-from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
+from releasekit.stores.ledger import (
+    DecisionRecordsError,
+    Event,
+    EventType,
+    Ledger,
+    LedgerRecord,
+    open_ledger,
+)
+from releasekit.stores.ledger.breakglass import PastFailureLedger
+from releasekit.stores.ledger.chain import VerifiedPrefix, verified_prefix
 
 RollbackStatus = Literal["rolled_back", "not_live", "failed"]
 
@@ -122,21 +132,53 @@ def rollback(
     from_release: str | None = None,
     ledger: Ledger | None = None,
     lock_timeout_s: float = 600.0,
+    break_glass: bool = False,
 ) -> RollbackResult:
     """Move `env` back to `to` (a release reference) or to `previous_good_release`; no
     gates, no smoke suite (the release was live before). `from_release`: do nothing
     (`not_live`) unless that release is the one live now (the watcher's guard).
     RollbackError if nothing is live or there is nothing to go back to (the watcher's
     `no_known_good`); DeployStateError if another command holds the environment longer
-    than `lock_timeout_s` (a retry can succeed)."""
+    than `lock_timeout_s` (a retry can succeed). A ledger that does not verify raises
+    DecisionRecordsError, unless `break_glass` (`break_glass_rollback`: back to the release
+    live before the first bad record; with a ledger that verifies, an ordinary rollback)."""
     import time
 
     t0 = time.monotonic()
     env_config(settings, env)  # an unknown environment fails before anything else
     if not reason.strip():
-        raise RollbackError("a rollback needs a reason", remedy="pass --reason TEXT")
+        what = "a break-glass rollback" if break_glass else "a rollback"
+        raise RollbackError(f"{what} needs a reason", remedy="pass --reason TEXT")
     led = ledger or open_ledger(settings)
-    led.verified()  # what is live, what was, what is marked bad: verified records only
+    try:
+        led.verified()  # what is live, what was, what is marked bad: verified records only
+    except DecisionRecordsError as exc:
+        if not break_glass:
+            refused = DecisionRecordsError(exc.message, seq=exc.seq)
+            refused.remedy = (
+                f"nothing was changed; `releasekit rollback {env} --break-glass --reason TEXT` "
+                "goes back to the release live before the first bad record and records the "
+                "failure it went past; then run `releasekit ledger verify` and restore the "
+                "ledger from a backup, or commit the signer's keys/<key id>.pub if legitimate"
+            )
+            raise refused from exc
+        if to is not None:
+            raise RollbackError(
+                "--to does not go with --break-glass: a break-glass rollback goes to the "
+                "release the verified records show live before the first bad record",
+                remedy="leave out --to",
+            ) from exc
+        return break_glass_rollback(
+            settings,
+            env,
+            led,
+            reason=reason,
+            actor=actor,
+            evidence=evidence,
+            from_release=from_release,
+            started_at=t0,
+            lock_timeout_s=lock_timeout_s,
+        )
     cur = led.live_at(env)
     current = cur.to_release if cur else None
     if current is None:
@@ -157,6 +199,38 @@ def rollback(
         raise RollbackError(f"{target[:12]} is already live in {env}")
     info = load_release(settings, target, ledger=led)
     _check_going_back(led, info, env=env)
+    return _go_back(
+        settings,
+        env,
+        led,
+        info,
+        current=current,
+        reason=reason,
+        actor=actor,
+        evidence=evidence,
+        started_at=t0,
+        lock_timeout_s=lock_timeout_s,
+    )
+
+
+def _go_back(
+    settings: Settings,
+    env: str,
+    led: Ledger,
+    info: ReleaseInfo,
+    *,
+    current: str,
+    reason: str,
+    actor: str | None,
+    evidence: dict[str, Any] | None,
+    started_at: float,
+    lock_timeout_s: float,
+    expected_live: str | None = None,
+) -> RollbackResult:
+    """Deploy `info` to `env` through its target (no smoke: it was live there), then record
+    the live `rollback` event and mark `current` bad. `expected_live`: what the ledger's
+    table says is live (default `current`), checked under the environment's lock."""
+    target = info.release_id
     spec = release_spec(settings, info, ledger=led)
     moved: list[RecordMove] = []
     bad: list[LedgerRecord] = []
@@ -199,9 +273,9 @@ def rollback(
         probe=None,
         record=record,
         ledger=led,
-        expected_live=current,
+        expected_live=current if expected_live is None else expected_live,
         actor=actor,
-        started_at=t0,
+        started_at=started_at,
         lock_timeout_s=lock_timeout_s,
     )
     move = moved[0] if moved else None
@@ -220,3 +294,116 @@ def rollback(
         prompt_alias=move.prompt_alias if move else None,
         warnings=[*move.assign.warnings, *move.warnings] if move else [],
     )
+
+
+def break_glass_target(prefix: VerifiedPrefix, env: str, *, current: str | None) -> str:
+    """Where a break-glass rollback of `env` goes, read from the verified records only: the
+    release live there before the first bad record (the last live event that is not an
+    `assign`); when that is `current` (what serves now: the bad record did not change it),
+    the release live before it that the verified records do not mark bad. RollbackError when the
+    verified records show none."""
+    where = f"before record {prefix.first_bad_seq}" if prefix.first_bad_seq else "in the ledger"
+    lives = [
+        r
+        for r in prefix.records
+        if r.environment == env and r.live and r.type != EventType.ASSIGN.value and r.to_release
+    ]
+    if not lives:
+        raise RollbackError(
+            f"the verified records show nothing live in {env} {where}: no release to go back to",
+            remedy="restore the ledger from a backup, then `releasekit rollback` or `promote`",
+        )
+    before = str(lives[-1].to_release)
+    if before != current:
+        return before
+    bad = {
+        r.to_release for r in prefix.records if r.type == EventType.MARK_BAD.value and r.to_release
+    }
+    for rec in reversed(lives):
+        rid = str(rec.to_release)
+        if rid != current and rid not in bad:
+            return rid
+    raise RollbackError(
+        f"{before[:12]} was live in {env} {where} and still is; the verified records show no "
+        "earlier release that is not marked bad",
+        remedy="restore the ledger from a backup, then `releasekit rollback` or `promote`",
+    )
+
+
+def break_glass_rollback(
+    settings: Settings,
+    env: str,
+    ledger: Ledger,
+    *,
+    reason: str,
+    actor: str | None = None,
+    evidence: dict[str, Any] | None = None,
+    from_release: str | None = None,
+    started_at: float | None = None,
+    lock_timeout_s: float = 600.0,
+) -> RollbackResult:
+    """Roll `env` back although the ledger fails verification: to `break_glass_target`
+    (decided on the verified prefix only), deployed through the environment's target as any
+    rollback, recorded as a signed `rollback` event chained after the table's last row
+    (`stores.ledger.breakglass`) whose evidence says which record failed and how
+    (`break_glass`), with the reason; the release rolled back from is marked bad. The ledger
+    still fails verification afterwards: restore or repair it."""
+    import time
+
+    t0 = time.monotonic() if started_at is None else started_at
+    prefix = verified_prefix(ledger)
+    if prefix.ok:  # nothing to go past: an ordinary rollback
+        return rollback(
+            settings,
+            env,
+            reason=reason,
+            actor=actor,
+            evidence=evidence,
+            from_release=from_release,
+            ledger=ledger,
+            lock_timeout_s=lock_timeout_s,
+        )
+    view = PastFailureLedger.of(ledger, prefix)
+    raw = ledger.live_at(env)  # what the table says now, bad rows included
+    recorded = raw.to_release if raw else None
+    routed = read_state(settings.state_dir, env).routed_release_ids()
+    # What actually serves (a bad row may name anything); the table's word where unknown.
+    current = routed[0] if len(set(routed)) == 1 else recorded
+    if from_release is not None and from_release != current:
+        return RollbackResult(
+            status="not_live",
+            environment=env,
+            from_release=from_release,
+            reason=reason,
+            message=f"{from_release[:12]} is not live in {env} any more ({str(current)[:12]} is)",
+        )
+    if current is None:
+        raise RollbackError(f"nothing is live in {env}: nothing to roll back")
+    target = break_glass_target(prefix, env, current=current)
+    info = load_release(settings, target, ledger=view)
+    allowed = [e.name for e in info.lm.manifest.environments]
+    if env not in allowed:
+        raise RollbackError(
+            f"{info.short_id} may not go to {env}: its manifest lists {', '.join(allowed)}",
+            remedy="restore the ledger from a backup, then `releasekit promote`",
+        )
+    glass = {**prefix.failure(), "went_past": "a ledger that fails verification"}
+    res = _go_back(
+        settings,
+        env,
+        view,
+        info,
+        current=current,
+        reason=reason,
+        actor=actor,
+        evidence={**(evidence or {}), "break_glass": glass},
+        started_at=t0,
+        lock_timeout_s=lock_timeout_s,
+        expected_live=recorded,
+    )
+    res.warnings.append(
+        f"went past a ledger that fails verification at record {prefix.first_bad_seq}: "
+        f"{prefix.problem}; the ledger still fails `releasekit ledger verify` until it is "
+        "restored or repaired"
+    )
+    return res

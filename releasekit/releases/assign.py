@@ -2,9 +2,13 @@
 the environment's lock; drift an earlier crash left is repaired from the ledger.
 
 A record-only `assign` (the `releasekit assign` command) is for environments releasekit
-does not deploy (a registry of aliases, as GTO keeps); an environment releasekit.toml
-deploys moves only through `promote` and `rollback`, which record through here with their
-own event types after their gates."""
+does not deploy (a registry of aliases, as GTO keeps); an environment releasekit deploys
+moves only through `promote` and `rollback`, which record through here with their own event
+types after their gates. Which environments are deployed is not up to the command's config:
+one is closed to `assign` when releasekit.toml as committed at the trust revision
+(`stores.trust`) deploys it, when the ledger shows releasekit deployed it (a promote,
+rollback, deploy or canary event), or when this command's own settings name it (outside
+git, the last two decide)."""
 
 from __future__ import annotations
 
@@ -79,14 +83,54 @@ class DeployedEnvironmentError(RegistryError):
     remedy = "move a deployed environment with `releasekit promote RELEASE --to ENV` (its gates)"
 
 
+def _committed_environments(settings: Settings) -> tuple[set[str], str]:
+    """The environments releasekit.toml deploys as committed at the trust revision, and
+    where that is, in words (empty outside git or where it is not committed)."""
+    from releasekit.stores.anchor import resolve_commit
+    from releasekit.stores.trust import TrustRootError, committed_config, trust_root
+
+    try:
+        commit = trust_root(settings.root).commit
+    except TrustRootError:
+        # No trusted revision to read: the checked-out commit still names what it deploys
+        # (a closed environment is the safe side).
+        commit = resolve_commit(settings.root, "HEAD")
+    if not commit:
+        return set(), ""
+    table = committed_config(settings.root, commit) or {}
+    envs = table.get("environments")
+    names = {str(k) for k in envs} if isinstance(envs, dict) else set()
+    return names, f"releasekit.toml at {commit[:12]}"
+
+
 def _check_record_only(settings: Settings, env: str, event_type: str) -> None:
     """A record-only `assign` moves what the ledger says is live without gates, approval
-    or a deploy: refused where releasekit.toml deploys the environment (`promote` and
-    `rollback` record those), allowed where the ledger is only a registry of aliases."""
-    if event_type == EventType.ASSIGN.value and env in settings.environments:
+    or a deploy: refused where releasekit deploys the environment by the committed
+    releasekit.toml or this command's settings (module docstring); allowed where the ledger
+    is only a registry of aliases."""
+    if event_type != EventType.ASSIGN.value:
+        return
+    committed, where = _committed_environments(settings)
+    if env in committed:
+        why = f"[environments.{env}] in {where}"
+    elif env in settings.environments:
+        why = f"[environments.{env}] in this command's settings"
+    else:
+        return
+    raise DeployedEnvironmentError(
+        f"{env} is deployed by releasekit ({why}): `assign` only records, so it cannot move it"
+    )
+
+
+def _check_never_deployed(ledger: Ledger, env: str, event_type: str) -> None:
+    """The same refusal where the ledger shows releasekit deployed the environment."""
+    if event_type != EventType.ASSIGN.value:
+        return
+    rec = ledger.deployed(env)
+    if rec is not None:
         raise DeployedEnvironmentError(
-            f"{env} is deployed by releasekit ([environments.{env}] in releasekit.toml): "
-            "`assign` only records, so it cannot move it"
+            f"{env} is deployed by releasekit (the ledger shows a {rec.type} event there, "
+            f"record {rec.seq}): `assign` only records, so it cannot move it"
         )
 
 
@@ -137,6 +181,7 @@ def assign(
     etype = EventType(event_type)
     _check_record_only(settings, env, etype.value)
     led = ledger or open_ledger(settings)
+    _check_never_deployed(led, env, etype.value)
     ref = resolve_release(settings, release_ref, ledger=led)
     rid = ref.release_id
     manifest = release_manifest(settings, rid, ledger=led)

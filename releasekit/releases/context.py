@@ -32,6 +32,11 @@ from releasekit.stores.evidence import (
     read_evidence,
 )
 from releasekit.stores.ledger import EventType, Ledger, LedgerRecord
+from releasekit.stores.verified import (
+    EvidenceIntegrityError,
+    SignedEvidence,
+    verify_release_evidence,
+)
 
 
 @dataclass
@@ -45,6 +50,10 @@ class _Context:
     manifest_source: str | None = None
     register: LedgerRecord | None = None
     notes: list[str] = field(default_factory=list)
+    signed: SignedEvidence | None = None
+    """The build outputs checked against the register event's digests."""
+    manifest_problem: str | None = None
+    """Why the manifest copy was not read (it differs from what was signed)."""
 
     @property
     def name(self) -> str | None:
@@ -89,7 +98,13 @@ def _context(settings: Settings, release_id: str, led: Ledger) -> _Context:
         except LockError:
             pass
     copy = ev.path("manifest")
-    if copy is not None:
+    ctx.signed = verify_release_evidence(settings, release_id, led)
+    bad = ctx.signed.file_problem("manifest")
+    if copy is not None and bad is not None:
+        # Not as its register event signed it (or not as its lock says): never read.
+        ctx.manifest_problem = bad
+        ctx.notes.append(bad)
+    elif copy is not None:
         ctx.manifest = _parse_manifest_file(copy)
         ctx.manifest_source = (
             f"{settings.release_dir(release_id).relative_to(settings.root)}/{copy.name}"
@@ -114,12 +129,18 @@ def _context(settings: Settings, release_id: str, led: Ledger) -> _Context:
 def release_manifest(
     settings: Settings, release_id: str, *, ledger: Ledger | None = None
 ) -> Manifest | None:
-    """The manifest a release was built from, if its copy or its file can still be read."""
-    return _context(settings, release_id, _open_ledger(settings, ledger)).manifest
+    """The manifest a release was built from, if its copy or its file can still be read.
+    EvidenceIntegrityError when its copy is not the one its register event signed: the
+    copy's environments, gates and watch sections decide, so an edited one is refused."""
+    ctx = _context(settings, release_id, _open_ledger(settings, ledger))
+    if ctx.manifest_problem is not None:
+        raise EvidenceIntegrityError(ctx.manifest_problem)
+    return ctx.manifest
 
 
 def report_digests(settings: Settings, release_id: str) -> dict[str, str]:
-    """sha256 of each build output the release has (relative path -> digest)."""
+    """sha256 of each build output the release has now (relative path -> digest); what its
+    register event signed is `stores.verified.verify_release_evidence`'s."""
     return read_evidence(settings, release_id).digests
 
 

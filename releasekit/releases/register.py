@@ -248,18 +248,14 @@ def _register_locked(
             tracking_uri=redact_url(uri),
         )
         if not _register_event_exists(led, rid):
-            # A crash between creating the version and recording it: record it now.
-            rec = led.append(_register_event(result, lk, {}, builder))
+            # A crash between creating the version and recording it: record it now, with
+            # the digests of its evidence as the first attempt would have signed them.
+            ev = _evidence_to_sign(settings, lk)
+            rec = led.append(_register_event(result, lk, ev.digests, builder))
             result = result.model_copy(update={"ledger_seq": rec.seq})
         return result
 
-    ev = read_evidence(settings, rid)
-    if ev.problems:
-        raise RegistryError(
-            f"cannot register release {lk.short_id}: unreadable build output: "
-            + "; ".join(ev.problems),
-            remedy="rebuild the release (`dvc repro`) so its results are complete",
-        )
+    ev = _evidence_to_sign(settings, lk)
     with mlflow_errors(what, uri=uri):
         exp_id = _experiment(client, settings, name)
         say("logging run")
@@ -329,6 +325,29 @@ def _register_locked(
     return result.model_copy(update={"ledger_seq": rec.seq})
 
 
+def _evidence_to_sign(settings: Settings, lk: Lock) -> Evidence:
+    """The release's build outputs whose digests the register event signs: readable, and
+    the manifest copy (whose gates, environments, promotion and watch sections decide) the
+    one the lock was made from. RegistryError otherwise: nothing is signed."""
+    ev = read_evidence(settings, lk.release_id)
+    if ev.problems:
+        raise RegistryError(
+            f"cannot register release {lk.short_id}: unreadable build output: "
+            + "; ".join(ev.problems),
+            remedy="rebuild the release (`dvc repro`) so its results are complete",
+        )
+    copy = ev.digests.get(FILES["manifest"])
+    if copy is not None and copy != lk.manifest_digest:
+        raise RegistryError(
+            f"cannot register release {lk.short_id}: its manifest copy "
+            f"{ev.directory / FILES['manifest']} is not the manifest its lock was made from "
+            f"(sha256 {copy[:12]}, the lock says {lk.manifest_digest[:12]})",
+            remedy="rebuild the release (`releasekit build MANIFEST` locks and copies the "
+            "manifest again) before registering it",
+        )
+    return ev
+
+
 def _register_event(
     result: RegisterResult, lk: Lock, digests: dict[str, str], builder: str
 ) -> Event:
@@ -350,6 +369,9 @@ def _register_event(
         evidence["git_commit"] = lk.provenance.commit
     if digests:
         evidence["reports"] = digests
+    # The manifest's deciding sections (gates, environments, promotion, watch) are not in
+    # the release id: the digest of the copy they are read from is signed here.
+    evidence["manifest_digest"] = digests.get(FILES["manifest"], lk.manifest_digest)
     return Event(
         type=EventType.REGISTER,
         to_release=lk.release_id,

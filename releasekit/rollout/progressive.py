@@ -46,6 +46,7 @@ from releasekit.rollout.canary import (
     agreement_words,
     summarise,
 )
+from releasekit.rollout.ceilings import canary_within
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow import shadow_gate
@@ -415,8 +416,9 @@ def promote_progressive(
         replicas=replicas,
     )
     rid = resolve_release(settings, release_ref, ledger=led).release_id
+    cfg = env_config(settings, env)
     policy = canary_under_policy(
-        env_config(settings, env).policy(),
+        cfg.policy(),
         load_release(settings, rid, ledger=led).lm.manifest.promotion.canary,
         env,
     )
@@ -424,6 +426,12 @@ def promote_progressive(
     request.canary_steps = policy is not None and not no_canary
     start_step = 0
     notes: list[str] = []
+    if policy is not None:
+        # The steps run within the environment's ceilings (the gate report says so).
+        within = canary_within(policy, cfg, env)
+        policy = within.canary
+        if within.clamped and not no_canary:
+            notes.append(f"canary {within.note}")
     left = None if dry_run else interrupted_canary(settings, env)
     if resume and (left is None or left.release_id != rid):
         raise RolloutResumeError(

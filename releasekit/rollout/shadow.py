@@ -101,6 +101,7 @@ from releasekit.rollout.canary import (
     scrape_pair,
     warm_up_server,
 )
+from releasekit.rollout.ceilings import checks_within, clamp_note
 from releasekit.rollout.judge import StepJudgement, judge_step
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.report import write_shadow_page
@@ -157,6 +158,11 @@ class ShadowComparison(BaseModel):
     )
     page: str | None = Field(
         None, description="the comparison's HTML page (disagreeing pairs side by side)"
+    )
+    clamped: str = Field(
+        "",
+        description="what of the checks the environment's ceilings clamped "
+        "(rollout.ceilings: 'clamped by staging's policy: ...'; empty: none)",
     )
 
 
@@ -397,13 +403,17 @@ def compare_shadow(
     if not live:
         raise ShadowError(f"nothing serves {env}")
     stable = max(live, key=lambda r: r.weight)
-    pol = environment_policy(settings, env, env_config(settings, env)).policy
+    cfg = env_config(settings, env)
+    pol = environment_policy(settings, env, cfg).policy
     min_agreement = float(pol["shadow_min_agreement"])
     min_pairs = int(pol["shadow_min_pairs"])
     led = ledger or open_ledger(settings)
     policy = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
     if checks is None:
         checks = list(policy.checks) if policy else default_checks()
+    # Judged as the canary would be: within the environment's ceilings.
+    checks, clamps = checks_within(checks, cfg)
+    clamped = clamp_note(env, clamps) if clamps else ""
     fields = Canary.model_fields
     warmup = policy.warmup_requests if policy else int(fields["warmup_requests"].default)
     settle = policy.settle_s if policy else float(fields["settle_s"].default)
@@ -484,7 +494,7 @@ def compare_shadow(
         reason += "; also not judged: " + "; ".join(x.brief() for x in unjudged)
     if agreement.verdict != "pass":
         verdict = "breach" if "breach" in (verdict, agreement.verdict) else "insufficient"
-    reason = "; ".join(x for x in (f"answers: {agreement.reason}", reason) if x)
+    reason = "; ".join(x for x in (f"answers: {agreement.reason}", reason, clamped) if x)
     cmp = ShadowComparison(
         env=env,
         release_id=status.release_id,
@@ -500,6 +510,7 @@ def compare_shadow(
         reason=reason[:2000],
         agreement=agreement,
         judged_against="fresh baseline" if base is not None else "live server",
+        clamped=clamped,
     )
     rec = led.append(
         Event(
@@ -528,6 +539,7 @@ def compare_shadow(
                 ],
                 "detail": reason[:1000],
                 "agreement": agreement.evidence(),
+                **({"clamped": clamped} if clamped else {}),
             },
             live=False,
         )

@@ -73,6 +73,8 @@ class AnchorCheck(BaseModel):
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROP}
     env["GIT_TERMINAL_PROMPT"] = "0"
+    # Policy, keys and anchors are read as committed: a `git replace` must not swap them.
+    env["GIT_NO_REPLACE_OBJECTS"] = "1"
     return env
 
 
@@ -354,6 +356,25 @@ def resolve_commit(repo: Path, rev: str) -> str | None:
     if not repo.is_dir() or git_dir(repo) is None:
         return None
     return _resolve(repo, rev)
+
+
+def symbolic_full_name(repo: Path, name: str) -> str | None:
+    """The full ref name `name` stands for (`origin/main` -> `refs/remotes/origin/main`,
+    `@{upstream}` -> the branch's upstream); None when it names no ref (a commit id, an
+    unknown name, no upstream) or `repo` is not a git repository."""
+    if not repo.is_dir() or git_dir(repo) is None:
+        return None
+    proc = _git(repo, "rev-parse", "--symbolic-full-name", name, "--", check=False)
+    if proc.returncode != 0:
+        return None
+    full = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+    return full if full.startswith("refs/") else None
+
+
+def is_ancestor(repo: Path, commit: str, of: str) -> bool:
+    """True when `commit` is an ancestor of (or equal to) `of` in the git repository."""
+    proc = _git(repo, "merge-base", "--is-ancestor", commit, of, check=False)
+    return proc.returncode == 0
 
 
 def _blob(repo: Path, obj: str) -> bytes | None:

@@ -8,17 +8,21 @@ How a team issues and names keys:
   release machine; it never enters the ledger database. The public key goes to
   `keys/<key id>.pub` in the repository, and a team commits it like code: the set of `.pub`
   files committed in the repository *are* the list of trusted signers, reviewed in pull
-  requests: keys are read from a git revision (HEAD, or the `trusted_keys_rev` setting, e.g.
-  a protected branch), never from the working tree, so an uncommitted `.pub` counts for
-  nothing. Once the repository trusts a key, every record must be signed: an unsigned
-  append after a signed record is refused, and `verify` fails a ledger whose head is not
-  signed by a trusted key.
+  requests: keys are read at the trust commit (`releasekit.stores.trust`: HEAD when it is on
+  the protected ref, else the protected ref's commit), never from the working tree, so an
+  uncommitted `.pub`, or one committed locally and not landed, counts for nothing. Once the
+  repository trusts a key, every record must be signed: an unsigned append after a signed
+  record is refused, an append signed by a key the repository does not trust (or revoked)
+  is refused, and `verify` fails a ledger whose head is not signed by a trusted key.
 - A key id is the first 16 hex digits of sha256 over the raw 32-byte public key, so anyone can
   recompute it from the `.pub` file. Each ledger record stores the id of the key that signed
   it next to its signature.
 - Retiring a key: keep its `.pub` (old records stay verifiable) and stop configuring its
-  private half. A compromised key: delete its `.pub`; records it signed then fail `verify`
-  as "unknown key", which is the point.
+  private half. A compromised key: keep its `.pub` and commit a line `<key id> after <seq>`
+  to `keys/revoked` (`# comments` allowed): the records it signed up to and including `seq`
+  still verify, any later record signed by it fails `verify` ("revoked after record N") and
+  no process appends with it again. Deleting the `.pub` instead would fail every record the
+  key ever signed, and with them every decision read from the ledger.
 
 What is signed: the record's chain hash (which covers every stored field and the previous
 hash), framed with a domain tag and the key id, so a signature cannot be replayed onto another
@@ -41,14 +45,63 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from releasekit.errors import LedgerError, SignatureError, SigningKeyError
 from releasekit.stores.anchor import read_tree_files, revision_exists
+from releasekit.stores.trust import TrustRoot, trust_root
 
 SIGNING_KEY_ENV = "RELEASEKIT_SIGNING_KEY"
 PRIVATE_KEYS_DIR = Path(".releasekit") / "keys"  # relative to the project root, git-ignored
 PUBLIC_KEYS_DIR = Path("keys")  # relative to the project root, committed
+REVOKED_FILE = "revoked"  # keys/revoked: `<key id> after <seq>` lines, committed
 SIG_DOMAIN = b"releasekit-ledger-signature/1\n"
 KEY_ID_LEN = 16
 _KEY_ID = re.compile(rf"^[0-9a-f]{{{KEY_ID_LEN}}}$")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+_REVOKED_LINE = re.compile(rf"^([0-9a-f]{{{KEY_ID_LEN}}})\s+after\s+([0-9]+)$")
+
+
+class TrustedKeys(dict[str, "Ed25519PublicKey"]):
+    """The public keys a repository trusts, by key id, with their revocations: `revoked`
+    maps a key id to the last record seq it may sign (keys/revoked); `where` says where they
+    were read, for messages."""
+
+    def __init__(
+        self,
+        keys: Mapping[str, Ed25519PublicKey] | None = None,
+        *,
+        revoked: Mapping[str, int] | None = None,
+        where: str = "",
+    ) -> None:
+        super().__init__(keys or {})
+        self.revoked: dict[str, int] = dict(revoked or {})
+        self.where = where
+
+
+def revoked_after(trusted: Mapping[str, Ed25519PublicKey], key_id: str) -> int | None:
+    """The last record seq `key_id` may sign (None: not revoked)."""
+    revoked = getattr(trusted, "revoked", None) or {}
+    return revoked.get(key_id)
+
+
+def parse_revoked(data: bytes, where: str) -> dict[str, int]:
+    """keys/revoked: one `<key id> after <seq>` a line (blank lines and `#` comments
+    allowed); SigningKeyError naming the line for anything else."""
+    out: dict[str, int] = {}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SigningKeyError(f"{where} is not UTF-8 text") from exc
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _REVOKED_LINE.match(line)
+        if m is None:
+            raise SigningKeyError(
+                f"{where} line {n} is not `<key id> after <seq>`: {line!r}",
+                remedy=f"fix {where} (e.g. `0123456789abcdef after 41`) and commit it",
+            )
+        kid, seq = m.group(1), int(m.group(2))
+        out[kid] = min(seq, out.get(kid, seq))  # the earliest cut-off named wins
+    return out
 
 
 def key_id_of(public_key: Ed25519PublicKey) -> str:
@@ -105,6 +158,14 @@ def verify_signature(
     not base64, or it does not verify.
     """
     where = f"record {seq}" if seq is not None else "record"
+    cut = revoked_after(trusted, key_id)
+    if cut is not None and (seq is None or seq > cut):
+        raise SignatureError(
+            f"{where} is signed by key {key_id}, which {PUBLIC_KEYS_DIR}/{REVOKED_FILE} revokes "
+            f"after record {cut}: no record it signs after that is trusted",
+            seq=seq,
+            key_id=key_id,
+        )
     pub = trusted.get(key_id)
     if pub is None:
         raise SignatureError(
@@ -225,49 +286,67 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
 
 
 TRUSTED_REV = "HEAD"
-"""The default revision whose `keys/*.pub` are trusted (setting `trusted_keys_rev`)."""
+"""What `approver_set` names as the keys' revision when it is not told (messages only)."""
 
 
 def trusted_keys(
-    root: Path, *, public_dir: Path | None = None, rev: str | None = None
-) -> dict[str, Ed25519PublicKey]:
-    """Every public key the repository trusts, by key id: the `keys/*.pub` files committed at
-    git revision `rev` (default HEAD), never what the working tree holds, so a `.pub` file
-    dropped in `keys/` is not trusted until it is committed (and reviewed). Outside a git
+    root: Path,
+    *,
+    public_dir: Path | None = None,
+    rev: str | None = None,
+    trust: TrustRoot | None = None,
+) -> TrustedKeys:
+    """Every public key the repository trusts, by key id, with the revocations of
+    `keys/revoked`: the `keys/*.pub` files committed at the trust commit
+    (`releasekit.stores.trust.trust_root`: HEAD when it is on the protected ref, else the
+    protected ref's commit), or at git revision `rev` when given (`ledger verify --remote`
+    reads the remote's branch), never what the working tree holds, so a `.pub` file dropped
+    in `keys/`, or committed locally and not landed, is not trusted. Outside a git
     repository, or with `public_dir` given, the folder's files are read as they are.
+    `trust`: the trust root, when the caller has it already.
 
     A file's name must be its key id: a renamed or swapped file is an error, so a reviewer
     can trust the names they read in a diff.
     """
     if public_dir is None:
-        committed = read_tree_files(root, rev or TRUSTED_REV, str(PUBLIC_KEYS_DIR))
-        want = rev or TRUSTED_REV
-        # A revision that names nothing trusts nothing, and an unsigned replacement ledger
-        # would then verify: refuse, unless the repository has no commit at all yet.
-        if (
-            committed == {}
-            and not revision_exists(root, want)
-            and (want != TRUSTED_REV or revision_exists(root, TRUSTED_REV))
-        ):
-            raise SigningKeyError(
-                f"trusted_keys_rev {want!r} does not name a commit in {root}: no key could "
-                "be trusted",
-                remedy="fetch that revision (e.g. `git fetch origin`), or set "
-                "trusted_keys_rev to one that exists (default HEAD)",
-            )
-        if committed is not None:
-            files = {name: data for name, data in committed.items() if name.endswith(".pub")}
-            return dict(_keys_of(files, f"{rev or TRUSTED_REV}:{PUBLIC_KEYS_DIR}"))
+        if rev is not None:
+            if not revision_exists(root, rev):
+                # A revision that names nothing trusts nothing, and an unsigned replacement
+                # ledger would then verify: refuse.
+                raise SigningKeyError(
+                    f"revision {rev!r} does not name a commit in {root}: no key could be trusted",
+                    remedy="fetch that revision (e.g. `git fetch origin`)",
+                )
+            committed = read_tree_files(root, rev, str(PUBLIC_KEYS_DIR)) or {}
+            return _trusted_of(committed, f"{rev}:{PUBLIC_KEYS_DIR}")
+        tr = trust or trust_root(root)
+        if tr.in_git:
+            if tr.commit is None:  # no commit yet: nothing is trusted
+                return TrustedKeys(where=f"HEAD:{PUBLIC_KEYS_DIR}")
+            committed = read_tree_files(root, tr.commit, str(PUBLIC_KEYS_DIR)) or {}
+            return _trusted_of(committed, f"{tr.rev} ({tr.commit[:12]}):{PUBLIC_KEYS_DIR}")
     folder = public_dir or root / PUBLIC_KEYS_DIR
     if not folder.is_dir():
-        return {}
+        return TrustedKeys(where=str(folder))
     files = {}
-    for p in sorted(folder.glob("*.pub")):
+    for p in sorted(folder.iterdir()):
+        if not (p.name.endswith(".pub") or p.name == REVOKED_FILE) or not p.is_file():
+            continue
         try:
             files[p.name] = p.read_bytes()
         except OSError as exc:
-            raise SigningKeyError(f"cannot read public key {p}: {exc}") from exc
-    return dict(_keys_of(files, str(folder)))
+            raise SigningKeyError(f"cannot read {p}: {exc}") from exc
+    return _trusted_of(files, str(folder))
+
+
+def _trusted_of(files: Mapping[str, bytes], where: str) -> TrustedKeys:
+    pubs = {name: data for name, data in files.items() if name.endswith(".pub")}
+    revoked = (
+        parse_revoked(files[REVOKED_FILE], f"{where}/{REVOKED_FILE}")
+        if REVOKED_FILE in files
+        else {}
+    )
+    return TrustedKeys(dict(_keys_of(pubs, where)), revoked=revoked, where=where)
 
 
 def _keys_of(files: Mapping[str, bytes], where: str) -> list[tuple[str, Ed25519PublicKey]]:
@@ -359,6 +438,10 @@ def approver_set(
             )
         else:
             keys[kid] = trusted[kid]
+    revoked = {k: v for k, v in (getattr(trusted, "revoked", None) or {}).items() if k in keys}
     return ApproverSet(
-        environment=environment, required=required, keys=keys, problems=tuple(problems)
+        environment=environment,
+        required=required,
+        keys=TrustedKeys(keys, revoked=revoked, where=where),
+        problems=tuple(problems),
     )

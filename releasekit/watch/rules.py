@@ -261,6 +261,44 @@ def from_manifest(rule: ManifestWatchRule, *, min_requests: int = 20) -> Rule:
         raise WatchRuleError(f"watch rule {rule.metric!r}: {_first_problem(exc)}") from exc
 
 
+def with_floor(rules: list[Rule], floor: list[Rule], *, env: str) -> tuple[list[Rule], list[str]]:
+    """The release's `rules` under `env`'s floor (`watch_floor`, committed policy): a rule
+    of the floor's metric and kind is kept at most as loose as the floor's (its limit,
+    `sustain`, `window_s` and `min_requests` lowered to the floor's), and a floor rule the
+    release has no rule for is added (`watch: []` still gets the floor). Returns the rules
+    and one line per change, "clamped by <env>'s policy: ..."."""
+    out = list(rules)
+    notes: list[str] = []
+    for f in floor:
+        same = [i for i, r in enumerate(out) if r.metric == f.metric and r.kind == f.kind]
+        if not same:
+            out.append(f.model_copy(update={"name": _floor_name(f, out)}))
+            notes.append(
+                f"clamped by {env}'s policy: watch rule {f.describe()} added "
+                "(the release's watch has none for it)"
+            )
+            continue
+        for i in same:
+            r = out[i]
+            update: dict[str, float | int] = {}
+            words: list[str] = []
+            for field in ("above", "factor", "sustain", "window_s", "min_requests"):
+                mine, most = getattr(r, field), getattr(f, field)
+                if most is not None and (mine is None or mine > most):
+                    update[field] = most
+                    was = "none" if mine is None else f"{mine:g}"
+                    words.append(f"{field} {was} -> {most:g}")
+            if update:
+                out[i] = r.model_copy(update=update)
+                notes.append(f"clamped by {env}'s policy: watch rule {r.name}: {', '.join(words)}")
+    return out, notes
+
+
+def _floor_name(rule: Rule, rules: list[Rule]) -> str:
+    names = {r.name for r in rules}
+    return rule.name if rule.name not in names else f"floor_{rule.name}"
+
+
 class SLOLike(Protocol):
     """What a load profile's SLO provides (releasekit.spec.loadprofile.SLO)."""
 

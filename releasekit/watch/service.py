@@ -50,12 +50,19 @@ from releasekit.errors import (
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import env_config
 from releasekit.promote.policy import environment_policy, read_policy
-from releasekit.promote.rollback import RollbackError, RollbackResult, previous_good_release
+from releasekit.promote.rollback import (
+    RollbackError,
+    RollbackResult,
+    break_glass_target,
+    previous_good_release,
+)
 from releasekit.releases.queries import status
 from releasekit.spec.loadprofile import SLO, load_profile
 from releasekit.stores.evidence import BenchPoint, BenchSummary, Percentiles
 from releasekit.stores.ledger import DecisionRecordsError, EventType, Ledger, open_ledger
+from releasekit.stores.ledger.chain import verified_prefix
 from releasekit.stores.results import ReleasePaths
+from releasekit.stores.verified import SignedEvidence
 from releasekit.watch.alertrules import (
     AlertmanagerSnippet,
     AlertRulesFile,
@@ -67,7 +74,14 @@ from releasekit.watch.pairs import AnswerWatch, write_answers_page
 from releasekit.watch.receiver import BasicCredential, ReceiverAuth, create_receiver
 from releasekit.watch.receiver import guard as receiver_guard
 from releasekit.watch.receiver import server_options as receiver_server_options
-from releasekit.watch.rules import Baseline, BaselinePoint, Rule, from_manifest, rules_from_slo
+from releasekit.watch.rules import (
+    Baseline,
+    BaselinePoint,
+    Rule,
+    from_manifest,
+    rules_from_slo,
+    with_floor,
+)
 from releasekit.watch.watcher import (
     RollbackFn,
     RollbackGuard,
@@ -172,13 +186,18 @@ def _percentile_figures(short: str, pct: Percentiles) -> dict[str, float]:
     return out
 
 
-def read_baseline(settings: Settings, release_id: str) -> Baseline | None:
-    """The release's own benchmark (results/<id>/bench/bench.json) as a Baseline, or None
-    when it has none or it is unreadable."""
+def read_baseline(
+    settings: Settings, release_id: str, evidence: SignedEvidence | None = None
+) -> Baseline | None:
+    """The release's own benchmark (results/<id>/bench/bench.json, as its register event
+    signed it: `evidence` from `load_release`) as a Baseline, or None when it has none, it
+    is unreadable, or it is not the one signed."""
     path = ReleasePaths.of(settings, release_id).bench
+    if evidence is None or evidence.problems_for("bench") or not path.is_file():
+        return None
     try:
-        bench = BenchSummary.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError, ValueError):
+        bench = BenchSummary.model_validate_json(evidence.read_bytes("bench"))
+    except (ReleasekitError, ValidationError, ValueError):
         return None
     return baseline_from_bench(bench, release_id=release_id)
 
@@ -245,6 +264,9 @@ def plan_watch(
         ) from exc
     manifest = info.lm.manifest
     rules = [from_manifest(r) for r in manifest.watch]
+    # The environment's floor: the release's own rules only tighten it.
+    rules, clamped = with_floor(rules, watch_floor(settings, env), env=env)
+    notes += clamped
     slo: SLO | None = None
     if include_slo:
         try:
@@ -262,9 +284,11 @@ def plan_watch(
             f"{manifest.name} ({rid[:12]}) has no watch rules and no SLOs",
             remedy="add a `watch:` list to the manifest",
         )
-    baseline = read_baseline(settings, rid)
+    baseline = read_baseline(settings, rid, info.evidence)
     if baseline is None:
-        notes.append("no bench.json: relative rules judge 'no data'")
+        signed = info.evidence.problems_for("bench") if info.evidence else []
+        why = signed[0] if signed else "no bench.json"
+        notes.append(f"{why}: relative rules judge 'no data'")
     if vllm_metrics_url is None:
         vllm_metrics_url, state_gw = metrics_urls(settings, env, rid)
         gateway_metrics_url = gateway_metrics_url or state_gw
@@ -284,6 +308,15 @@ def plan_watch(
         target=target,
         notes=notes,
     )
+
+
+def watch_floor(settings: Settings, env: str) -> list[Rule]:
+    """`env`'s floor under every release's watch rules (`watch_floor`, committed policy);
+    PolicyError when this command's settings change it from the committed policy."""
+    cfg = env_config(settings, env)
+    if "watch_floor" in read_policy(settings, env, cfg).differs:
+        environment_policy(settings, env, cfg)  # raises, naming the fields
+    return [from_manifest(r) for r in cfg.watch_floor]
 
 
 def _unique(rules: list[Rule]) -> list[Rule]:
@@ -313,6 +346,7 @@ class RollbackImpl(Protocol):
         evidence: dict[str, Any] | None = ...,
         from_release: str | None = ...,
         ledger: Ledger | None = ...,
+        break_glass: bool = ...,
     ) -> RollbackResult: ...
 
 
@@ -326,7 +360,13 @@ def rollback_adapter(
     (or `impl`, same signature) to the previous good release, with the breaching windows (or
     the alert) as the event's evidence, as `releasekit-watch` / `releasekit-alertmanager`.
     Nothing to go back to -> `no_known_good`; another release live by now -> `not_live`; a
-    held deploy lock or ledger lock -> RollbackTransientError (retried)."""
+    held deploy lock or ledger lock -> RollbackTransientError (retried).
+
+    A ledger that fails verification does not stop it: a way back must always work, and an
+    alert is when it is needed. It breaks glass on its own (`rollback(break_glass=True)`):
+    back to the release the verified records show live before the first bad record, which
+    no record at or after the failure can choose, recorded with the failure it went past
+    and the trigger as its reason."""
     if impl is None:
         from releasekit.promote.rollback import rollback as impl_
 
@@ -344,15 +384,12 @@ def rollback_adapter(
         if req.answers is not None:
             evidence["rules"] = [*evidence["rules"], "after_promotion_agreement"]
             evidence["answers"] = req.answers
+        glass: dict[str, Any] = {}
         try:  # act only on verified records (what is live, what is marked bad)
             ledger.verified()
         except DecisionRecordsError as exc:
-            return RollbackOutcome(
-                status="failed",
-                env=req.env,
-                from_release=req.from_release,
-                message=f"{exc.message} ({exc.remedy})",
-            )
+            log.warning("ledger fails verification; %s breaks glass: %s", req.env, exc.message)
+            glass = {"break_glass": True}  # decided on the verified records only
         if ledger.live_at(req.env) is None:
             return RollbackOutcome(
                 status="not_live",
@@ -369,6 +406,7 @@ def rollback_adapter(
                 evidence=evidence,
                 from_release=req.from_release,
                 ledger=ledger,
+                **glass,
             )
         except RollbackError as exc:
             return RollbackOutcome(
@@ -391,12 +429,31 @@ def rollback_adapter(
     return call
 
 
+def _check_records(ledger: Ledger) -> None:
+    """Verify afresh before a rollback decision; a failure is logged, not raised: the
+    rollback then breaks glass on the verified records (`rollback_adapter`)."""
+    try:
+        ledger.verified(again=True)
+    except DecisionRecordsError as exc:
+        log.warning("the ledger fails verification: %s", exc.message)
+
+
 def known_good(ledger: Ledger) -> Callable[[str], bool]:
     """`has_known_good(env)`: whether the ledger has an earlier release of `env` that is not
     marked bad (where a rollback would go)."""
 
     def has(env: str) -> bool:
-        ledger.verified()  # marked-bad and live records: verified ones only
+        try:
+            ledger.verified()  # marked-bad and live records: verified ones only
+        except DecisionRecordsError:  # where a break-glass rollback would go
+            raw = ledger.live_at(env)
+            try:
+                break_glass_target(
+                    verified_prefix(ledger), env, current=raw.to_release if raw else None
+                )
+            except RollbackError:
+                return False
+            return True
         return previous_good_release(ledger, env) is not None
 
     return has
@@ -408,7 +465,15 @@ def _latest_event_time(ledger: Ledger, types: list[str]) -> Callable[[str], floa
     would otherwise hold a regression live for a whole cool-down."""
 
     def latest(env: str) -> float | None:
-        ledger.verified()
+        try:
+            ledger.verified()
+        except DecisionRecordsError:  # a break-glass rollback: the verified records only
+            mine = [
+                r
+                for r in verified_prefix(ledger).records
+                if r.environment == env and r.type in types
+            ]
+            return mine[-1].time.timestamp() if mine else None
         recs = ledger.records(environment=env, types=types, newest_first=True, limit=1)
         return recs[0].time.timestamp() if recs else None
 
@@ -522,7 +587,7 @@ class WatchService:
             clock=clock,
             last_rollback_at=last_rollback_time(ledger) if cooldown_from_ledger else None,
             last_promotion_at=last_promotion_time(ledger) if cooldown_from_ledger else None,
-            check_records=lambda: ledger.verified(again=True),
+            check_records=lambda: _check_records(ledger),
         )
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False

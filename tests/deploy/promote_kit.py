@@ -29,8 +29,10 @@ from typing import Any
 import httpx
 import pytest
 from portbands import first_free, share
+from project_copy import land
 
 from releasekit._support.http import http_client
+from releasekit.bench.host import MeasuredOn
 from releasekit.bench.runner import BenchResult, write_evidence
 from releasekit.bench.stats import LatencySummary, PointFlag, PointResult
 from releasekit.config import Settings, load_settings
@@ -62,6 +64,14 @@ def free_port_in_band(
     low = PORT_HIGH - 99 if low is None else low
     high = PORT_HIGH if high is None else high
     return first_free(range(low, high + 1), what=what)
+
+
+KIT_HOST = MeasuredOn(
+    cpu_vendor="AuthenticAMD", cpu_model="AMD EPYC (test)", isa="avx512_bf16", cores=1,
+    load_start=0.5, load_end=0.6,
+)  # fmt: skip
+"""Where the kit's load tests say they were measured: one core, as a replica of the `ray`
+target gets by default, so a knee applies to it (`build(host=...)` for another host)."""
 
 
 def latency(p95: float) -> LatencySummary:
@@ -140,6 +150,7 @@ class Kit:
         profile_digest: str | None = None,
         baseline: str | None = None,
         register: bool = True,
+        host: MeasuredOn | None = None,
     ) -> str:
         """Lock `name` and write real build outputs: lock and manifest copies, eval results
         (every suite; the first `fail[suite]` items fail), a bench sweep (knee at load 16;
@@ -177,6 +188,7 @@ class Kit:
             repetitions=3,
             knee_stable=stable,
             knee_by_repetition=[16, 16, 16] if stable else [16, 4, 16],
+            host=host or KIT_HOST,
         )
         write_evidence(bench, paths.bench_dir)  # gates read bench.json only
         if baseline is not None:
@@ -250,14 +262,16 @@ GOODPUT_LINE = "  - {metric: bench.knee.goodput, kind: non_inferior, margin: 0.2
 
 
 def commit_config(project: Path, message: str = "environments and their policy") -> None:
-    """Commit the project's releasekit.toml: an environment's policy is read from a commit
-    (releasekit.promote.policy), so a change to it is a commit, as in a real repository."""
+    """Commit the project's releasekit.toml and land it on the protected ref: an
+    environment's policy is read from a commit there (releasekit.promote.policy), so a change
+    to it is a reviewed commit, as in a real repository."""
     git = ["git", "-C", str(project), "-c", "user.name=Test", "-c", "user.email=t@example.com"]
     subprocess.run([*git, "add", "releasekit.toml"], check=True, capture_output=True)
     # (Nothing to commit when the file is already committed as it is.)
     subprocess.run([*git, "commit", "-qm", message, "--", "releasekit.toml"], capture_output=True)
     same = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "releasekit.toml"])
     assert same.returncode == 0, "releasekit.toml could not be committed"
+    land(project)  # the policy is read from commits on the protected ref
 
 
 def empty_mlflow_store(db: Path) -> Path:

@@ -36,6 +36,7 @@ from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.policy import PolicyError
 from releasekit.promote.promote import promote
 from releasekit.promote.report import render_html
+from releasekit.releases.register import register_release
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
@@ -168,7 +169,7 @@ def _no_knee(k: Kit, rid: str) -> None:
     ("spoil", "why"),
     [
         (_no_bench, "no load test"),
-        (_other_release, "is for release ffffffffffff, not this one"),
+        (_other_release, "bench/bench.json differs from the digest"),
         (_other_profile, "another load profile"),
         (_no_knee, "has no knee (no load met the SLOs)"),
     ],
@@ -181,8 +182,13 @@ def test_a_release_without_usable_knee_evidence_is_refused_before_anything_runs(
     refuse in one line naming what is missing and what to do, before gates run, before
     the cluster is contacted (nothing listens at its address: reaching it would be
     another error), and with nothing recorded."""
-    rid = akit.build("demo-bf16")
+    # Registered as spoiled; another release's bench.json is refused by `register`, so that
+    # one is swapped in after: the register event's digest then gives it away.
+    swapped = spoil is _other_release
+    rid = akit.build("demo-bf16", register=swapped)
     spoil(akit, rid)
+    if not swapped:
+        register_release(akit.settings, akit.manifest("demo-bf16"))
     with pytest.raises(NoKneeEvidenceError) as info:
         promote(akit.settings, rid, env="staging", reason="try")
     msg = info.value.message
@@ -304,7 +310,7 @@ def test_the_kuberay_export_carries_the_derived_autoscaling(akit: Kit) -> None:
     from the knee, the environment's range and delays; the worker group spans the range."""
     from ray.serve.schema import ServeDeploySchema
 
-    rid = akit.build("demo-bf16", register=False)
+    rid = akit.build("demo-bf16")
     out = akit.root / "rayservice.yaml"
     State.reset()
     r = CliRunner().invoke(

@@ -12,6 +12,7 @@ from promote_kit import GOODPUT_LINE, Kit, kit
 from releasekit.promote.context import load_release
 from releasekit.promote.gates import GateReport, evaluate_gates
 from releasekit.promote.report import gate_rows, render_html, report_json
+from releasekit.releases.register import register_release
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
@@ -32,9 +33,9 @@ def _gate(rep: GateReport, name: str):  # type: ignore[no-untyped-def]
 def test_equal_evidence_passes_every_gate_with_numbers_and_rules(kit: Kit) -> None:
     """A candidate as good as the live release passes: each suite non-inferior (interval
     shown), SLOs, TTFT p95 and goodput at the live knee within the tolerances."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    kit.build("demo-v2", baseline="demo-bf16", register=False)
+    kit.build("demo-v2", baseline="demo-bf16")
     rep = _gates(kit, "demo-v2", "demo-bf16")
     assert rep.passed, [g for g in rep.gates if not g.passed]
     assert rep.mode == "relative" and rep.comparison_source == "report"
@@ -50,8 +51,8 @@ def test_equal_evidence_passes_every_gate_with_numbers_and_rules(kit: Kit) -> No
 def test_damaged_prompt_is_blocked_by_the_quality_gate_naming_suite_and_drop(kit: Kit) -> None:
     """A release failing 60 of 528 core items more than the live one is inferior on core;
     the gate says so with the pass rates."""
-    kit.build("demo-bf16", register=False)
-    kit.build("demo-damaged-prompt", fail={"core": 60}, register=False)
+    kit.build("demo-bf16")
+    kit.build("demo-damaged-prompt", fail={"core": 60})
     rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
     assert not rep.passed
     core = _gate(rep, "suite core")
@@ -64,11 +65,11 @@ def test_damaged_prompt_is_blocked_by_the_quality_gate_naming_suite_and_drop(kit
 def test_comparison_against_another_baseline_is_recomputed_against_live(kit: Kit) -> None:
     """compare.json made against a release that is not live is not used: the gate compares
     with the live release's eval instead."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-old", {"max-num-seqs: 32": "max-num-seqs: 8"})
-    kit.build("demo-old", fail={"core": 100}, register=False)
+    kit.build("demo-old", fail={"core": 100})
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    kit.build("demo-v2", fail={"core": 40}, baseline="demo-old", register=False)
+    kit.build("demo-v2", fail={"core": 40}, baseline="demo-old")
     stored = json.loads(ReleasePaths.of(kit.settings, kit.rids["demo-v2"]).compare.read_text())
     assert stored["verdict"] in ("superior", "non_inferior")  # better than the old one
     rep = _gates(kit, "demo-v2", "demo-bf16")
@@ -79,9 +80,9 @@ def test_comparison_against_another_baseline_is_recomputed_against_live(kit: Kit
 def test_a_different_load_profile_is_mismatched_evidence(kit: Kit) -> None:
     """Bench results made with another load profile fail the evidence gate, and no perf
     comparison is made from them."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    kit.build("demo-v2", profile_digest="0" * 64, register=False)
+    kit.build("demo-v2", profile_digest="0" * 64)
     rep = _gates(kit, "demo-v2", "demo-bf16")
     assert not _gate(rep, "bench evidence (candidate)").passed
     same = _gate(rep, "same load profile as live")
@@ -92,10 +93,10 @@ def test_a_different_load_profile_is_mismatched_evidence(kit: Kit) -> None:
 def test_a_different_suite_file_is_missing_evidence(kit: Kit) -> None:
     """When the candidate was evaluated on an edited suite file, the suite gate fails as
     missing evidence and the evidence gate names the suite."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     suite = kit.root / "pipelines" / "eval" / "edge.jsonl"
     suite.write_text(suite.read_text().splitlines()[0] + "\n")
-    kit.build("demo-damaged-prompt", register=False)
+    kit.build("demo-damaged-prompt")
     rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
     assert not rep.passed
     assert "edge" in _gate(rep, "same eval suites as live").detail
@@ -105,9 +106,9 @@ def test_a_different_suite_file_is_missing_evidence(kit: Kit) -> None:
 def test_slower_knee_fails_the_ttft_gate_and_lower_goodput_the_goodput_gate(kit: Kit) -> None:
     """TTFT p95 at the live knee above live x 1.5 (the manifest's margin) fails; goodput
     below live x 0.9 (the default tolerance) fails."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16", GOODPUT_LINE: ""})
-    kit.build("demo-v2", knee_ttft=0.31, knee_goodput=7.0, register=False)
+    kit.build("demo-v2", knee_ttft=0.31, knee_goodput=7.0)
     rep = _gates(kit, "demo-v2", "demo-bf16")
     assert {g.name for g in rep.failed} == {"ttft_p95_s at the knee", "goodput at the knee"}
     goodput = _gate(rep, "goodput at the knee")
@@ -119,18 +120,22 @@ def test_a_difference_within_the_run_to_run_spread_is_noise_not_a_regression(kit
     """Goodput 12.5% below live fails a 10% tolerance, unless the live release's own runs at
     that load spread wider than that (here 25%): then the host's noise is the tolerance, and
     the rule says so."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16", GOODPUT_LINE: ""})
-    kit.build("demo-v2", knee_goodput=7.0, register=False)
+    kit.build("demo-v2", knee_goodput=7.0)
     assert not _gate(_gates(kit, "demo-v2", "demo-bf16"), "goodput at the knee").passed
-    bench = ReleasePaths.of(kit.settings, kit.rids["demo-bf16"]).bench
+    # A live release whose load test (as registered) spread 25% at that load.
+    kit.variant("demo-bf16", "demo-noisy", {"max-num-seqs: 32": "max-num-seqs: 8"})
+    kit.build("demo-noisy", register=False)
+    bench = ReleasePaths.of(kit.settings, kit.rids["demo-noisy"]).bench
     data = json.loads(bench.read_text())
     noisy = {"n": 3, "min": 6.5, "median": 8.0, "max": 8.5}
     for point in [*data["points"], data["knee"]]:
         if point["load"] == 16:
             point["spread"]["goodput"] = noisy
     bench.write_text(json.dumps(data))
-    goodput = _gate(_gates(kit, "demo-v2", "demo-bf16"), "goodput at the knee")
+    register_release(kit.settings, kit.manifest("demo-noisy"))
+    goodput = _gate(_gates(kit, "demo-v2", "demo-noisy"), "goodput at the knee")
     assert goodput.passed and "run-to-run spread 0.25" in goodput.rule
     assert goodput.limit == 8.0 * 0.75
 
@@ -138,11 +143,11 @@ def test_a_difference_within_the_run_to_run_spread_is_noise_not_a_regression(kit
 def test_flagged_or_unstable_knee_fails_the_slo_gate(kit: Kit) -> None:
     """A knee carrying a reliability flag, or one that differs between repetitions, is not
     evidence that the SLOs hold."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    kit.build("demo-v2", flagged_knee=True, register=False)
+    kit.build("demo-v2", flagged_knee=True)
     kit.variant("demo-bf16", "demo-v3", {"max-num-seqs: 32": "max-num-seqs: 8"})
-    kit.build("demo-v3", stable=False, register=False)
+    kit.build("demo-v3", stable=False)
     flagged = _gate(_gates(kit, "demo-v2", "demo-bf16"), "SLOs hold at the knee (candidate)")
     assert not flagged.passed and "client_bound" in flagged.detail
     unstable = _gate(_gates(kit, "demo-v3", "demo-bf16"), "SLOs hold at the knee (candidate)")
@@ -151,8 +156,8 @@ def test_flagged_or_unstable_knee_fails_the_slo_gate(kit: Kit) -> None:
 
 def test_missing_eval_results_fail_closed(kit: Kit) -> None:
     """A candidate without eval results fails its evidence gate and every quality gate."""
-    kit.build("demo-bf16", register=False)
-    kit.build("demo-damaged-prompt", register=False)
+    kit.build("demo-bf16")
+    kit.build("demo-damaged-prompt")
     eval_json = ReleasePaths.of(kit.settings, kit.rids["demo-damaged-prompt"]).eval
     eval_json.unlink()
     rep = _gates(kit, "demo-damaged-prompt", "demo-bf16")
@@ -173,7 +178,7 @@ def test_absolute_mode_uses_the_suites_minimum_pass_rates(kit: Kit) -> None:
             )
         },
     )
-    kit.build("demo-min", fail={"core": 106}, register=False)  # 422 of 528 pass: 0.799
+    kit.build("demo-min", fail={"core": 106})  # 422 of 528 pass: 0.799
     rep = _gates(kit, "demo-min", None)
     assert rep.mode == "absolute"
     core = _gate(rep, "suite core")
@@ -184,9 +189,9 @@ def test_absolute_mode_uses_the_suites_minimum_pass_rates(kit: Kit) -> None:
 def test_report_renders_table_json_and_html_with_both_curves(kit: Kit) -> None:
     """The gate report comes as rows, JSON that reads back, and an HTML page with the
     plot of both releases and a link to the eval comparison."""
-    kit.build("demo-bf16", register=False)
+    kit.build("demo-bf16")
     kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
-    kit.build("demo-v2", baseline="demo-bf16", register=False)
+    kit.build("demo-v2", baseline="demo-bf16")
     rep = _gates(kit, "demo-v2", "demo-bf16")
     rows = gate_rows(rep)
     assert rows[0][0] == "eval evidence (candidate)" and rows[0][2] == "pass"

@@ -34,6 +34,7 @@ from releasekit.promote.gates import GateReport, evaluate_gates
 from releasekit.promote.policy import PolicyError, read_policy
 from releasekit.promote.promote import PERF_BY_CANARY_UNUSED, promote
 from releasekit.promote.rollback import rollback
+from releasekit.releases.register import register_release
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
@@ -44,6 +45,15 @@ __all__ = ["kit"]
 def _head(k: Kit) -> str:
     return subprocess.run(
         ["git", "-C", str(k.root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _branch(k: Kit) -> str:
+    return subprocess.run(
+        ["git", "-C", str(k.root), "symbolic-ref", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
 
 
@@ -58,6 +68,9 @@ def _set_policy(k: Kit, env: str, line: str, *, commit: bool) -> None:
 
 
 def _gates(k: Kit, cand: str, live: str | None, policy: EnvironmentConfig) -> GateReport:
+    for name in (cand, live):  # sign the evidence as the test made it (no-op once signed)
+        if name is not None:
+            register_release(k.settings, k.manifest(name))
     led = Ledger(k.settings.ledger_url or "")
     ci = load_release(k.settings, k.rids[cand], ledger=led)
     li = load_release(k.settings, k.rids[live], ledger=led) if live else None
@@ -191,6 +204,7 @@ def test_promote_gate_failed_and_rollback_events_record_the_policy_and_its_sourc
             "kind": "committed",
             "rev": "HEAD",
             "commit": head,
+            "protected_ref": f"origin/{_branch(kit)}",
             "digest": digest_obj(committed),
         }, kind
 
@@ -332,9 +346,11 @@ def test_the_candidates_own_spread_never_widens_its_tolerance(kit: Kit) -> None:
     assert not goodput.passed and goodput.kind == "perf"
     assert goodput.limit == pytest.approx(8.0 * 0.9) and "widened" not in goodput.rule
     # The cap is the environment's: a tighter one fails the same live spread as evidence.
-    _spread(kit, "demo-bf16", "goodput", {"n": 3, "min": 6.5, "median": 8.0, "max": 8.5})
+    kit.variant("demo-bf16", "demo-noisy", {"max-num-seqs: 32": "max-num-seqs: 8"})
+    kit.build("demo-noisy", register=False)
+    _spread(kit, "demo-noisy", "goodput", {"n": 3, "min": 6.5, "median": 8.0, "max": 8.5})
     tight = policy.model_copy(update={"max_perf_spread": 0.2})
-    g = _gate(_gates(kit, "demo-v2", "demo-bf16", tight), "goodput at the knee")
+    g = _gate(_gates(kit, "demo-v2", "demo-noisy", tight), "goodput at the knee")
     assert g.kind == "evidence" and not g.passed and "live spread 0.25 > 0.2" in g.detail
 
 

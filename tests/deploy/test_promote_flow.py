@@ -287,7 +287,15 @@ def test_a_failure_after_the_switch_reverts_traffic_by_itself(kit: Kit) -> None:
     new = _v2(kit, register=False)
     with Streamer(kit.gateway("staging"), chunks=20) as s:
         s.wait_for(2)
-        res = promote(kit.settings, new, env="staging")
+        # Unregistered, its evidence is signed by nothing (and so not read): an override
+        # carries it past the gates to the switch, where moving the record fails.
+        res = promote(
+            kit.settings,
+            new,
+            env="staging",
+            force=["evidence", "quality", "perf"],
+            reason="test the revert",
+        )
         s.wait_for(3)
     assert res.status == "deploy_failed" and res.deploy is not None
     assert res.deploy.failed_stage == "record" and res.deploy.switched and res.deploy.reverted

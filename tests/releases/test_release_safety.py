@@ -338,7 +338,11 @@ def test_signed_ledger_cli_keygen_verify_and_forgery(mlproj: Proj) -> None:
         "GIT_COMMITTER_NAME": "Test",
         "GIT_COMMITTER_EMAIL": "t@example.com",
     }
-    for cmd in (["git", "add", "keys"], ["git", "commit", "-qm", "trust the release key"]):
+    for cmd in (
+        ["git", "add", "keys"],
+        ["git", "commit", "-qm", "trust the release key"],
+        ["git", "push", "-q"],  # landed on the protected ref (the key counts from there)
+    ):
         subprocess.run(cmd, cwd=mlproj.root, check=True, env=ident)
     lk = mlproj.build("demo-bf16")
     assert runner.invoke(app, ["register", "manifests/demo-bf16.yaml"]).exit_code == 0

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from releasekit.config import load_settings
 from releasekit.errors import SigningRequiredError
 from releasekit.stores import anchor as anc
 from releasekit.stores import signing
@@ -29,7 +28,6 @@ from releasekit.stores.ledger import (
     LedgerNotFoundError,
     events_table,
     head_table,
-    open_ledger,
     record_hash,
     signatures_table,
 )
@@ -178,15 +176,13 @@ def test_stripping_a_signature_alone_is_named(ledger_db: str, repo: Path) -> Non
 def test_unknown_signing_key_names_record_and_key(
     ledger_db: str, repo: Path, tmp_path: Path
 ) -> None:
-    """A record signed by a key the repository does not trust fails with that key's id."""
+    """A record signed by a key the repository does not trust (written by a process that
+    checks no keys) fails with that key's id."""
     rogue = signing.generate_keypair(tmp_path / "rogue")
-    led = Ledger(
-        ledger_db,
-        actor="x",
-        signer=signing.load_private_key(rogue.private_path),
-        trusted=signing.trusted_keys(repo),
+    Ledger(ledger_db, actor="x", signer=signing.load_private_key(rogue.private_path)).append(
+        Event(type=EventType.BUILD, to_release=RID)
     )
-    led.append(Event(type=EventType.BUILD, to_release=RID))
+    led = Ledger(ledger_db, actor="x", trusted=signing.trusted_keys(repo))
     res = led.verify()
     assert not res.ok and res.first_bad_seq == 1
     assert rogue.key_id in (res.problem or "") and "does not trust" in (res.problem or "")
@@ -381,14 +377,11 @@ def test_uncommitted_public_key_is_not_trusted(ledger_db: str, repo: Path, tmp_p
     assert rogue.public_path.is_file()
     trusted = signing.trusted_keys(repo)
     assert rogue.key_id not in trusted and len(trusted) == 1
-    led = Ledger(
-        ledger_db,
-        actor="x",
-        signer=signing.load_private_key(rogue.private_path),
-        anchor_repo=repo,
-        trusted=trusted,
+    unchecked = Ledger(
+        ledger_db, actor="x", signer=signing.load_private_key(rogue.private_path), anchor_repo=repo
     )
-    fill(led, 2)
+    fill(unchecked, 2)
+    led = Ledger(ledger_db, actor="x", anchor_repo=repo, trusted=trusted)
     res = led.verify()
     assert not res.ok and res.first_bad_seq == 1
     assert f"key {rogue.key_id}, which the repository does not trust" in (res.problem or "")
@@ -470,9 +463,10 @@ def test_verify_against_a_remote_without_an_anchor_fails(
 
 def test_no_trusted_key_while_records_are_signed_fails_verify(tmp_path: Path, repo: Path) -> None:
     """Signed records checked against an empty set of trusted keys (the keys were deleted
-    from the trusted revision) fail verify, naming the first signed record; a
-    `trusted_keys_rev` that names no commit trusts nothing and is refused outright, so a
-    swapped, unsigned and re-anchored ledger can no longer verify against no key at all."""
+    from the trusted revision) fail verify, naming the first signed record; a revision that
+    names no commit (`verify --remote` reading a branch not fetched) trusts nothing and is
+    refused outright, so a swapped, unsigned and re-anchored ledger can no longer verify
+    against no key at all."""
     url = f"sqlite:///{tmp_path / 'signed.db'}"
     led = open_signed(url, repo)
     fill(led)
@@ -488,9 +482,6 @@ def test_no_trusted_key_while_records_are_signed_fails_verify(tmp_path: Path, re
     reanchor(url, repo)
     with pytest.raises(signing.SigningKeyError, match="does not name a commit"):
         signing.trusted_keys(repo, rev="origin/main")
-    settings = load_settings(root=repo, ledger_url=url, trusted_keys_rev="origin/main")
-    with pytest.raises(signing.SigningKeyError, match="trusted_keys_rev 'origin/main'"):
-        open_ledger(settings, read_only=True)
 
 
 def test_a_decision_refuses_an_unverified_ledger_with_one_line(tmp_path: Path, repo: Path) -> None:

@@ -25,6 +25,7 @@ from releasekit.config import Settings, load_settings
 from releasekit.deploy.gateway import Route
 from releasekit.deploy.state import DeployStateError, EnvState, GatewayRecord, write_state
 from releasekit.promote.rollback import RollbackError, RollbackResult
+from releasekit.stores.evidence import read_evidence
 from releasekit.stores.ledger import DecisionRecordsError, Event, EventType, Ledger, events_table
 from releasekit.watch.receiver import ReceiverAuth
 from releasekit.watch.rules import Rule
@@ -109,8 +110,17 @@ class StandInRollback:
         evidence: dict[str, Any] | None = None,
         from_release: str | None = None,
         ledger: Ledger | None = None,
+        break_glass: bool = False,
     ) -> RollbackResult:
-        self.calls.append({"env": env, "reason": reason, "actor": actor, "evidence": evidence})
+        self.calls.append(
+            {
+                "env": env,
+                "reason": reason,
+                "actor": actor,
+                "evidence": evidence,
+                "break_glass": break_glass,
+            }
+        )
         if self.fail is not None:
             raise self.fail
         assert ledger is not None
@@ -256,6 +266,16 @@ def wenv(
     r0 = _locked_release(project, "demo-r0", max_num_seqs=32)
     r1 = _locked_release(project, "demo-r1", max_num_seqs=1)
     led = Ledger(settings.ledger_url or "", actor=ACTOR)
+    for rid in (r0, r1):
+        # The register event signs the release's files, as `register` records them.
+        digests = read_evidence(settings, rid).digests
+        led.append(
+            Event(
+                type=EventType.REGISTER,
+                to_release=rid,
+                evidence={"reports": digests, "manifest_digest": digests["manifest.yaml"]},
+            )
+        )
     for rid in (r0, r1):
         led.append(
             Event(type=EventType.PROMOTE, environment=ENV, to_release=rid, live=True, reason="t")
@@ -627,12 +647,16 @@ def test_the_cooldown_reads_rollbacks_and_promotions_from_the_ledger(wenv: Watch
     )
 
 
-def test_the_cooldown_and_known_good_read_only_verified_records(wenv: WatchEnv) -> None:
+def test_a_ledger_that_fails_verification_breaks_glass(wenv: WatchEnv) -> None:
     """A rollback record edited in the database (here its reason) breaks the chain: the
-    guard neither cools down on it nor looks for a known-good release in such a ledger; the
-    rollback request fails naming the ledger, and nothing is written; a watcher that had
-    verified the ledger before the edit checks it afresh for the request."""
-    running = wenv.service(cooldown_s=900)
+    guard's cool-down and known-good read only the records before it (the forged rollback
+    does not cool the environment down), and the watcher's rollback request still goes
+    back, breaking glass (a way back must always work) rather than failing; a watcher that
+    had verified the ledger before the edit checks it afresh for the request."""
+    impl = StandInRollback(wenv)
+    running = wenv.service(
+        cooldown_s=900, rollback=rollback_adapter(wenv.settings, ledger=wenv.ledger, impl=impl)
+    )
     assert running.guard.cooldown_left(ENV) == 0.0  # verified, and cached by head
     rb = wenv.rollback_by_hand()
     engine = create_engine(wenv.settings.ledger_url or "")
@@ -642,14 +666,13 @@ def test_the_cooldown_and_known_good_read_only_verified_records(wenv: WatchEnv) 
         )
     engine.dispose()
     led = Ledger(wenv.settings.ledger_url or "", actor=ACTOR)
-    for read in (last_rollback_time(led), last_promotion_time(led)):
-        with pytest.raises(DecisionRecordsError, match="refusing to act on ledger"):
-            read(ENV)
-    before = len(led.records(environment=ENV))
+    with pytest.raises(DecisionRecordsError, match="refusing to act on ledger"):
+        led.verified()
+    assert last_rollback_time(led)(ENV) is None  # the forged rollback is past the failure
+    assert last_promotion_time(led)(ENV) is not None
     req = RollbackRequest(
-        env=ENV, from_release=wenv.r0, reason="r", trigger="watch", requested_at=0
+        env=ENV, from_release=wenv.r1, reason="r", trigger="watch", requested_at=0
     )
-    out = running.watcher.request_rollback(req)
-    assert out.status == "failed" and "refusing to act on ledger" in (out.message or "")
-    assert len(led.records(environment=ENV)) == before
+    running.watcher.request_rollback(req)
+    assert [c["break_glass"] for c in impl.calls] == [True]
     led.close()

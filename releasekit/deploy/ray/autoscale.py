@@ -30,8 +30,9 @@ class NoKneeEvidenceError(DeployError):
     load profile, or a sweep where no load met the SLOs)."""
 
     remedy = (
-        "run `releasekit bench MANIFEST` for this release (its sweep needs a load that meets "
-        "the SLOs), or set autoscaling.target_queue_depth by hand in releasekit.toml"
+        "run `releasekit bench MANIFEST` for this release on a host with the replica's cores "
+        "(its sweep needs a load that meets the SLOs), or set autoscaling.target_queue_depth "
+        "by hand in releasekit.toml"
     )
 
 
@@ -81,16 +82,43 @@ class AutoscalePlan(BaseModel):
 
 
 def autoscale_plan(
-    env: str, auto: RayAutoscaling, spec: ReleaseSpec, *, fixed_without_knee: bool = False
+    env: str,
+    auto: RayAutoscaling,
+    spec: ReleaseSpec,
+    *,
+    fixed_without_knee: bool = False,
+    replica_cpus: float | None = None,
 ) -> AutoscalePlan:
     """The autoscaling `auto` (an environment's policy) gives release `spec`.
-    NoKneeEvidenceError when the target comes from the knee and `spec` has none, unless
+    NoKneeEvidenceError when the target comes from the knee and `spec` has none (or one
+    measured on another core count than `replica_cpus`, the CPUs a replica gets), unless
     `fixed_without_knee` (a start that is not a promotion: a rollback must always be able
     to bring the previous release back), when it runs max_replicas, unscaled."""
     return plan_for(
         env, auto, spec.release_id, spec.knee, spec.knee_problem,
-        fixed_without_knee=fixed_without_knee,
+        fixed_without_knee=fixed_without_knee, replica_cpus=replica_cpus,
     )  # fmt: skip
+
+
+def knee_cores_problem(knee: KneeEvidence, replica_cpus: float | None) -> str | None:
+    """Why a knee does not apply to replicas with `replica_cpus` CPUs (None: it does, or no
+    replica size is known): requests in flight at the knee depend on the cores that served
+    them, so a knee measured on 2 cores says nothing about a 1-CPU replica."""
+    if replica_cpus is None:
+        return None
+    if knee.cores is None:
+        return (
+            f"{knee.source} records no host (measured before releasekit recorded where), so "
+            f"its knee cannot be matched to a replica of {replica_cpus:g} CPU"
+        )
+    if float(knee.cores) != float(replica_cpus):
+        return (
+            f"its knee was measured on {knee.cores} core{'s' if knee.cores != 1 else ''} "
+            f"({knee.host or knee.source}), and a replica here gets {replica_cpus:g} CPU: a "
+            "knee does not carry across core counts (bench it with the replica's cores, or "
+            "set cpus_per_replica to the knee's)"
+        )
+    return None
 
 
 def plan_for(
@@ -101,8 +129,10 @@ def plan_for(
     knee_problem: str | None = None,
     *,
     fixed_without_knee: bool = False,
+    replica_cpus: float | None = None,
 ) -> AutoscalePlan:
-    """`autoscale_plan` from a release's id and knee evidence (None, with why)."""
+    """`autoscale_plan` from a release's id and knee evidence (None, with why); a knee
+    measured on another core count than `replica_cpus` counts as none."""
     common: dict[str, Any] = {
         "environment": env,
         "release_id": release_id,
@@ -116,6 +146,9 @@ def plan_for(
     if auto.target_queue_depth is not None:
         return AutoscalePlan(**common, target_in_flight=auto.target_queue_depth, source="by hand")
     headroom = auto.knee_headroom if auto.knee_headroom is not None else 0.0
+    cores_bad = knee_cores_problem(knee, replica_cpus) if knee is not None else None
+    if cores_bad is not None:
+        knee, knee_problem = None, cores_bad
     if knee is None or knee.in_flight <= 0:
         why = knee_problem or "its load test has no knee"
         if fixed_without_knee:

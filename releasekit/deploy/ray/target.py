@@ -110,7 +110,13 @@ def release_app_args(
     count = replicas or ray.replicas
     autoscaling: dict[str, Any] | None = None
     if ray.autoscaling is not None:
-        plan = autoscale_plan(env, ray.autoscaling, spec, fixed_without_knee=fixed_without_knee)
+        plan = autoscale_plan(
+            env,
+            ray.autoscaling,
+            spec,
+            fixed_without_knee=fixed_without_knee,
+            replica_cpus=ray.cpus_per_replica,
+        )
         autoscaling = serve_autoscaling_config(plan, replicas=count)
     opts = replica_options(
         replicas=count,
@@ -328,7 +334,13 @@ class RayTarget(LocalTarget):
 
         auto = self.ray.autoscaling
         plan = (
-            autoscale_plan(self.env, auto, spec, fixed_without_knee=True)
+            autoscale_plan(
+                self.env,
+                auto,
+                spec,
+                fixed_without_knee=True,
+                replica_cpus=self.ray.cpus_per_replica,
+            )
             if auto is not None
             else None
         )
@@ -390,7 +402,9 @@ class RayTarget(LocalTarget):
         """How `spec`'s replicas scale here (None: a fixed count); NoKneeEvidenceError
         when the environment derives the target from a knee `spec` lacks."""
         auto = self.ray.autoscaling
-        return autoscale_plan(self.env, auto, spec) if auto is not None else None
+        if auto is None:
+            return None
+        return autoscale_plan(self.env, auto, spec, replica_cpus=self.ray.cpus_per_replica)
 
     def _wait_running(self, app: str, rec: ServerRecord) -> None:
         deadline = time.monotonic() + self.settings.server_start_timeout_s + 30

@@ -15,6 +15,8 @@ from releasekit.errors import LedgerIntegrityError, SignatureError
 from releasekit.stores import anchor as anchors
 from releasekit.stores.ledger.schema import (
     GENESIS,
+    LedgerRecord,
+    _to_record,
     events_table,
     head_table,
     record_hash,
@@ -69,7 +71,8 @@ class DecisionRecordsError(LedgerIntegrityError):
 
     remedy = (
         "run `releasekit ledger verify` for the details; restore the ledger from a backup, or "
-        "commit the signer's keys/<key id>.pub if it is a legitimate key; nothing was changed"
+        "commit the signer's keys/<key id>.pub if it is a legitimate key; nothing was "
+        "changed; to go back meanwhile: `releasekit rollback ENV --break-glass --reason TEXT`"
     )
 
 
@@ -439,3 +442,58 @@ def _chain_problem(
             m["event_id"],
         )
     return None
+
+
+class VerifiedPrefix(BaseModel):
+    """The part of the ledger that verifies: every record before the first bad one.
+
+    `ok`: the whole ledger verifies (`records` is all of it). Otherwise `first_bad_seq` and
+    `problem` say which record failed and how, and `records` holds only the records before
+    it, each checked (chain, signature, git anchor) as `verify` checks the whole ledger."""
+
+    ok: bool
+    first_bad_seq: int | None = None
+    event_id: str | None = None
+    problem: str | None = None
+    records: list[LedgerRecord] = Field(default_factory=list)
+
+    @property
+    def head_seq(self) -> int | None:
+        """The last verified record's seq (None: nothing verifies)."""
+        return self.records[-1].seq if self.records else None
+
+    def failure(self) -> dict[str, Any]:
+        """What a record written past the failure says about it (ledger evidence)."""
+        return {
+            "first_bad_seq": self.first_bad_seq,
+            "event_id": self.event_id,
+            "problem": self.problem,
+            "verified_up_to": self.head_seq,
+        }
+
+
+def first_bad(ledger: LedgerVerification) -> VerifyResult:
+    """Verify the ledger as a decision does (chain, signatures, anchors; not the approval
+    audit): the result names the first record that fails, if any."""
+    return ledger.verify(audit=False)
+
+
+def verified_prefix(ledger: Any) -> VerifiedPrefix:
+    """The records of `ledger` (a `Ledger`) that verify: all of them, or those before the
+    first bad record. A record at or after the first failure is never in it, whatever it
+    says, so a decision read from the prefix cannot be steered by a forged or junk row."""
+    res = first_bad(ledger)
+    q = ledger._select()
+    if not res.ok:  # rows at and after the failure are not even parsed
+        q = q.where(events_table.c.seq < (res.first_bad_seq or 1))
+    with ledger._read() as conn:
+        recs = [_to_record(r) for r in conn.execute(q.order_by(events_table.c.seq))]
+    if res.ok:
+        return VerifiedPrefix(ok=True, records=recs)
+    return VerifiedPrefix(
+        ok=False,
+        first_bad_seq=res.first_bad_seq,
+        event_id=res.event_id,
+        problem=res.problem,
+        records=recs,
+    )

@@ -1,4 +1,11 @@
-"""Reading the ledger: records by environment, release and time; what was live when."""
+"""Reading the ledger: records by environment, release and time; what was live when.
+
+What was live: the live events (`assign`, `promote`, `override`, `rollback`). In an
+environment releasekit deploys (the ledger holds a deploying event there: `DEPLOYING_TYPES`)
+an `assign` recorded after the first deploying event never counts as live: it only moved a
+name, never what serves, so the release of record there is the last release promote or
+rollback put in place (`live_at`,
+`current`, `records(live=True)`). `served_at` is the last of those everywhere."""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select
 
 from releasekit.stores.ledger.schema import (
     LedgerRecord,
@@ -15,6 +22,35 @@ from releasekit.stores.ledger.schema import (
     events_table,
     format_time,
 )
+
+SERVED_TYPES: tuple[str, ...] = ("promote", "override", "rollback", "deploy")
+"""Live events that put a release in place by deploying it (an `assign` only records)."""
+DEPLOYING_TYPES: tuple[str, ...] = (
+    *SERVED_TYPES,
+    "deploy_failed",
+    "canary_step",
+    "canary_aborted",
+    "down",
+)
+"""Events that show releasekit deploys an environment."""
+
+
+def _counts_as_live() -> ColumnElement[bool]:
+    """A live record that counts: anything but an `assign` made after releasekit deployed
+    its environment (an `assign` from before the first deploy was the record of an
+    environment that was then only a registry of aliases, and stays what was live then)."""
+    t = events_table
+    earlier = events_table.alias("earlier")
+    deployed_before = (
+        select(earlier.c.seq)
+        .where(
+            earlier.c.environment == t.c.environment,
+            earlier.c.type.in_(DEPLOYING_TYPES),
+            earlier.c.seq < t.c.seq,
+        )
+        .exists()
+    )
+    return (t.c.live == True) & or_(t.c.type != "assign", ~deployed_before)  # noqa: E712
 
 
 class LedgerQueries:
@@ -40,7 +76,8 @@ class LedgerQueries:
     ) -> list[LedgerRecord]:
         """Records matching every filter given, in chain order (or newest first).
 
-        `release` matches either side of an event (from or to); `since`/`until` are inclusive.
+        `release` matches either side of an event (from or to); `since`/`until` are inclusive;
+        `live=True` leaves out `assign` records of deployed environments (module docstring).
         """
         t = events_table
         q = self._select()
@@ -54,8 +91,10 @@ class LedgerQueries:
             q = q.where(t.c.time >= format_time(since))
         if until is not None:
             q = q.where(t.c.time <= format_time(until))
-        if live is not None:
-            q = q.where(t.c.live == live)
+        if live is True:
+            q = q.where(_counts_as_live())
+        elif live is False:
+            q = q.where(t.c.live == False)  # noqa: E712
         q = q.order_by(t.c.seq.desc() if newest_first else t.c.seq.asc())
         if limit is not None:
             q = q.limit(limit)
@@ -64,12 +103,45 @@ class LedgerQueries:
 
     def live_at(self, environment: str, at: dt.datetime | None = None) -> LedgerRecord | None:
         """The event that put the current release of `environment` in place at time `at`
-        (now if None), or None if nothing was live there yet."""
+        (now if None), or None if nothing was live there yet (an `assign` does not count
+        where releasekit deploys the environment: module docstring)."""
         t = events_table
-        q = self._select().where(t.c.environment == environment, t.c.live == True)  # noqa: E712
+        q = self._select().where(t.c.environment == environment, _counts_as_live())
         if at is not None:
             q = q.where(t.c.time <= format_time(at))
         q = q.order_by(t.c.time.desc(), t.c.seq.desc()).limit(1)
+        with self._read() as conn:
+            row = conn.execute(q).first()
+        return _to_record(row) if row is not None else None
+
+    def served_at(self, environment: str) -> LedgerRecord | None:
+        """The last event that deployed a release into `environment` and put it in place
+        (`SERVED_TYPES`: never an `assign`), or None."""
+        t = events_table
+        q = (
+            self._select()
+            .where(
+                t.c.environment == environment,
+                t.c.live == True,  # noqa: E712
+                t.c.type.in_(SERVED_TYPES),
+            )
+            .order_by(t.c.seq.desc())
+            .limit(1)
+        )
+        with self._read() as conn:
+            row = conn.execute(q).first()
+        return _to_record(row) if row is not None else None
+
+    def deployed(self, environment: str) -> LedgerRecord | None:
+        """The first event showing releasekit deploys `environment` (`DEPLOYING_TYPES`), or
+        None when the ledger shows none."""
+        t = events_table
+        q = (
+            self._select()
+            .where(t.c.environment == environment, t.c.type.in_(DEPLOYING_TYPES))
+            .order_by(t.c.seq.asc())
+            .limit(1)
+        )
         with self._read() as conn:
             row = conn.execute(q).first()
         return _to_record(row) if row is not None else None
@@ -79,7 +151,7 @@ class LedgerQueries:
         t = events_table
         latest = (
             select(func.max(t.c.seq).label("seq"))
-            .where(t.c.live == True)  # noqa: E712
+            .where(_counts_as_live())
             .group_by(t.c.environment)
             .subquery()
         )

@@ -39,6 +39,7 @@ from releasekit.errors import (
     LedgerNotFoundError,
     NotAProjectError,
     ReleasekitError,
+    SigningKeyError,
     SigningRequiredError,
 )
 from releasekit.notify import notifier_for
@@ -67,8 +68,10 @@ from releasekit.stores.signing import (
     approver_set,
     find_signer,
     generate_keypair,
+    revoked_after,
     trusted_keys,
 )
+from releasekit.stores.trust import committed_config, trust_root
 
 log = logging.getLogger(__name__)
 
@@ -393,6 +396,30 @@ class Ledger(LedgerQueries, LedgerVerification):
                 "after it would fail verification for good; no signing key is configured"
             )
 
+    def _refuse_untrusted(self, first_seq: int) -> None:
+        """Raise SigningKeyError when the signing key is one this ledger's trusted keys do not
+        hold, or revoke before record `first_seq`: such a record would fail verification, and
+        every decision read from the ledger after it with it."""
+        if self.signer is None or self.trusted is None:
+            return
+        kid = self.signer.key_id
+        where = self.trusted_from or "the trusted keys"
+        if kid not in self.trusted:
+            raise SigningKeyError(
+                f"refusing to append to ledger {redact_url(self.url)}: the signing key {kid} is "
+                f"not trusted (no keys/{kid}.pub in {where})",
+                remedy=f"land keys/{kid}.pub on the protected ref through review and fetch, or "
+                "sign with a trusted key (RELEASEKIT_SIGNING_KEY); nothing was written",
+            )
+        cut = revoked_after(self.trusted, kid)
+        if cut is not None and first_seq > cut:
+            raise SigningKeyError(
+                f"refusing to append to ledger {redact_url(self.url)}: the signing key {kid} is "
+                f"revoked after record {cut} (keys/revoked in {where})",
+                remedy="sign with another trusted key (RELEASEKIT_SIGNING_KEY); nothing was "
+                "written",
+            )
+
     def _append_locked(self, conn: Connection, events: Sequence[Event]) -> list[LedgerRecord]:
         head = conn.execute(select(head_table).where(head_table.c.id == 1)).first()
         last = conn.execute(
@@ -414,6 +441,8 @@ class Ledger(LedgerQueries, LedgerVerification):
             )
         if self.signer is None:
             self._refuse_unsigned(conn, head.seq if head is not None else None)
+        else:
+            self._refuse_untrusted(head.seq + 1 if head is not None else 1)
         ids = [ev.event_id for ev in events]
         dupes = (
             conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(ids)))
@@ -536,8 +565,8 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
     require_project(settings)
     url = settings.ledger_url or ""
     signer = None if read_only else find_signer(settings.root, path=settings.signing_key)
-    rev = settings.trusted_keys_rev
-    trusted = trusted_keys(settings.root, rev=rev)
+    tr = trust_root(settings.root)
+    trusted = trusted_keys(settings.root, trust=tr)
     try:
         led = Ledger(
             url,
@@ -556,17 +585,16 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
                 url=exc.url,
             ) from exc
         raise
+    shown = f"{tr.rev} ({tr.commit[:12]})" if tr.commit else "HEAD"
     led.trusted_from = (
-        f"committed keys/ at {rev}"
-        if anchors.git_dir(settings.root) is not None
+        f"committed keys/ at {shown}"
+        if tr.in_git
         else "keys/ in the working tree (not a git repository)"
     )
-    where = f"{rev}:keys" if anchors.git_dir(settings.root) is not None else "keys/"
+    where = f"{shown}:keys" if tr.in_git else "keys/"
     led.approvers = {
-        name: approver_set(
-            name, cfg.approvers, trusted, required=cfg.requires_approval, where=where
-        )
-        for name, cfg in settings.environments.items()
+        name: approver_set(name, entries, trusted, required=required, where=where)
+        for name, (entries, required) in _approver_policy(settings, tr.commit).items()
     }
     if read_only:
         try:  # who would act: a self-approval is refused in a dry run too
@@ -579,6 +607,34 @@ def open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
         if notifier is not None:
             led.listeners.append(notifier.on_record)
     return led
+
+
+def _approver_policy(settings: Settings, commit: str | None) -> dict[str, tuple[list[str], bool]]:
+    """Per environment, (approvers, requires_approval) as committed at the trust commit
+    (`commit`), never as this command's settings say; outside git (no commit), the
+    settings'. An environment the settings name but the commit does not keeps the settings'
+    approval requirement with no approvers: nothing can approve for it."""
+    if commit is None:
+        return {
+            name: (list(cfg.approvers), cfg.requires_approval)
+            for name, cfg in settings.environments.items()
+        }
+    try:
+        data = committed_config(settings.root, commit) or {}
+    except ReleasekitError:
+        data = {}
+    envs = data.get("environments")
+    out: dict[str, tuple[list[str], bool]] = {}
+    for name, table in (envs if isinstance(envs, dict) else {}).items():
+        if not isinstance(table, dict):
+            continue
+        raw = table.get("approvers", [])
+        entries = [str(e) for e in raw] if isinstance(raw, list) else []
+        out[str(name)] = (entries, bool(table.get("requires_approval", False)))
+    for name, cfg in settings.environments.items():
+        if name not in out:
+            out[name] = ([], cfg.requires_approval)
+    return out
 
 
 def _anchored_seq(repo: Path) -> int | None:

@@ -1,0 +1,70 @@
+"""CLI: `releasekit audit replay` recomputes a recorded decision's gate verdicts from its
+verified inputs and says, for each, same or different."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out
+
+audit_app = typer.Typer(help="Audit recorded decisions.", no_args_is_help=True)
+
+_MARK = {"same": "[green]same[/green]", "different": "[red]DIFFERENT[/red]"}
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the `audit` group to the root app."""
+    app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("replay")
+@handle_errors
+def replay_cmd(
+    event: Annotated[
+        str | None, typer.Argument(help="the decision: a ledger seq or event id")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every recorded decision")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Recompute every gate verdict of a recorded promote or gate_failed decision from its
+    verified inputs (the ledger record, the policy at its recorded commit, the evidence
+    files by their signed digests) and print same or different for each; exit 1 on any
+    difference. "not replayable" (the event does not record enough) is not a difference."""
+    from releasekit.audit.replay import ReplayError, replay
+
+    if all_ == (event is not None):
+        raise ReplayError("name one decision (a ledger seq or event id), or pass --all")
+    res = replay(State.settings(), event, all_=all_)
+    if json_:
+        emit_json(res)
+    else:
+        if not res.ledger_ok:
+            err.print(
+                f"[yellow]the ledger fails verification:[/yellow] {esc(res.ledger_problem)}",
+                highlight=False,
+            )
+        for d in res.decisions:
+            head = _MARK["same"] if d.same else _MARK["different"]
+            rid = (d.release_id or "-")[:12]
+            out.print(
+                f"#{d.seq} {esc(d.type)} {rid} -> {esc(d.environment or '-')}: {head}",
+                highlight=False,
+            )
+            for c in d.checks:
+                mark = _MARK.get(c.status, f"[dim]{c.status}[/dim]")
+                verdicts = (
+                    f" ({esc(c.recorded)} -> {esc(c.replayed)})"
+                    if c.recorded and c.replayed and c.recorded != c.replayed
+                    else ""
+                )
+                detail = f": {esc(c.detail)}" if c.detail and c.status != "same" else ""
+                out.print(f"  {mark} {esc(c.name)}{verdicts}{detail}", highlight=False)
+        n = len(res.decisions)
+        if res.same:
+            out.print(f"[green]{n} decision(s) replayed: every verdict the same[/green]")
+        else:
+            err.print(f"[red]{res.differences} difference(s)[/red] in {n} decision(s)")
+    if not res.same:
+        raise typer.Exit(1)
