@@ -23,7 +23,6 @@ from pydantic_settings import (
 )
 
 from releasekit.errors import ConfigError
-from releasekit.spec.manifest import WatchRule
 
 CONFIG_FILE = "releasekit.toml"
 
@@ -152,6 +151,20 @@ DEFAULT_MAX_MARGIN = 0.10
 """The ceiling on a suite's non-inferiority margin where the environment names none."""
 DEFAULT_MAX_PERF_TOLERANCE: dict[str, float] = {"ttft_p95_s": 0.5, "goodput": 0.25, "*": 0.5}
 """Ceilings on the perf tolerances at the knee where the environment names none."""
+HIGHER_BETTER_PERF: tuple[str, ...] = (
+    "goodput",
+    "output_token_throughput",
+    "request_throughput",
+    "load",
+)
+"""The bench.knee metrics where higher is better (a throughput): the perf gates pass a
+candidate at or above live x (1 - tolerance)."""
+MAX_HIGHER_BETTER_TOLERANCE = 0.5
+"""A higher-is-better metric's tolerance ceiling stays below this: at 0.5, a candidate with
+half of live's goodput would pass (live x (1 - 0.5))."""
+DEFAULT_HIGHER_BETTER_TOLERANCE = 0.25
+"""The ceiling of a higher-is-better metric the environment names no usable ceiling for
+(its "*" is 0.5 or more, the bound latencies may use)."""
 DEFAULT_MAX_PERF_SPREAD = 0.25
 """How far the live release's run-to-run spread may widen a perf tolerance by default."""
 DEFAULT_MAX_CANARY_TOLERANCE: dict[str, float] = {"*": 1.0}
@@ -168,6 +181,35 @@ DEFAULT_MAX_CANARY_CONFIDENCE = 0.99
 """The highest confidence a canary check may ask before it breaches, by default."""
 DEFAULT_MAX_CANARY_SUSTAIN = 5
 """The most breaching judgements in a row a canary may wait for before aborting, by default."""
+
+
+class WatchRule(BaseModel):
+    """A watch rule: a live metric, a limit, and how long a breach must last. `kind:
+    absolute` (the default) breaches above `max`; `kind: relative` breaches above `factor`
+    times the release's own load-test figure at a similar request rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str = Field(description="e.g. ttft_p95_s, e2e_p95_s, error_rate, preemptions_per_s")
+    kind: Literal["absolute", "relative"] = "absolute"
+    max: float | None = Field(None, description="absolute: breach when the figure is above this")
+    factor: float | None = Field(
+        None, gt=0, description="relative: breach above factor x the release's benchmark figure"
+    )
+    window_s: float = Field(30.0, gt=0)
+    sustain: int = Field(3, ge=1, description="consecutive breached windows before rollback")
+    min_requests: int | None = Field(
+        None, ge=0, description="fewest requests behind a window to judge it; default 20"
+    )
+
+    @model_validator(mode="after")
+    def _limit_for_kind(self) -> WatchRule:
+        if self.kind == "absolute" and (self.max is None or self.factor is not None):
+            raise ValueError("an absolute watch rule takes `max` (and no `factor`)")
+        if self.kind == "relative" and (self.factor is None or self.max is not None):
+            raise ValueError("a relative watch rule takes `factor` (and no `max`)")
+        return self
+
 
 POLICY_FIELDS: tuple[str, ...] = (
     "gates_required",
@@ -420,6 +462,23 @@ class EnvironmentConfig(BaseModel):
             raise ValueError(f"values must be between 0 and 1 (not {', '.join(bad)})")
         return v
 
+    @field_validator("max_perf_tolerance")
+    @classmethod
+    def _throughput_below_half(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(
+            f"{k} = {x:g}"
+            for k, x in v.items()
+            if k in HIGHER_BETTER_PERF and x >= MAX_HIGHER_BETTER_TOLERANCE
+        )
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)}: a higher-is-better metric's tolerance must be below "
+                f"{MAX_HIGHER_BETTER_TOLERANCE:g} (the gate passes a candidate at live x "
+                "(1 - tolerance), so at 0.5 a release whose goodput halves would pass); "
+                f"e.g. goodput = {DEFAULT_HIGHER_BETTER_TOLERANCE:g}"
+            )
+        return v
+
     @model_validator(mode="after")
     def _target_settings(self) -> EnvironmentConfig:
         if self.target == "ray" and self.ray is None:
@@ -435,9 +494,16 @@ class EnvironmentConfig(BaseModel):
         return self.max_margin.get(suite, self.max_margin.get("*", DEFAULT_MAX_MARGIN))
 
     def tolerance_ceiling(self, metric: str) -> float:
-        """The largest relative tolerance a `bench.knee.<metric>` gate may have here."""
+        """The largest relative tolerance a `bench.knee.<metric>` gate may have here.
+
+        A higher-is-better metric (HIGHER_BETTER_PERF) never gets 0.5 or more: its own
+        entry is refused there (validator), and a "*" of 0.5 or more (a bound meant for
+        latencies) gives it DEFAULT_HIGHER_BETTER_TOLERANCE instead."""
         default = DEFAULT_MAX_PERF_TOLERANCE.get(metric, DEFAULT_MAX_PERF_TOLERANCE["*"])
-        return self.max_perf_tolerance.get(metric, self.max_perf_tolerance.get("*", default))
+        got = self.max_perf_tolerance.get(metric, self.max_perf_tolerance.get("*", default))
+        if metric in HIGHER_BETTER_PERF and got >= MAX_HIGHER_BETTER_TOLERANCE:
+            return min(default, DEFAULT_HIGHER_BETTER_TOLERANCE)
+        return got
 
     def canary_tolerance_ceiling(self, metric: str) -> float:
         """The largest relative tolerance a canary check of `metric` may have here."""

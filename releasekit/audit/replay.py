@@ -26,10 +26,11 @@ other gate is taken as recorded passed. What an event does not record enough to 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from releasekit.audit.models import Check, DecisionReplay
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import ReleaseContextError, load_release
@@ -39,8 +40,6 @@ from releasekit.stores.ledger import EventType, Ledger, LedgerRecord, open_ledge
 from releasekit.stores.ledger.chain import VerifiedPrefix, verified_prefix
 from releasekit.stores.trust import committed_config
 from releasekit.stores.verified import verify_release_evidence
-
-CheckStatus = Literal["same", "different", "not replayable"]
 
 DECISIONS = (EventType.PROMOTE.value, EventType.OVERRIDE.value, EventType.GATE_FAILED.value)
 """The event types whose gate verdicts replay recomputes."""
@@ -56,39 +55,6 @@ class ReplayError(ReleasekitError):
     with gates (promote, override, gate_failed)."""
 
     remedy = "name a ledger seq or event id from `releasekit history` (a promote or gate_failed)"
-
-
-class Check(BaseModel):
-    """One replayed input or verdict: what was recorded, what replay found, same or not."""
-
-    name: str
-    kind: str = Field(description="'record', 'policy', 'evidence', or the gate's kind")
-    status: CheckStatus
-    recorded: str | None = None
-    replayed: str | None = None
-    detail: str = ""
-
-
-class DecisionReplay(BaseModel):
-    """The replay of one recorded decision."""
-
-    seq: int
-    event_id: str
-    type: str
-    environment: str | None
-    release_id: str | None
-    against: str | None = Field(None, description="the release it was judged against")
-    checks: list[Check] = Field(default_factory=list)
-
-    @property
-    def differences(self) -> list[Check]:
-        """The checks that came out different."""
-        return [c for c in self.checks if c.status == "different"]
-
-    @property
-    def same(self) -> bool:
-        """No check came out different."""
-        return not self.differences
 
 
 class ReplayResult(BaseModel):
@@ -114,16 +80,19 @@ def replay(settings: Settings, event: str | None, *, all_: bool = False) -> Repl
         records = led.records()
     except (ReleasekitError, ValueError):  # an unreadable row: the verified part only
         records = prefix.records
+    from releasekit.audit.judged import is_judged
+
     if all_:
-        chosen = [r for r in records if r.type in DECISIONS]
+        chosen = [r for r in records if r.type in DECISIONS or is_judged(r)]
     else:
         key = (event or "").strip()
         found = [r for r in records if str(r.seq) == key or r.event_id == key]
         if not found:
             raise ReplayError(f"no ledger record {key!r}")
-        if found[0].type not in DECISIONS:
+        if found[0].type not in DECISIONS and not is_judged(found[0]):
             raise ReplayError(
-                f"record {found[0].seq} is a {found[0].type} event, not a decision with gates"
+                f"record {found[0].seq} is a {found[0].type} event, not a decision with gates "
+                "or a verdict judged on live traffic"
             )
         chosen = found[:1]
     out = ReplayResult(ledger_ok=prefix.ok, ledger_problem=prefix.problem)
@@ -138,6 +107,8 @@ def replay_decision(
     settings: Settings, rec: LedgerRecord, *, ledger: Ledger, prefix: VerifiedPrefix
 ) -> DecisionReplay:
     """Replay one decision record (see the module docstring)."""
+    if rec.type not in DECISIONS:
+        return replay_judged_record(settings, rec, ledger=ledger, prefix=prefix)
     raw = rec.evidence.get("gates")
     gates: dict[str, Any] = raw if isinstance(raw, dict) else {}
     against = gates.get("against") if "against" in gates else rec.from_release
@@ -212,6 +183,81 @@ def replay_decision(
         return d
     report = evaluate_gates(settings, env=env, candidate=cand, live=live, policy=cfg)
     d.checks += _compare(gates, report, rec=rec, prefix=prefix)
+    return d
+
+
+def _record_check(rec: LedgerRecord, prefix: VerifiedPrefix) -> Check:
+    if rec.seq in {r.seq for r in prefix.records}:
+        return Check(
+            name=f"ledger record {rec.seq}", kind="record", status="same", detail="verified"
+        )
+    return Check(
+        name=f"ledger record {rec.seq}",
+        kind="record",
+        status="different",
+        detail=f"the ledger fails verification at record {prefix.first_bad_seq}: {prefix.problem}",
+    )
+
+
+def _evidence_check(
+    settings: Settings, rid: str, side: str, ledger: Ledger, prefix: VerifiedPrefix
+) -> Check:
+    """The release's evidence files (and manifest copy) against its verified register event."""
+    ev = verify_release_evidence(settings, rid, ledger, chain=False)
+    reg_ok = ev.register_seq is not None and ev.register_seq in {r.seq for r in prefix.records}
+    problems = list(ev.problems)
+    if ev.register_seq is not None and not reg_ok:
+        problems.insert(0, f"its register event #{ev.register_seq} is not verified")
+    return Check(
+        name=f"evidence ({side} {rid[:12]})",
+        kind="evidence",
+        status="same" if ev.ok and reg_ok else "different",
+        detail="; ".join(problems) or f"files match register event #{ev.register_seq}",
+    )
+
+
+def replay_judged_record(
+    settings: Settings, rec: LedgerRecord, *, ledger: Ledger, prefix: VerifiedPrefix
+) -> DecisionReplay:
+    """Replay a verdict judged on live traffic (a canary step or abort, a shadow
+    comparison, a watch rollback: `audit.judged`) from the inputs its event recorded."""
+    from releasekit.audit.judged import judged_release, replay_judged
+
+    rid = judged_release(rec)
+    d = DecisionReplay(
+        seq=rec.seq,
+        event_id=rec.event_id,
+        type=rec.type,
+        environment=rec.environment,
+        release_id=rid,
+        against=rec.to_release if rid == rec.from_release else rec.from_release,
+    )
+    d.checks.append(_record_check(rec, prefix))
+    if d.checks[-1].status == "different":
+        return d
+    policy_check, cfg = _policy(settings, rec, rec.environment or "")
+    d.checks.append(policy_check)
+    if cfg is None or not rid:
+        return d
+    d.checks.append(_evidence_check(settings, rid, "judged", ledger, prefix))
+    if any(c.status == "different" for c in d.checks):
+        d.checks.append(
+            Check(
+                name="verdicts",
+                kind="record",
+                status="not replayable",
+                detail="not recomputed: an input above differs from what was recorded",
+            )
+        )
+        return d
+    try:
+        info = load_release(settings, rid, ledger=ledger)
+    except ReleasekitError as exc:
+        d.checks.append(
+            Check(name="verdicts", kind="record", status="not replayable", detail=exc.message)
+        )
+        return d
+    replay_judged(d, rec, cfg, info, settings)
     return d
 
 

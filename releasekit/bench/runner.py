@@ -26,7 +26,6 @@ from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
 )
-from releasekit.bench.host import MeasuredOn, measure_host
 from releasekit.bench.loadgen import (
     LoadClient,
     LoopLag,
@@ -58,6 +57,7 @@ from releasekit.errors import BenchError
 from releasekit.serving.vllm import api_key_of, serve_release
 from releasekit.spec.loadprofile import SLO, LoadProfile, load_profile
 from releasekit.spec.lock import locked_release, serving_args
+from releasekit.spec.measured import MeasuredOn, measure_host
 
 PointCallback = Callable[[PointResult], None]
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from releasekit.capacity.diagnose_inputs import Baseline, ChangeSummary, baseline_from_bench
 from releasekit.capacity.errors import CapacityEvidenceError
-from releasekit.capacity.evidence import read_bench
+from releasekit.capacity.evidence import read_bench, release_files
 from releasekit.config import Settings
 from releasekit.deploy.state import EnvState, read_state
 from releasekit.errors import ReleasekitError
@@ -91,15 +91,18 @@ def last_change(
 
 
 def live_baseline(settings: Settings, release_id: str) -> tuple[Baseline | None, str | None]:
-    """The live release's bench knee, or None and why not."""
+    """The live release's bench knee, or None and why not (a bench.json that is not as the
+    release's register event signed is no reference: its message says which file). For a
+    release never registered, the knee with the "unverified" note as the second item."""
     try:
-        bench = read_bench(settings, release_id)
+        files = release_files(settings, release_id)
+        bench = read_bench(settings, release_id, files)
     except CapacityEvidenceError as exc:
         return None, exc.message
     base = baseline_from_bench(bench)
     if base is None:
         return None, f"release {release_id[:12]}'s load test has no knee"
-    return base, None
+    return base, files.note
 
 
 class LiveTargets(BaseModel):

@@ -26,6 +26,7 @@ from releasekit.capacity.evidence import (
     max_num_seqs_of,
     read_bench,
     read_release_manifest,
+    release_files,
     release_model_dir,
 )
 from releasekit.capacity.plan_arithmetic import (
@@ -327,17 +328,25 @@ def plan_from_bench(
     *,
     release_id: str | None = None,
     max_num_seqs: int | None = None,
+    unit_cores: float | None = None,
+    scale_cores: bool = False,
 ) -> CapacityPlan:
     """A plan from a load test: the per-unit rate is Little's law at the knee, concurrency /
     mean E2E (closed-loop sweep), or the arrival rate at the knee (open-loop sweep, where the
     concurrency is rate x mean E2E); either is cross-checked against the request rate the
     point measured. `max_num_seqs` defaults to the one the bench recorded.
 
+    `unit_cores`: the cores one unit gets (a ray replica's CPUs). A knee measured on another
+    core count (bench.json's `host`) does not carry over: CapacityEvidenceError, unless
+    `scale_cores`, when the per-unit rate and concurrency scale in proportion to the cores,
+    shown as a step and a warning. A bench that records no host cannot be matched.
+
     Raises CapacityError for bad numbers, CapacityEvidenceError when the sweep has no knee.
     """
     check_traffic(traffic)
     knee = bench.knee
     who = f"release {release_id[:12]}" if release_id else f"bench of {bench.model}"
+    factor = _cores_factor(who, bench, unit_cores, scale=scale_cores)
     if knee is None:
         why = bench.knee_stop or "no load point met its SLOs"
         raise CapacityEvidenceError(
@@ -395,6 +404,29 @@ def plan_from_bench(
             )
         )
     ratio = little / measured_rate if measured_rate > 0 else None
+    host = bench.host
+    cores_warning: list[PlanWarning] = []
+    if factor != 1.0 and host is not None and unit_cores is not None:
+        scaled = little * factor
+        steps.append(
+            Step(
+                name="per-unit rate scaled to the unit's cores",
+                working=f"{num(little)} req/s x {num(unit_cores)} / {host.cores} cores "
+                "(assumed proportional to cores: --scale-cores)",
+                value=scaled,
+                unit="req/s per unit",
+            )
+        )
+        cores_warning.append(
+            PlanWarning(
+                code="cores_scaled",
+                message=f"the knee was measured on {host.label} and a unit here gets "
+                f"{unit_cores:g} CPU: its rate was scaled by {factor:.3g} on the assumption "
+                "that throughput is proportional to cores; bench the release with the unit's "
+                "cores to know",
+            )
+        )
+        little, concurrency, measured_rate = scaled, concurrency * factor, measured_rate * factor
     if ratio is not None:
         steps.append(
             Step(
@@ -414,6 +446,8 @@ def plan_from_bench(
         little_over_measured=ratio,
         knee_load=knee.load,
         mode=bench.mode,
+        measured_on=host,
+        cores=unit_cores if unit_cores is not None else (host.cores if host else None),
     )
     if max_num_seqs is None:
         max_num_seqs = bench.max_num_seqs
@@ -423,7 +457,15 @@ def plan_from_bench(
         notes.append("max-num-seqs is not set in the release's serving args (vLLM's default)")
     if bench.repetitions < 2:
         notes.append("the sweep ran once: whether its knee reproduces is unknown")
+    if host is not None and unit_cores is None:
+        notes.append(f"a unit is one engine as benched: {host.label}")
+    elif host is None:
+        notes.append(
+            "bench.json records no host (measured before releasekit recorded where): the "
+            "cores a unit needs for this rate are unknown"
+        )
     warnings = [
+        *cores_warning,
         *_knee_warnings(bench, knee, ratio),
         *_seqs_warning(concurrency, max_num_seqs),
         *_length_warnings(traffic, measured),
@@ -440,16 +482,62 @@ def plan_from_bench(
     )
 
 
-def plan_release(settings: Settings, release_id: str, traffic: Traffic) -> CapacityPlan:
-    """A plan from a release's own load test (results/<release_id>/bench/bench.json) and
-    its serving arguments (max-num-seqs).
+def _cores_factor(who: str, bench: BenchResult, unit_cores: float | None, *, scale: bool) -> float:
+    """How the knee's per-unit rate carries to a unit of `unit_cores` (1.0: as measured).
+    CapacityEvidenceError when it does not carry and `scale` was not asked for."""
+    if unit_cores is None:
+        return 1.0
+    host = bench.host
+    if host is None:
+        raise CapacityEvidenceError(
+            f"{who}: bench.json records no host (measured before releasekit recorded where), "
+            f"so its knee cannot be matched to a unit of {unit_cores:g} CPU",
+            remedy="rerun `releasekit bench MANIFEST` (it records the host), or plan without --env",
+        )
+    if float(host.cores) == float(unit_cores):
+        return 1.0
+    if not scale:
+        raise CapacityEvidenceError(
+            f"{who}: its knee was measured on {host.label}, and a unit here gets "
+            f"{unit_cores:g} CPU: a knee does not carry across core counts",
+            remedy="bench the release with the unit's cores, set cpus_per_replica to the "
+            "knee's, or pass --scale-cores to scale the knee's rate in proportion to cores "
+            "(an assumption the plan then shows)",
+        )
+    return float(unit_cores) / float(host.cores)
 
-    Raises CapacityError for bad numbers; CapacityEvidenceError without a bench or a knee.
+
+def plan_release(
+    settings: Settings,
+    release_id: str,
+    traffic: Traffic,
+    *,
+    unit_cores: float | None = None,
+    scale_cores: bool = False,
+) -> CapacityPlan:
+    """A plan from a release's own load test (results/<release_id>/bench/bench.json) and
+    its serving arguments (max-num-seqs), read as its register event signed them (an
+    unregistered release's as they are, with an "unverified" note). `unit_cores` and
+    `scale_cores`: see plan_from_bench.
+
+    Raises CapacityError for bad numbers; CapacityEvidenceError without a bench or a knee,
+    or when a registered release's file is not as signed.
     """
     check_traffic(traffic)
-    bench = read_bench(settings, release_id)
-    lm = read_release_manifest(settings, release_id)
-    plan = plan_from_bench(traffic, bench, release_id=release_id, max_num_seqs=max_num_seqs_of(lm))
+    files = release_files(settings, release_id)
+    bench = read_bench(settings, release_id, files)
+    lm = read_release_manifest(settings, release_id, files)
+    plan = plan_from_bench(
+        traffic,
+        bench,
+        release_id=release_id,
+        max_num_seqs=max_num_seqs_of(lm),
+        unit_cores=unit_cores,
+        scale_cores=scale_cores,
+    )
+    plan.verified = files.verified
+    if files.note:
+        plan.notes.insert(0, files.note)
     if lm is None:
         plan.notes.append("the release's manifest could not be read: max-num-seqs unknown")
     return plan
@@ -481,6 +569,7 @@ __all__ = [
     "plan_release",
     "read_bench",
     "read_release_manifest",
+    "release_files",
     "release_model_dir",
     "units_needed",
     "volume_curve",

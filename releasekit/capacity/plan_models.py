@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from releasekit.spec.measured import MeasuredOn
+
 WarningCode = Literal[
     "beyond_sweep",
     "beyond_max_num_seqs",
@@ -19,6 +21,7 @@ WarningCode = Literal[
     "knee_flagged",
     "knee_unstable",
     "no_measurement",
+    "cores_scaled",
 ]
 
 
@@ -75,6 +78,14 @@ class UnitRate(BaseModel):
     little_over_measured: float | None = None
     knee_load: float | None = None
     mode: Literal["concurrency", "rate"] | None = None
+    measured_on: MeasuredOn | None = Field(
+        None, description="the host the load test ran on (None: by hand, or not recorded)"
+    )
+    cores: float | None = Field(
+        None,
+        description="the cores of one unit the rate applies to: the bench host's, or the "
+        "replica's when scaled to it (None: unknown)",
+    )
 
 
 class Measured(BaseModel):
@@ -97,6 +108,11 @@ class CapacityPlan(BaseModel):
     the warnings. `plot` is set once a plot was written."""
 
     release_id: str | None = None
+    verified: bool | None = Field(
+        None,
+        description="True: from the release's files as its register event signed them; "
+        "False: an unregistered release's files, unverified (a note says so); None: by hand",
+    )
     traffic: Traffic
     peak_requests_per_s: float
     unit: UnitRate

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from releasekit.capacity.errors import CapacityEvidenceError
 from releasekit.capacity.plan_arithmetic import units_needed
 from releasekit.capacity.plan_models import CapacityPlan
 from releasekit.config import Settings
@@ -46,10 +47,24 @@ class ReplicaPlan(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+def replica_cpus(settings: Settings, env: str) -> float:
+    """The CPUs one replica of `env` gets; ConfigError unless `env` runs on the ray target."""
+    cfg = settings.environments.get(env)
+    if cfg is None or cfg.target != "ray" or cfg.ray is None:
+        where = "not configured" if cfg is None else f"on target {cfg.target}"
+        raise ConfigError(
+            f"--env {env}: replicas are planned for a ray environment; {env} is {where}",
+            remedy='name an environment with target = "ray" in releasekit.toml',
+        )
+    return cfg.ray.cpus_per_replica
+
+
 def replica_plan(
     settings: Settings, env: str, plan: CapacityPlan, *, release: str | None = None
 ) -> ReplicaPlan:
-    """The replicas `plan` asks of `env`; ConfigError unless `env` runs on the ray target."""
+    """The replicas `plan` asks of `env`; ConfigError unless `env` runs on the ray target.
+    A plan from a load test must be for units with the replica's cores (`plan.unit.cores`,
+    see plan_from_bench's `unit_cores`): CapacityEvidenceError otherwise."""
     cfg = settings.environments.get(env)
     if cfg is None or cfg.target != "ray" or cfg.ray is None:
         where = "not configured" if cfg is None else f"on target {cfg.target}"
@@ -58,6 +73,16 @@ def replica_plan(
             remedy='name an environment with target = "ray" in releasekit.toml',
         )
     ray = cfg.ray
+    u = plan.unit
+    if u.source == "load test" and (u.cores is None or float(u.cores) != ray.cpus_per_replica):
+        measured = u.measured_on.label if u.measured_on else "a host bench.json does not record"
+        raise CapacityEvidenceError(
+            f"--env {env}: the plan's per-unit rate was measured on {measured}, and a replica "
+            f"there gets {ray.cpus_per_replica:g} CPU: a knee does not carry across core counts",
+            remedy="plan with --env so the knee is checked against the replica's cores (and "
+            "--scale-cores to scale it), bench with the replica's cores, or set "
+            "cpus_per_replica to the knee's",
+        )
     warnings = []
     if ray.autoscaling is not None and ray.autoscaling.max_replicas < plan.units:
         warnings.append(

@@ -34,6 +34,7 @@ from releasekit.capacity.plan import (
     num,
     read_bench,
     read_release_manifest,
+    release_files,
     release_model_dir,
 )
 from releasekit.config import Settings
@@ -427,8 +428,9 @@ def roofline_release(
     Raises CapacityEvidenceError when the release has no model folder or no weight files.
     """
     _check("bandwidth-gbs", bandwidth_gbs)
-    lm = read_release_manifest(settings, release_id)
-    model_dir = release_model_dir(settings, release_id, lm)
+    rf = release_files(settings, release_id)
+    lm = read_release_manifest(settings, release_id, rf)
+    model_dir = release_model_dir(settings, release_id, lm, rf)
     files = weight_files_of(model_dir)
     if not files:
         raise CapacityEvidenceError(
@@ -443,9 +445,13 @@ def roofline_release(
     ]
     if note:
         notes.insert(0, note)
+    if rf.note:
+        notes.insert(0, rf.note)
     try:
-        bench: BenchResult | None = read_bench(settings, release_id)
+        bench: BenchResult | None = read_bench(settings, release_id, rf)
     except CapacityEvidenceError as exc:
+        if rf.evidence is not None and rf.evidence.file_problem("bench"):
+            raise  # not as signed: refused, not shown as "no bench"
         bench = None
         notes.append(f"{exc.message}: only the ceiling is shown")
     bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)

@@ -230,6 +230,15 @@ def capacity(
         ),
     ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="write no plot")] = False,
+    scale_cores: Annotated[
+        bool,
+        typer.Option(
+            "--scale-cores",
+            help="with RELEASE and --env: a knee measured on another core count than the "
+            "replica's is scaled in proportion to cores (shown as an assumption) instead of "
+            "refused",
+        ),
+    ] = False,
     env: Annotated[
         str | None,
         typer.Option(
@@ -305,6 +314,11 @@ def capacity(
         output_tokens=output_tokens,
     )
     by_hand = any(v is not None for v in hand_given)
+    if scale_cores and (release is None or env is None):
+        raise CapacityError(
+            "--scale-cores scales a release's knee to a ray environment's replica: give "
+            "RELEASE and --env"
+        )
     plot_path = plot
     if release is not None:
         if by_hand:
@@ -314,7 +328,12 @@ def capacity(
             )
         settings = State.settings()
         rid = _release_id(settings, release)
-        plan = plan_release(settings, rid, traffic)
+        cores = None
+        if env is not None:
+            from releasekit.capacity.replicas import replica_cpus
+
+            cores = replica_cpus(settings, env)
+        plan = plan_release(settings, rid, traffic, unit_cores=cores, scale_cores=scale_cores)
         if plot_path is None:
             plot_path = default_plot_path(settings.release_dir(rid))
     else:

@@ -28,7 +28,8 @@ def replay_cmd(
     all_: Annotated[bool, typer.Option("--all", help="every recorded decision")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Recompute every gate verdict of a recorded promote or gate_failed decision from its
+    """Recompute every gate, canary, shadow and watch verdict of a recorded decision (a promote,
+    gate_failed, canary step or abort, shadow comparison or watch rollback) from its
     verified inputs (the ledger record, the policy at its recorded commit, the evidence
     files by their signed digests) and print same or different for each; exit 1 on any
     difference. "not replayable" (the event does not record enough) is not a difference."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.digests import sha256_file
 from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
@@ -25,6 +26,7 @@ from releasekit.evaluate.runner import (
 from releasekit.serving.vllm import check_reachable, serve_release
 from releasekit.spec.lock import compute_inputs, locked_release, release_id_of
 from releasekit.spec.manifest import load_manifest
+from releasekit.stores.results import FILES
 
 
 class EvalRun(BaseModel):
@@ -61,6 +63,52 @@ def find_baseline(ref: Path, settings: Settings) -> Baseline:
         rid = release_id_of(compute_inputs(blm))
         return Baseline(eval_dir=settings.release_dir(rid) / "eval", release_id=rid)
     raise InputMissingError(ref, what="baseline (manifest or results folder)")
+
+
+def check_baseline_evidence(
+    settings: Settings, release_id: str, eval_dir: Path, bench: Path | None = None
+) -> None:
+    """A baseline's eval results (and bench.json) against its `register` ledger event, where
+    it is registered: a comparison is not built on swapped inputs. The files must be byte
+    for byte those the event signed, wherever `eval_dir` is. A baseline never registered (or
+    a project with no ledger yet) is compared as it is; the gates judge only registered
+    releases' comparisons.
+
+    Raises EvidenceIntegrityError naming the file and the record."""
+    from releasekit.errors import LedgerNotFoundError
+    from releasekit.stores.ledger import open_ledger
+    from releasekit.stores.verified import (
+        EvidenceIntegrityError,
+        register_record,
+        verify_release_evidence,
+    )
+
+    try:
+        led = open_ledger(settings, read_only=True)
+    except LedgerNotFoundError:
+        return
+    try:
+        if register_record(led, release_id) is None:
+            return
+        ve = verify_release_evidence(settings, release_id, led)
+    finally:
+        led.close()
+    if ve.problem is not None:
+        raise EvidenceIntegrityError(f"baseline {release_id[:12]}: {ve.problem}")
+    paths = {"eval": eval_dir / EVAL_JSON, "eval_items": eval_dir / "items.jsonl"}
+    if bench is not None:
+        paths["bench"] = bench
+    for key, path in paths.items():
+        if not path.is_file():
+            continue
+        check = ve.files.get(key)
+        signed = check.signed if check is not None else None
+        if signed is None or sha256_file(path) != signed:
+            raise EvidenceIntegrityError(
+                f"baseline {path} is not the {FILES[key]} release {release_id[:12]}'s "
+                f"register event #{ve.register_seq} signed"
+                + ("" if signed else " (it signed none)")
+            )
 
 
 def evaluate_release(
@@ -149,14 +197,18 @@ def evaluate_release(
                 f"({found.eval_dir}); build it first to compare",
             }
         )
+    if found.release_id is not None:
+        check_baseline_evidence(settings, found.release_id, found.eval_dir)
     base_result = load_result(found.eval_dir)
-    comparison = compare(result, base_result, lm)
-    bench_c = release_dir / "bench" / "bench.json"
     bench_b = (
         settings.release_dir(base_result.release_id) / "bench" / "bench.json"
         if base_result.release_id
         else None
     )
+    if base_result.release_id:
+        check_baseline_evidence(settings, base_result.release_id, found.eval_dir, bench_b)
+    comparison = compare(result, base_result, lm)
+    bench_c = release_dir / "bench" / "bench.json"
     write_report(
         comparison,
         report_dir,

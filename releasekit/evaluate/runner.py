@@ -27,7 +27,6 @@ from releasekit._support.http import async_http_client
 from releasekit._support.progress import (
     Progress,
 )
-from releasekit.bench.host import MeasuredOn, measure_host
 from releasekit.errors import EvalError, InputMissingError, PromptError, ServerUnreachableError
 from releasekit.evaluate import scorers
 from releasekit.evaluate.judge import JudgeIdentity, LLMJudge
@@ -35,6 +34,7 @@ from releasekit.evaluate.scorers import Outcome, Score
 from releasekit.evaluate.suites import EvalItem, Expected, LoadedSuite, load_suite
 from releasekit.serving.vllm import api_key_of
 from releasekit.spec.manifest import LoadedManifest, ScorerName, Suite
+from releasekit.spec.measured import MeasuredOn, measure_host
 from releasekit.spec.prompts import ChatPrompt, read_template, render
 
 _REJECTED = (400, 413, 422)

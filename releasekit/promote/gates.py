@@ -49,7 +49,6 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from releasekit._support.digests import digest_obj
-from releasekit.bench.host import same_host
 from releasekit.bench.runner import BenchResult, load_bench
 from releasekit.bench.stats import PointResult
 from releasekit.config import EnvironmentConfig, Settings
@@ -59,6 +58,7 @@ from releasekit.evaluate.comparison import parse_comparison
 from releasekit.evaluate.runner import ITEMS_JSONL, EvalResult, load_result, parse_result
 from releasekit.promote.context import ReleaseInfo
 from releasekit.spec.manifest import LoadedManifest, Suite
+from releasekit.spec.measured import same_host
 from releasekit.stores.results import ReleasePaths
 
 GateKind = Literal["policy", "evidence", "quality", "perf", "approval", "shadow"]

@@ -38,6 +38,7 @@ from releasekit.deploy.ray.autoscale import AutoscalePlan, plan_for
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
 from releasekit.promote.approvals import approval_for, approval_gate, wait_for_approval
+from releasekit.promote.ceilings import CEILING_FIELDS, CanaryWithin, canary_within
 from releasekit.promote.context import (
     ReleaseContextError,
     ReleaseInfo,
@@ -60,7 +61,6 @@ from releasekit.promote.report import write_report
 from releasekit.releases.assign import AssignResult, assign
 from releasekit.releases.prompt_alias import PromptAliasResult, move_prompt_alias
 from releasekit.releases.resolve import resolve_release
-from releasekit.rollout.ceilings import CEILING_FIELDS, CanaryWithin, canary_within
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 from releasekit.stores.ledger.queries import SERVED_TYPES
 

@@ -148,10 +148,14 @@ def diagnose(env: str, rec: LedgerRecord, holders: list[AliasHolder]) -> EnvDrif
 
 
 def _env_models(led: Ledger, env: str) -> set[str]:
-    """Every registered model any live event of `env` named (where a stray alias may sit)."""
+    """Every registered model any event of `env` named (where a stray alias may sit).
+
+    Not only what counts as live: an `assign` recorded after releasekit first deployed the
+    environment never counts as live, but it did move the alias, so its model is looked
+    at too (and a stray alias there is reported and removed)."""
     return {
         str(r.evidence["model_name"])
-        for r in led.records(environment=env, live=True)
+        for r in led.records(environment=env)
         if r.evidence.get("model_name")
     }
 

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import httpx
 from pydantic import BaseModel, Field
@@ -57,6 +57,7 @@ from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, p
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
 from releasekit.promote.deploy import ShiftContext
+from releasekit.rollout.inputs import judged_inputs
 from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement, judge_step
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.watch.pairs import answer_pair
@@ -116,6 +117,9 @@ class StepReport(BaseModel):
     )
     agreement: Agreement | None = Field(
         None, description="the canary's answers against stable's, at the step's last judgement"
+    )
+    inputs: dict[str, Any] | None = Field(
+        None, description="the last judgement's inputs, for replay (`rollout.inputs`)"
     )
     reason: str = ""
 
@@ -606,6 +610,7 @@ class CanaryController:
                 cw, sw = self.windows(before, after)
                 j = judge_step(policy.checks, cw, sw)
                 report.judgement = j
+                report.inputs = judged_inputs(policy.checks, cw, sw)
                 report.canary_requests, report.stable_requests = (
                     j.canary_requests,
                     j.stable_requests,

@@ -31,10 +31,11 @@ from releasekit.config import Settings
 from releasekit.deploy.gateway import Route
 from releasekit.deploy.local import stop_group
 from releasekit.errors import ReleasekitError
+from releasekit.promote.ceilings import canary_within
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
 from releasekit.promote.gates import GateKind, GateResult
-from releasekit.promote.policy import environment_policy
+from releasekit.promote.policy import environment_policy, read_policy
 from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promotion
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.baseline import canary_under_policy
@@ -46,7 +47,6 @@ from releasekit.rollout.canary import (
     agreement_words,
     summarise,
 )
-from releasekit.rollout.ceilings import canary_within
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow import shadow_gate
@@ -118,7 +118,14 @@ def _check_record(c: Any) -> dict[str, Any]:
     }
 
 
-def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
+def _judge_record(inputs: dict[str, Any] | None, sustain: int) -> dict[str, Any]:
+    """The judge's inputs of a step's last judgement (`rollout.inputs`), for replay."""
+    return {"judge": {**inputs, "sustain": sustain}} if inputs is not None else {}
+
+
+def _run_evidence(
+    run: CanaryRun, links: dict[str, str], *, sustain: int = 0, policy: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ev: dict[str, Any] = {
         "outcome": run.outcome,
         "steps": [
@@ -169,6 +176,10 @@ def _run_evidence(run: CanaryRun, links: dict[str, str]) -> dict[str, Any]:
         ]
         ev["decide_to_zero_s"] = run.decide_to_zero_s
         ev["window_to_zero_s"] = run.window_to_zero_s
+    if run.steps:
+        ev |= _judge_record(run.steps[-1].inputs, sustain)
+    if policy is not None:
+        ev["policy"] = policy
     return ev
 
 
@@ -243,6 +254,8 @@ def canary_shift(
     def shift(ctx: ShiftContext) -> ShiftResult:
         cfg = env_config(settings, ctx.env)
         answers = answers_policy(settings, ctx.env)
+        # The policy the steps are judged under (its commit and digest), for replay.
+        judged_under = {"source": read_policy(settings, ctx.env, cfg).evidence()["source"]}
         rid = ctx.canary.release_id
         judged = [s for s in policy.steps if s.weight < 100]
         held_ref: list[HeldServer] = []
@@ -288,6 +301,8 @@ def canary_shift(
                             else {}
                         ),
                         **{k: v for k, v in ctx.links.items() if v},
+                        **_judge_record(rep.inputs, policy.sustain),
+                        "policy": judged_under,
                     },
                     live=False,
                     actor=actor,
@@ -344,7 +359,7 @@ def canary_shift(
             run = _judged_run(fresh[0] if fresh else None)
         if runs is not None:
             runs.append(run)
-        evidence = _run_evidence(run, ctx.links)
+        evidence = _run_evidence(run, ctx.links, sustain=policy.sustain, policy=judged_under)
         n = len(run.steps)
         if run.outcome == "passed":
             return ShiftResult(

@@ -86,6 +86,7 @@ from releasekit.deploy.target import ReleaseSpec, ReleaseStartError, Upstream
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement, answer_agreement
 from releasekit.promote.approvals import approval_gate_for
+from releasekit.promote.ceilings import checks_within, clamp_note
 from releasekit.promote.context import ReleaseInfo, load_release, release_spec
 from releasekit.promote.deploy import ShiftContext, env_config, target_for
 from releasekit.promote.gates import GateResult
@@ -101,7 +102,7 @@ from releasekit.rollout.canary import (
     scrape_pair,
     warm_up_server,
 )
-from releasekit.rollout.ceilings import checks_within, clamp_note
+from releasekit.rollout.inputs import judged_inputs
 from releasekit.rollout.judge import StepJudgement, judge_step
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.report import write_shadow_page
@@ -404,7 +405,8 @@ def compare_shadow(
         raise ShadowError(f"nothing serves {env}")
     stable = max(live, key=lambda r: r.weight)
     cfg = env_config(settings, env)
-    pol = environment_policy(settings, env, cfg).policy
+    applied = environment_policy(settings, env, cfg)
+    pol = applied.policy
     min_agreement = float(pol["shadow_min_agreement"])
     min_pairs = int(pol["shadow_min_pairs"])
     led = ledger or open_ledger(settings)
@@ -540,6 +542,9 @@ def compare_shadow(
                 "detail": reason[:1000],
                 "agreement": agreement.evidence(),
                 **({"clamped": clamped} if clamped else {}),
+                # What the judge took, for `releasekit audit replay`.
+                "judge": judged_inputs(checks, cw, sw),
+                "policy": {"source": applied.evidence()["source"]},
             },
             live=False,
         )

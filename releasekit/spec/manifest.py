@@ -11,10 +11,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from releasekit.config import WatchRule
 from releasekit.errors import ManifestError
 
 API_VERSION = "releasekit/v1"
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+# WatchRule lives in releasekit.config (an environment's `watch_floor` is made of them);
+# a manifest's `watch:` rules are the same model.
 
 
 class _Strict(BaseModel):
@@ -177,32 +182,6 @@ class Gate(_Strict):
     kind: Literal["non_inferior", "max_increase", "min", "max"] = "non_inferior"
     threshold: float | None = None
     margin: float | None = None
-
-
-class WatchRule(_Strict):
-    """A watch rule: a live metric, a limit, and how long a breach must last. `kind:
-    absolute` (the default) breaches above `max`; `kind: relative` breaches above `factor`
-    times the release's own load-test figure at a similar request rate."""
-
-    metric: str = Field(description="e.g. ttft_p95_s, e2e_p95_s, error_rate, preemptions_per_s")
-    kind: Literal["absolute", "relative"] = "absolute"
-    max: float | None = Field(None, description="absolute: breach when the figure is above this")
-    factor: float | None = Field(
-        None, gt=0, description="relative: breach above factor x the release's benchmark figure"
-    )
-    window_s: float = Field(30.0, gt=0)
-    sustain: int = Field(3, ge=1, description="consecutive breached windows before rollback")
-    min_requests: int | None = Field(
-        None, ge=0, description="fewest requests behind a window to judge it; default 20"
-    )
-
-    @model_validator(mode="after")
-    def _limit_for_kind(self) -> WatchRule:
-        if self.kind == "absolute" and (self.max is None or self.factor is not None):
-            raise ValueError("an absolute watch rule takes `max` (and no `factor`)")
-        if self.kind == "relative" and (self.factor is None or self.max is not None):
-            raise ValueError("a relative watch rule takes `factor` (and no `max`)")
-        return self
 
 
 CanaryMetric = Literal["ttft_p95_s", "tpot_p95_s", "error_rate", "negative_feedback_rate"]

@@ -47,7 +47,7 @@ from releasekit.errors import (
     RegistryUnreachableError,
     ReleasekitError,
 )
-from releasekit.promote.context import load_release
+from releasekit.promote.context import ReleaseInfo, load_release
 from releasekit.promote.deploy import env_config
 from releasekit.promote.policy import environment_policy, read_policy
 from releasekit.promote.rollback import (
@@ -77,6 +77,7 @@ from releasekit.watch.receiver import server_options as receiver_server_options
 from releasekit.watch.rules import (
     Baseline,
     BaselinePoint,
+    BreachEvidence,
     Rule,
     from_manifest,
     rules_from_slo,
@@ -263,20 +264,8 @@ def plan_watch(
             remedy=exc.remedy or WatchSetupError.remedy,
         ) from exc
     manifest = info.lm.manifest
-    rules = [from_manifest(r) for r in manifest.watch]
-    # The environment's floor: the release's own rules only tighten it.
-    rules, clamped = with_floor(rules, watch_floor(settings, env), env=env)
-    notes += clamped
-    slo: SLO | None = None
-    if include_slo:
-        try:
-            slo = load_profile(info.lm.resolve(manifest.load.profile)).slo
-        except ReleasekitError as exc:
-            notes.append(f"load profile unreadable, SLO rules left out: {exc.message}")
-    if slo is not None:
-        window = max((r.window_s for r in rules), default=60.0)
-        sustain = max((r.sustain for r in rules), default=3)
-        rules += rules_from_slo(slo, window_s=window, sustain=sustain)
+    rules, slo, more = release_rules(info, watch_floor(settings, env), env, include_slo=include_slo)
+    notes += more
     rules += extra_rules or []
     rules = _unique(rules)
     if not rules:
@@ -308,6 +297,29 @@ def plan_watch(
         target=target,
         notes=notes,
     )
+
+
+def release_rules(
+    info: ReleaseInfo, floor: list[Rule], env: str, *, include_slo: bool = True
+) -> tuple[list[Rule], SLO | None, list[str]]:
+    """A release's watch rules in `env`: the manifest's `watch` list under the environment's
+    `floor`, then (with `include_slo`) its load profile's SLO rules; (rules, SLO, notes).
+    `plan_watch` and `releasekit audit replay` both derive them here."""
+    manifest = info.lm.manifest
+    rules = [from_manifest(r) for r in manifest.watch]
+    # The environment's floor: the release's own rules only tighten it.
+    rules, notes = with_floor(rules, floor, env=env)
+    slo: SLO | None = None
+    if include_slo:
+        try:
+            slo = load_profile(info.lm.resolve(manifest.load.profile)).slo
+        except ReleasekitError as exc:
+            notes.append(f"load profile unreadable, SLO rules left out: {exc.message}")
+    if slo is not None:
+        window = max((r.window_s for r in rules), default=60.0)
+        sustain = max((r.sustain for r in rules), default=3)
+        rules += rules_from_slo(slo, window_s=window, sustain=sustain)
+    return _unique(rules), slo, notes
 
 
 def watch_floor(settings: Settings, env: str) -> list[Rule]:
@@ -353,6 +365,20 @@ class RollbackImpl(Protocol):
 _TRANSIENT = (DeployStateError, LedgerLockTimeoutError, RegistryUnreachableError)
 
 
+def breach_record(e: BreachEvidence) -> dict[str, Any]:
+    """A breaching window as a rollback event holds it: the judgement, and the window cut
+    to the figures `watch.rules.judge` reads (the rule's metric, and the request rate that
+    picks a benchmark point): counts and quantiles, never a prompt or an answer."""
+    keep = {e.judgement.metric, "request_rate"}
+    w = e.window.model_copy(
+        update={
+            "figures": {k: v for k, v in e.window.figures.items() if k in keep},
+            "histograms": {},
+        }
+    )
+    return {"judgement": e.judgement.model_dump(mode="json"), "window": w.model_dump(mode="json")}
+
+
 def rollback_adapter(
     settings: Settings, *, ledger: Ledger, impl: RollbackImpl | None = None
 ) -> RollbackFn:
@@ -377,8 +403,10 @@ def rollback_adapter(
             "trigger": req.trigger,
             "requested_at": req.requested_at,
             "rules": sorted({e.judgement.rule for e in req.evidence}),
-            "breaches": [e.model_dump(mode="json") for e in req.evidence],
+            "breaches": [breach_record(e) for e in req.evidence],
         }
+        if req.rules:  # the rules as judged (after the floor), for `audit replay`
+            evidence["rule_params"] = [r.model_dump(mode="json") for r in req.rules]
         if req.alert is not None:
             evidence["alert"] = req.alert
         if req.answers is not None:

@@ -53,6 +53,9 @@ class RollbackRequest(BaseModel):
     evidence: list[BreachEvidence] = Field(
         default_factory=list, description="the breaching windows (watch)"
     )
+    rules: list[Rule] = Field(
+        default_factory=list, description="the sustained rules as judged, for replay (watch)"
+    )
     alert: dict[str, Any] | None = Field(
         None, description="the Alertmanager alert: labels, annotations, fingerprint, startsAt"
     )
@@ -389,6 +392,7 @@ class Watcher:
             reason=f"sustained breach: {reason}",
             trigger="watch",
             evidence=evidence,
+            rules=[self.states[n].rule for n in sustained],
             requested_at=self.clock(),
         )
         outcome = self.request_rollback(request, snap)

@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"promote", "build", "capacity"},
     {"watch"},
     {"rollout"},
+    {"audit"},
     {"cli", "__main__"},
 ]
 

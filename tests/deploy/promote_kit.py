@@ -32,7 +32,6 @@ from portbands import first_free, share
 from project_copy import land
 
 from releasekit._support.http import http_client
-from releasekit.bench.host import MeasuredOn
 from releasekit.bench.runner import BenchResult, write_evidence
 from releasekit.bench.stats import LatencySummary, PointFlag, PointResult
 from releasekit.config import Settings, load_settings
@@ -43,6 +42,7 @@ from releasekit.evaluate.suites import load_suite
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.lock import Lock, lock
 from releasekit.spec.manifest import load_manifest
+from releasekit.spec.measured import MeasuredOn
 from releasekit.stores.results import ReleasePaths
 
 HERE = Path(__file__).resolve().parent

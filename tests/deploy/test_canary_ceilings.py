@@ -13,8 +13,8 @@ import pytest
 from promote_kit import Kit, kill_everything, make_kit
 
 from releasekit.config import EnvironmentConfig
+from releasekit.promote.ceilings import canary_within
 from releasekit.promote.promote import promote
-from releasekit.rollout.ceilings import canary_within
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.spec.manifest import Canary, load_manifest
 from releasekit.watch.rules import from_manifest, with_floor

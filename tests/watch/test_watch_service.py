@@ -361,6 +361,18 @@ def test_sustained_breach_rolls_back_once_and_the_ledger_holds_the_windows(
         assert b["window"]["figures"]["ttft_p95_s"]["source"] == "gateway"
         assert b["window"]["release"] == wenv.r1
     assert "ttft_p95_s_absolute" in ev.evidence["rules"]
+    # Replayed through the same judge, under the rules derived again from the manifest
+    # copy and the floor: every window, rule and the sustained breach come out the same.
+    from releasekit.audit.judged import replay_judged
+    from releasekit.audit.replay import DecisionReplay
+    from releasekit.promote.context import load_release
+
+    d = DecisionReplay(seq=ev.seq, event_id=ev.event_id, type=ev.type, environment=ENV,
+                       release_id=wenv.r1)  # fmt: skip
+    info = load_release(wenv.settings, wenv.r1, ledger=wenv.ledger)
+    replay_judged(d, ev, wenv.settings.environments[ENV], info, wenv.settings)
+    assert d.checks and d.same, d.checks
+    assert {"parameters", "watch"} <= {c.kind for c in d.checks}
     svc.watcher.tick()  # follows the ledger: r0 is live now
     assert svc.plan.release_id == wenv.r0 and svc.watcher.target.release == wenv.r0
     for _ in range(4):
