@@ -80,6 +80,12 @@ class RayAutoscaling(BaseModel):
         description="with target = knee: the share of the knee kept spare (0.25: scale at "
         "75% of the knee's requests in flight)",
     )
+    knee_cores: Literal["match", "scale"] = Field(
+        "match",
+        description='with target = knee: "match" refuses a knee measured on another core '
+        'count than cpus_per_replica (it runs max_replicas on a rollback); "scale" scales it '
+        "in proportion (knee x replica CPUs / the bench host's cores), stated in the plan",
+    )
     target_queue_depth: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="requests in flight per replica, by hand"
     )

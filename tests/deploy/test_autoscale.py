@@ -376,3 +376,29 @@ def test_a_release_manifest_cannot_carry_its_own_scaling(akit: Kit) -> None:
         path.write_text(text)
         with pytest.raises(ManifestError, match="autoscaling"):
             load_manifest(path, root=akit.root)
+
+
+def test_a_knee_from_another_core_count_is_refused_or_scaled_as_the_policy_says() -> None:
+    """A knee measured on the 2-core build host does not apply to 1-CPU replicas: the
+    default policy refuses it, naming both core counts; `knee_cores = "scale"` halves it and
+    the plan says it was scaled."""
+    from releasekit.deploy.ray.autoscale import plan_for
+    from releasekit.deploy.target import KneeEvidence
+
+    knee = KneeEvidence(
+        in_flight=64, load=64, mode="concurrency", source="results/x/bench/bench.json", cores=2
+    )
+    base = {"target": "knee", "knee_headroom": 0.5, "max_replicas": 2}
+    with pytest.raises(NoKneeEvidenceError, match=r"measured on 2 cores.*gets 1 CPU"):
+        plan_for("staging", RayAutoscaling.model_validate(base), "ab" * 32, knee, replica_cpus=1)
+    scaled = plan_for(
+        "staging",
+        RayAutoscaling.model_validate({**base, "knee_cores": "scale"}),
+        "ab" * 32,
+        knee,
+        replica_cpus=1,
+    )
+    assert scaled.knee_in_flight == 32 and scaled.target_in_flight == 16
+    assert "scaled from knee 64 measured on 2 cores to 1 CPU" in scaled.text
+    same = plan_for("staging", RayAutoscaling.model_validate(base), "ab" * 32, knee, replica_cpus=2)
+    assert same.knee_in_flight == 64 and same.knee_scaled is None

@@ -52,6 +52,9 @@ class AutoscalePlan(BaseModel):
     knee_in_flight: float | None = Field(None, description="requests in flight at the knee")
     knee_headroom: float | None = Field(None, description="share of the knee kept spare")
     knee_source: str | None = Field(None, description="the bench result the knee is from")
+    knee_scaled: str | None = Field(
+        None, description="knee_cores = scale: the measured knee and cores it was scaled from"
+    )
     upscale_delay_s: float
     downscale_delay_s: float
     look_back_period_s: float
@@ -74,6 +77,8 @@ class AutoscalePlan(BaseModel):
             )
         if self.source == "knee":
             head += f" = knee {self.knee_in_flight:g} x (1 - {self.knee_headroom:g})"
+            if self.knee_scaled:
+                head += f" ({self.knee_scaled})"
         else:
             head += " (target_queue_depth, set by hand)"
         return (
@@ -147,6 +152,23 @@ def plan_for(
         return AutoscalePlan(**common, target_in_flight=auto.target_queue_depth, source="by hand")
     headroom = auto.knee_headroom if auto.knee_headroom is not None else 0.0
     cores_bad = knee_cores_problem(knee, replica_cpus) if knee is not None else None
+    scaled: str | None = None
+    if (
+        cores_bad is not None
+        and knee is not None
+        and knee.cores
+        and replica_cpus
+        and auto.knee_cores == "scale"
+    ):
+        # The committed policy asks for the knee in proportion to cores: stated in the plan.
+        scaled = (
+            f"scaled from knee {knee.in_flight:g} measured on {knee.cores} core"
+            f"{'s' if knee.cores != 1 else ''} to {replica_cpus:g} CPU (knee_cores = scale)"
+        )
+        knee = knee.model_copy(
+            update={"in_flight": round(knee.in_flight * replica_cpus / knee.cores, 3)}
+        )
+        cores_bad = None
     if cores_bad is not None:
         knee, knee_problem = None, cores_bad
     if knee is None or knee.in_flight <= 0:
@@ -173,6 +195,7 @@ def plan_for(
         knee_in_flight=knee.in_flight,
         knee_headroom=headroom,
         knee_source=knee.source,
+        knee_scaled=scaled,
     )
 
 

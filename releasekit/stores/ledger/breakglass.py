@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import Connection, select
 
@@ -34,12 +33,11 @@ from releasekit.stores.ledger.schema import (
     Event,
     EventType,
     LedgerRecord,
-    _evidence_text,
+    chained_rows,
     events_table,
     format_time,
     head_table,
     parse_stored_time,
-    record_hash,
     signatures_table,
 )
 from releasekit.stores.ledger.store import Ledger
@@ -108,25 +106,15 @@ class PastFailureLedger(Ledger):
         # Time follows the verified records, not whatever a bad row claims.
         verified_time = self.prefix.records[-1].time if self.prefix.records else None
         now = format_time(max(dt.datetime.now(dt.UTC), verified_time or dt.datetime.now(dt.UTC)))
-        rows: list[dict[str, Any]] = []
-        for ev in events:
-            row: dict[str, Any] = {
-                "seq": prev_seq + 1,
-                "event_id": ev.event_id,
-                "type": str(EventType(ev.type).value),
-                "time": now,
-                "actor": ev.actor or self._default_actor(),
-                "environment": ev.environment,
-                "from_release": ev.from_release,
-                "to_release": ev.to_release,
-                "reason": ev.reason,
-                "evidence": _evidence_text(ev.evidence),
-                "live": ev.live,
-                "prev_hash": prev_hash,
-            }
-            row["hash"] = record_hash(row)
-            rows.append(row)
-            prev_seq, prev_hash = row["seq"], row["hash"]
+        rows = chained_rows(
+            list(events),
+            prev_seq=prev_seq,
+            prev_hash=prev_hash,
+            time=now,
+            default_actor=self._default_actor(),
+        )
+        if rows:
+            prev_seq, prev_hash = rows[-1]["seq"], rows[-1]["hash"]
         conn.execute(events_table.insert(), rows)
         sigs = {r["seq"]: self.signer.sign(r["hash"]) for r in rows}
         conn.execute(

@@ -195,3 +195,30 @@ def _to_record(row: Any) -> LedgerRecord:
         key_id=m["key_id"] if has_sig else None,
         signature=m["signature"] if has_sig else None,
     )
+
+
+def chained_rows(
+    events: list[Event], *, prev_seq: int, prev_hash: str, time: str, default_actor: str
+) -> list[dict[str, Any]]:
+    """The rows that append `events` after the record (`prev_seq`, `prev_hash`), each hashed
+    and chained to the one before it, all at `time` (stored form)."""
+    rows: list[dict[str, Any]] = []
+    for ev in events:
+        row: dict[str, Any] = {
+            "seq": prev_seq + 1,
+            "event_id": ev.event_id,
+            "type": str(EventType(ev.type).value),
+            "time": time,
+            "actor": ev.actor or default_actor,
+            "environment": ev.environment,
+            "from_release": ev.from_release,
+            "to_release": ev.to_release,
+            "reason": ev.reason,
+            "evidence": _evidence_text(ev.evidence),
+            "live": ev.live,
+            "prev_hash": prev_hash,
+        }
+        row["hash"] = record_hash(row)
+        rows.append(row)
+        prev_seq, prev_hash = row["seq"], row["hash"]
+    return rows

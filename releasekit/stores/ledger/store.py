@@ -52,13 +52,12 @@ from releasekit.stores.ledger.schema import (
     Event,
     EventType,
     LedgerRecord,
-    _evidence_text,
     _meta,
+    chained_rows,
     events_table,
     format_time,
     head_table,
     parse_stored_time,
-    record_hash,
     signatures_table,
 )
 from releasekit.stores.signing import (
@@ -456,25 +455,15 @@ class Ledger(LedgerQueries, LedgerVerification):
         prev_time = head.time if head is not None else ""
         # Times never go backwards along the chain, so "what was live at T" can trust order.
         now = max(format_time(dt.datetime.now(dt.UTC)), prev_time)
-        rows: list[dict[str, Any]] = []
-        for ev in events:
-            row: dict[str, Any] = {
-                "seq": prev_seq + 1,
-                "event_id": ev.event_id,
-                "type": str(EventType(ev.type).value),
-                "time": now,
-                "actor": ev.actor or self._default_actor(),
-                "environment": ev.environment,
-                "from_release": ev.from_release,
-                "to_release": ev.to_release,
-                "reason": ev.reason,
-                "evidence": _evidence_text(ev.evidence),
-                "live": ev.live,
-                "prev_hash": prev_hash,
-            }
-            row["hash"] = record_hash(row)
-            rows.append(row)
-            prev_seq, prev_hash = row["seq"], row["hash"]
+        rows = chained_rows(
+            list(events),
+            prev_seq=prev_seq,
+            prev_hash=prev_hash,
+            time=now,
+            default_actor=self._default_actor(),
+        )
+        if rows:
+            prev_seq, prev_hash = rows[-1]["seq"], rows[-1]["hash"]
         conn.execute(events_table.insert(), rows)
         sigs: dict[int, tuple[str, str]] = {}
         if self.signer is not None:
