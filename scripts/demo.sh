@@ -38,7 +38,7 @@ if [ -z "$BRANCH" ]; then
   BRANCH=releasekit-demo
   git checkout -q -B "$BRANCH"
 fi
-[ -d "$TEAM_REPO" ] || git init -q --bare "$TEAM_REPO"
+[ -d "$TEAM_REPO" ] || git init -q --bare --initial-branch="$BRANCH" "$TEAM_REPO"
 git remote get-url team >/dev/null 2>&1 || git remote add team "$TEAM_REPO"
 git push -q team "HEAD:refs/heads/$BRANCH"
 git fetch -q team
@@ -306,6 +306,11 @@ releasekit status || true   # exits 1 when it finds drift between ledger and MLf
 releasekit history --env staging
 releasekit deploy-status
 releasekit ledger verify
+# As an auditor on another machine would: against what left this one. The ledger's anchor is
+# pushed to the team's server; `--remote` trusts only the anchor and the keys held there, and
+# recomputes every decision's policy digest at its recorded commit (on the team's branch).
+git push -q team refs/releasekit/ledger:refs/releasekit/ledger
+releasekit ledger verify --remote team
 # Every recorded decision's gate verdicts, recomputed from its signed inputs (exit 1 on any
 # difference): the evidence files by digest, the policy at the recorded commit.
 releasekit audit replay --all

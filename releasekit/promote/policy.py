@@ -293,8 +293,13 @@ def check_recorded_policies(
             )
             continue
         recorded = ev.get("policy")
-        if not ev.get("differs_from_committed") and (
-            not isinstance(recorded, dict) or digest_obj(recorded) != digest
+        # A record that holds the policy itself (promote, gate_failed, rollback) must hold
+        # the committed one; one that holds only its source (shadow, canary) is checked by
+        # the digest above.
+        if (
+            isinstance(recorded, dict)
+            and not ev.get("differs_from_committed")
+            and digest_obj(recorded) != digest
         ):
             problems.append(
                 (
