@@ -412,3 +412,40 @@ def test_ungated_policy_and_keys_work_without_a_remote(
     led = open_ledger(s)
     led.append(Event(type=EventType.BUILD, to_release=RID))
     assert led.verify().ok
+
+
+def test_verify_remote_judges_a_record_by_the_policy_fields_it_holds(proj: Path) -> None:
+    """A shadow or canary record holds only its policy's source: its digest is recomputed,
+    and no policy copy is asked of it. A decision recorded before a policy field existed is
+    judged by the fields it held; the same record with one of those values changed is not."""
+    from releasekit.promote.policy import check_recorded_policies
+
+    s = settings_of(proj)
+    led = open_ledger(s)
+    source = _promote_event(s).evidence["policy"]["source"]
+    led.append(
+        Event(
+            type=EventType.SHADOW,
+            environment="staging",
+            to_release=RID,
+            reason="compared",
+            evidence={"policy": {"source": source}},
+        )
+    )
+    older = _promote_event(s)
+    fields = dict(older.evidence["policy"]["policy"])
+    fields.pop("watch_floor", None)  # a field this record's release of releasekit lacked
+    older.evidence["policy"]["policy"] = fields
+    older.evidence["policy"]["source"]["digest"] = digest_obj(fields)
+    led.append(older)
+    checked, problems = check_recorded_policies(led, proj)
+    assert checked == 2 and problems == []
+    changed = _promote_event(s)
+    changed.evidence["policy"]["policy"] = {**fields, "gates_required": False}
+    changed.evidence["policy"]["source"]["digest"] = digest_obj(
+        changed.evidence["policy"]["policy"]
+    )
+    led.append(changed)
+    _checked, problems = check_recorded_policies(led, proj)
+    assert [seq for seq, _ in problems] == [3]
+    assert "was not made by the policy committed there" in problems[0][1]
