@@ -75,7 +75,7 @@ def check_baseline_evidence(
     releases' comparisons.
 
     Raises EvidenceIntegrityError naming the file and the record."""
-    from releasekit.errors import LedgerNotFoundError
+    from releasekit.errors import LedgerNotFoundError, NotAProjectError
     from releasekit.stores.ledger import open_ledger
     from releasekit.stores.verified import (
         EvidenceIntegrityError,
@@ -85,8 +85,8 @@ def check_baseline_evidence(
 
     try:
         led = open_ledger(settings, read_only=True)
-    except LedgerNotFoundError:
-        return
+    except (LedgerNotFoundError, NotAProjectError):
+        return  # no ledger here: nothing registered to check against
     try:
         if register_record(led, release_id) is None:
             return
