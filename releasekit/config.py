@@ -411,7 +411,7 @@ class EnvironmentConfig(BaseModel):
         lt=0.5,
         description="the perf gates widen their tolerance to the live release's run-to-run "
         "spread at its knee ((max - min) / median) up to this much; a spread above it on "
-        "either release fails as an evidence gate (too noisy to judge: rerun). Below 0.5: "
+        "either release fails as an evidence gate (too noisy to judge). Below 0.5: "
         "widened to s, goodput must stay above live x (1 - s), so a halved goodput always "
         "fails (and a doubled TTFT, above live x (1 + s))",
     )

@@ -25,8 +25,8 @@ Gates, each with its numbers and its rule in words (`GateResult`):
   (`margin`, a fraction of the live value), else DEFAULT_TOLERANCES, never wider than the
   environment's ceiling (`max_perf_tolerance`). A tolerance widens to the LIVE release's
   run-to-run spread at that load, up to the environment's `max_perf_spread`; a spread above
-  it on either release fails the comparison as an evidence gate ("too noisy to judge here:
-  rerun"), never passes it.
+  it on either release fails the comparison as an evidence gate ("too noisy to judge
+  here"), never passes it.
 - manifest gates with `kind: min | max` (a threshold) on any `eval.<suite>.pass_rate` or
   `bench.knee.<metric>`, and `max_increase` / `non_inferior` on other `bench.knee.*`
   metrics (relative to the live value).
@@ -438,9 +438,10 @@ def _too_noisy(metric: str, spreads: dict[str, float], cap: float) -> GateResult
         limit=cap,
         live=spreads.get("live"),
         candidate=spreads.get("candidate"),
-        detail="too noisy to judge here: rerun the load test ("
+        detail="too noisy to judge here ("
         + ", ".join(f"{side} spread {v:.2f}" for side, v in over.items())
-        + f" > {cap:g})",
+        + f" > {cap:g}): a registered release's load test is the one its register event "
+        "signed, so judge performance live (a canary step) or override it by name",
     )
 
 
