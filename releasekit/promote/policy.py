@@ -168,31 +168,18 @@ def read_policy(settings: Settings, env: str, cfg: EnvironmentConfig) -> Environ
     else:
         commit, rev = tr.head, "HEAD"
     protected = tr.protected_name if tr.on_protected or rev != "HEAD" else None
-    if commit is None:
-        return EnvironmentPolicy(
-            environment=env,
-            policy=mine,
-            source=PolicySource(
-                kind="uncommitted",
-                rev=rev,
-                digest=digest_obj(mine),
-                note=f"revision {rev} does not resolve (nothing committed yet?)",
-            ),
+
+    def uncommitted(note: str, **where: str | None) -> EnvironmentPolicy:
+        source = PolicySource(
+            kind="uncommitted", rev=rev, digest=digest_obj(mine), note=note, **where
         )
+        return EnvironmentPolicy(environment=env, policy=mine, source=source)
+
+    if commit is None:
+        return uncommitted(f"revision {rev} does not resolve (nothing committed yet?)")
     table, why = _committed_table(root, commit, rev, env)
     if table is None:
-        return EnvironmentPolicy(
-            environment=env,
-            policy=mine,
-            source=PolicySource(
-                kind="uncommitted",
-                rev=rev,
-                commit=commit,
-                protected_ref=protected,
-                digest=digest_obj(mine),
-                note=why or "",
-            ),
-        )
+        return uncommitted(why or "", commit=commit, protected_ref=protected)
     committed = _policy_of(table, env, f"{rev} ({commit[:12]})")
     differs = [f for f in POLICY_FIELDS if mine.get(f) != committed.get(f)]
     return EnvironmentPolicy(

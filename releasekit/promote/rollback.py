@@ -87,6 +87,18 @@ class RollbackResult(BaseModel):
         return self.record.event_id if self.record else None
 
 
+def _not_live(env: str, from_release: str, current: str | None, reason: str) -> RollbackResult:
+    """The answer to a rollback from a release that is no longer live (a watcher's stale
+    request): nothing to do."""
+    return RollbackResult(
+        status="not_live",
+        environment=env,
+        from_release=from_release,
+        reason=reason,
+        message=f"{from_release[:12]} is not live in {env} any more ({str(current)[:12]} is)",
+    )
+
+
 def previous_good_release(ledger: Ledger, env: str) -> str | None:
     """The latest release live in `env` before the current one that is not marked bad
     (what a rollback without --to goes back to), or None."""
@@ -184,13 +196,7 @@ def rollback(
     if current is None:
         raise RollbackError(f"nothing is live in {env}: nothing to roll back")
     if from_release is not None and from_release != current:
-        return RollbackResult(
-            status="not_live",
-            environment=env,
-            from_release=from_release,
-            reason=reason,
-            message=f"{from_release[:12]} is not live in {env} any more ({current[:12]} is)",
-        )
+        return _not_live(env, from_release, current, reason)
     target = resolve_release(settings, to, ledger=led).release_id if to else None
     target = target or previous_good_release(led, env)
     if target is None:
@@ -370,13 +376,7 @@ def break_glass_rollback(
     # What actually serves (a bad row may name anything); the table's word where unknown.
     current = routed[0] if len(set(routed)) == 1 else recorded
     if from_release is not None and from_release != current:
-        return RollbackResult(
-            status="not_live",
-            environment=env,
-            from_release=from_release,
-            reason=reason,
-            message=f"{from_release[:12]} is not live in {env} any more ({str(current)[:12]} is)",
-        )
+        return _not_live(env, from_release, current, reason)
     if current is None:
         raise RollbackError(f"nothing is live in {env}: nothing to roll back")
     target = break_glass_target(prefix, env, current=current)
