@@ -1,10 +1,10 @@
-"""Benchmark result files say where, when and how they were measured, and the README's
+"""Benchmark result files say where, when and how they were measured, and the documented
 figures match them: every benchmarks/results/*.json carries its run fields (host CPU model
 and kind, date, commit and dirty flag, command; "unknown" where a file was written without
-one, never a guess), every README link to a result file points at a file that exists, each
-row of the Benchmarks table names its files' host kind and date, and every benchmark writes
-through the one writer that records them. `demo_record.py` keeps the `gate_failed` events
-the README cites."""
+one, never a guess), every link to a result file from the README or a docs/ page points at
+a file that exists, each row of the Benchmarks page's table names its files' host kind and
+date, and every benchmark writes through the one writer that records them.
+`demo_record.py` keeps the `gate_failed` events the tutorial cites."""
 
 from __future__ import annotations
 
@@ -23,8 +23,12 @@ from benchmarks._results import CPU_KINDS, RUN_FIELDS, UNKNOWN, cpu_kind, run_in
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+BENCHMARKS_PAGE = DOCS / "benchmarks.md"
 RESULT_FILES = sorted(RESULTS.glob("*.json"))
-LINK = re.compile(r"\]\((benchmarks/[^)\s#]+)\)")
+# A docs/ page links to a result file relative to the site's root (`../` from a folder):
+# the site's build adds benchmarks/results/ there.
+LINK = re.compile(r"\]\((?:\.\./)*(benchmarks/[^)\s#]+)\)")
 
 
 def _field(run: dict[str, Any], dotted: str) -> Any:
@@ -73,18 +77,20 @@ def test_a_file_written_without_some_run_fields_says_which_commits_hold_it(path:
     assert run.get("recorded"), f"{path.name}: say which fields were not recorded"
 
 
-def test_every_readme_link_into_benchmarks_points_at_an_existing_file() -> None:
-    links = LINK.findall(README.read_text())
-    assert links, "the README cites no benchmark file"
-    missing = sorted({link for link in links if not (REPO / link).is_file()})
-    assert missing == [], f"README links to files that do not exist: {missing}"
+def test_every_link_into_benchmarks_points_at_an_existing_file() -> None:
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        links = LINK.findall(page.read_text())
+        missing = sorted({link for link in links if not (REPO / link).is_file()})
+        assert missing == [], (
+            f"{page.relative_to(REPO)} links to files that do not exist: {missing}"
+        )
+    assert LINK.findall(BENCHMARKS_PAGE.read_text()), "the Benchmarks page cites no file"
 
 
 def _benchmarks_section() -> str:
-    text = README.read_text()
-    start = text.index("\n## Benchmarks\n")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    """The Benchmarks page's written table (the generated one follows it)."""
+    text = BENCHMARKS_PAGE.read_text()
+    return text[: text.index("\n## Every result file\n")]
 
 
 def test_each_benchmarks_row_names_its_files_host_kind_and_date() -> None:

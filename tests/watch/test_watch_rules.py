@@ -167,10 +167,10 @@ def test_rules_from_slo() -> None:
     }
 
 
-def test_the_readme_watch_example_is_a_valid_manifest_section() -> None:
-    """The README's `watch:` example parses as a manifest's watch rules: one absolute rule,
-    one relative rule at 1.5x its benchmark."""
-    text = (ROOT / "README.md").read_text()
+def test_the_documented_watch_example_is_a_valid_manifest_section() -> None:
+    """The `watch:` example of the live-quality page parses as a manifest's watch rules: one
+    absolute rule, one relative rule at 1.5x its benchmark."""
+    text = (ROOT / "docs" / "concepts" / "live-quality.md").read_text()
     block = text.split("```yaml\nwatch:\n", 1)[1].split("```", 1)[0]
     section = yaml.safe_load("watch:\n" + block)
     m = parse_manifest(_manifest_with_watch(section["watch"][0]), path=Path("m.yaml"))
