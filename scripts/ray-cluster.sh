@@ -6,8 +6,8 @@
 # under DIR (default /tmp/rk-ray-cluster). Both nodes are on 127.0.0.1 (Ray tells them
 # apart by node id): Ray binds its GCS, raylets and agents to loopback only when the node
 # address is exactly 127.0.0.1 (on 127.0.0.2 it listens on every interface). Ray has no
-# authentication: whoever reaches these ports runs code as this user (README, "Serving on a
-# Ray cluster"). Nodes start through `python -m releasekit.deploy.ray.loopback start`
+# authentication: whoever reaches these ports runs code as this user (docs/concepts/scale-out.md: serving on a
+# Ray cluster). Nodes start through `python -m releasekit.deploy.ray.loopback start`
 # (`ray start` that keeps "127.0.0.1" in the cluster address as given and lets a second node
 # join on it; see that module) with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which everything
 # they start inherits; releasekit sets it for its drivers.

@@ -7,8 +7,8 @@ bash scripts/install.sh
 bash scripts/system-deps.sh  # Prometheus and Alertmanager for the watch tests
 # A crash in native code (at exit too) prints every thread's Python stack.
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONFAULTHANDLER=1
-.venv/bin/ruff check releasekit tests pipelines
-.venv/bin/ruff format --check releasekit tests pipelines
+.venv/bin/ruff check releasekit tests pipelines docs/_hooks
+.venv/bin/ruff format --check releasekit tests pipelines docs/_hooks
 if [ "$#" -gt 0 ]; then
   .venv/bin/mypy releasekit
   exec .venv/bin/pytest "$@"
