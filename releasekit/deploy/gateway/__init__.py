@@ -171,13 +171,17 @@ Modules
 - `limits`     per-key token buckets
 - `metrics`    the gateway's own Prometheus metrics
 - `responses`  OpenAI-style error and JSON answers
+- `admission`  in-flight slots and their queue, each client's cap, per-release counts
 - `relay`      one pinned request and the response that streams the upstream's answer
+- `checks`     a client request's checks: key, rate, path allowlist, body, JSON
 - `lease`      leased tables that revert to their fallback
-- `mirror`     shadow copies to a candidate
+- `pairs`      the mirror's answer pairs (the models the admin API and the disk share)
 - `pairstore`  the bounded disk copy of the mirror's answer pairs
-- `admin`      the admin API
+- `mirror`     shadow copies to a candidate
+- `upstream`   the upstream connection pool, a pinned request sent and relayed
+- `admin`      the admin API (it drives the gateway through `GatewayControl`)
 - `feedback`   response ids and `POST /v1/feedback`
-- `app`        the `Gateway`: state, admission, the ASGI app
+- `app`        the `Gateway`: route table, lease and mirror, request handling, the ASGI app
 - `server`     socket, uvicorn, ready file, `ThreadedGateway`, the process entry point
 
 Errors: `releasekit.deploy.gateway.errors` holds the tree (every one a GatewayError).
@@ -218,7 +222,7 @@ from releasekit.deploy.gateway.metrics import (
     QUEUE_BUCKETS,
     TTFT_BUCKETS,
 )
-from releasekit.deploy.gateway.mirror import MirrorPair, MirrorPairs
+from releasekit.deploy.gateway.pairs import MirrorPair, MirrorPairs
 from releasekit.deploy.gateway.pairstore import PairStore, prune, read_pairs, store_dir
 from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from releasekit.deploy.gateway.checks import bearer_token
 from releasekit.deploy.gateway.config import (
     DrainRequest,
+    DrainResult,
+    GatewayState,
     LeaseRenewal,
     RouteTable,
     validation_problems,
 )
 from releasekit.deploy.gateway.errors import GatewayRequestError
+from releasekit.deploy.gateway.pairs import MirrorPairs
 from releasekit.deploy.gateway.responses import error_response, json_response
 
-if TYPE_CHECKING:
-    from releasekit.deploy.gateway.app import Gateway
+__all__ = ["PAIRS_LIMIT", "AdminAPI", "GatewayControl", "admin_body", "bearer_token"]
 
 _Body = TypeVar("_Body", bound=BaseModel)
 
@@ -44,19 +47,36 @@ async def admin_body(
         )
 
 
-def bearer_token(request: Request) -> bytes | None:
-    """The token of an `Authorization: Bearer ...` header, or None."""
-    h = request.headers.get("authorization")
-    if h is None or len(h) < 8 or h[:7].lower() != "bearer ":
-        return None
-    return h[7:].strip().encode()
+class GatewayControl(Protocol):
+    """What the admin API drives: the gateway's state, its route table and lease, drains
+    and the mirror's answer pairs."""
+
+    def state(self) -> GatewayState:
+        """Routes, in-flight and served counts now."""
+        ...
+
+    def set_routes(self, table: RouteTable) -> GatewayState:
+        """Swap the route table; answers the new state."""
+        ...
+
+    def renew_lease(self, generation: int) -> bool:
+        """Extend the leased table of `generation`; False when it is not in force."""
+        ...
+
+    async def drain(self, release_id: str, timeout_s: float) -> DrainResult:
+        """Wait until `release_id` has nothing in flight (GatewayRequestError: still routed)."""
+        ...
+
+    def mirror_pairs(self, since: int, limit: int) -> MirrorPairs:
+        """The mirror's answer pairs held with seq > `since`."""
+        ...
 
 
 class AdminAPI:
     """The admin endpoints of one gateway, guarded by its admin token (never a client key)."""
 
-    def __init__(self, gateway: Gateway, admin_token: str) -> None:
-        self.gw = gateway
+    def __init__(self, control: GatewayControl, admin_token: str) -> None:
+        self.gw = control
         self._token = admin_token.encode()
 
     def denied(self, request: Request) -> Response | None:

@@ -5,30 +5,30 @@ from __future__ import annotations
 import hmac
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from releasekit.deploy.gateway.checks import ClientChecks
 from releasekit.deploy.gateway.config import Feedback, validation_problems
 from releasekit.deploy.gateway.limits import TokenBuckets
 from releasekit.deploy.gateway.responses import error_response, json_response
-
-if TYPE_CHECKING:
-    from releasekit.deploy.gateway.app import Gateway
 
 
 class FeedbackBook:
     """Recent successful response ids -> (release, counted yet, client), in an LRU of
     `capacity`; counts one score per response, from the client it served, and at most
-    `feedback_limit` posts per client (a bucket: one client cannot vote in bulk)."""
+    `feedback_limit` posts per client (a bucket: one client cannot vote in bulk). A post
+    passes the same client checks (`checks`) as any client request."""
 
-    def __init__(self, gateway: Gateway, capacity: int) -> None:
-        self.gw = gateway
+    def __init__(self, checks: ClientChecks, capacity: int) -> None:
+        self.checks = checks
+        self.metrics = checks.metrics
         self.capacity = capacity
         self._seen: OrderedDict[str, list[Any]] = OrderedDict()
-        self._limit = TokenBuckets(gateway.config.feedback_limit)
+        self._limit = TokenBuckets(checks.config.feedback_limit)
 
     def remember(self, response_id: str, release_id: str, client: str) -> None:
         """Note that `release_id` served `response_id` to `client`."""
@@ -39,12 +39,12 @@ class FeedbackBook:
 
     async def endpoint(self, request: Request) -> Response:
         """POST /v1/feedback."""
-        denied, client = self.gw.client_denied(request)
+        denied, client = self.checks.client_denied(request)
         if denied:
             return denied
         wait = self._limit.take(client)
         if wait > 0:
-            self.gw.metrics.reject("feedback_limit")
+            self.metrics.reject("feedback_limit")
             return error_response(
                 429,
                 "too much feedback from this client",
@@ -52,7 +52,7 @@ class FeedbackBook:
                 code="feedback_limit",
                 headers={"retry-after": str(max(1, math.ceil(wait)))},
             )
-        body = await self.gw.read_body(request)
+        body = await self.checks.read_body(request)
         if isinstance(body, Response):
             return body
         try:
@@ -89,7 +89,7 @@ class FeedbackBook:
         label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
         if not already:
             seen[1] = True
-            self.gw.metrics.feedback.labels(self.gw.config.env, release_id, label).inc()
+            self.metrics.feedback.labels(self.metrics.env, release_id, label).inc()
         return json_response(
             {
                 "response_id": fb.response_id,

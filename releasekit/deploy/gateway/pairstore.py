@@ -35,7 +35,7 @@ from typing import IO
 
 from pydantic import ValidationError
 
-from releasekit.deploy.gateway.mirror import MirrorPair
+from releasekit.deploy.gateway.pairs import MirrorPair
 
 log = logging.getLogger("releasekit.gateway")
 

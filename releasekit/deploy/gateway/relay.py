@@ -7,17 +7,15 @@ import asyncio
 import logging
 import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from releasekit.deploy.gateway.admission import Admission
 from releasekit.deploy.gateway.config import Route
 from releasekit.deploy.gateway.responses import json_bytes
-
-if TYPE_CHECKING:
-    from releasekit.deploy.gateway.app import Gateway
 
 log = logging.getLogger("releasekit.gateway")
 
@@ -68,33 +66,42 @@ class DisconnectFlag:
         self.armed = False
 
 
+Remember = Callable[[str, str, str], None]
+"""Notes that a release served a response id to a client: (response_id, release_id, client)."""
+
+
 class Flight:
-    """One pinned request: its route, clocks and metrics; `finish` runs exactly once."""
+    """One pinned request: its route, clocks and metrics; `finish` runs exactly once (it
+    unpins the request from `admission` and counts it)."""
 
     __slots__ = (
-        "client", "deadline", "done", "gw", "m", "reveal", "route", "route_label", "stream",
-        "t0",
+        "admission", "client", "deadline", "done", "m", "metrics", "remember", "reveal",
+        "route", "route_label", "stream", "t0",
     )  # fmt: skip
 
     def __init__(
         self,
-        gw: Gateway,
+        admission: Admission,
         route: Route,
         route_label: str,
         t0: float,
         *,
+        timeout_s: float,
+        remember: Remember | None = None,
         client: str = "",
         stream: bool = False,
         reveal: bool = True,
     ) -> None:
-        self.gw = gw
+        self.admission = admission
+        self.metrics = admission.metrics
+        self.remember = remember
         self.route = route
         self.route_label = route_label
         self.t0 = t0
         self.client = client
         self.stream = stream
-        self.deadline = time.monotonic() + gw.config.request_timeout_s
-        self.m = gw._metrics.release(route.release_id)
+        self.deadline = time.monotonic() + timeout_s
+        self.m = self.metrics.release(route.release_id)
         self.reveal = reveal
         self.done = False
 
@@ -116,19 +123,19 @@ class Flight:
         if self.done:
             return
         self.done = True
-        gw = self.gw
+        metrics = self.metrics
         rid = self.route.release_id
-        gw._unpin(rid, self.m)
-        gw.release_client(self.client)
-        gw._metrics.request(rid, self.route_label, label or status)
+        self.admission.unpin(rid, self.m)
+        self.admission.release_client(self.client)
+        metrics.request(rid, self.route_label, label or status)
         if got_response:
             self.m.e2e.observe(time.perf_counter() - self.t0)
         if chunks:
             self.m.chunks.inc(chunks)
         if outcome is not None:
-            gw._metrics.stream_errors.labels(gw.config.env, rid, outcome).inc()
+            metrics.stream_errors.labels(metrics.env, rid, outcome).inc()
             if outcome not in CLIENT_OUTCOMES:
-                gw._metrics.reject(outcome)
+                metrics.reject(outcome)
 
 
 async def watch_disconnect(receive: Receive, flag: DisconnectFlag) -> None:
@@ -177,7 +184,8 @@ class Relay(Response):
         upstream = self.upstream
         sse = self.sse
         need_ttft = sse
-        need_id = self.capture_id
+        remember = flight.remember
+        need_id = self.capture_id and remember is not None
         deadline = flight.deadline
         chunks = 0
         outcome: str | None = None
@@ -205,8 +213,8 @@ class Relay(Response):
                         if need_id:
                             need_id = False
                             found = ID_RE.search(chunk)
-                            if found:
-                                flight.gw.feedback.remember(
+                            if found and remember is not None:
+                                remember(
                                     found.group(1).decode(), flight.route.release_id, flight.client
                                 )
                         chunks += 1
