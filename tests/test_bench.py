@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from releasekit.bench import BenchResult, PointResult, RequestRecord, find_knee, run_bench
-from releasekit.bench.loadgen import iter_specs, parse_stream, sample_lengths
+from releasekit.bench.loadgen import iter_specs, sample_lengths
 from releasekit.bench.plot import plot_sweep
 from releasekit.bench.scrape import (
     HistogramWindow,
@@ -36,6 +36,7 @@ from releasekit.bench.stats import (
     spread,
     summarize,
 )
+from releasekit.bench.streams import parse_stream
 from releasekit.spec.loadprofile import SLO, LengthDist, LoadProfile, Sweep
 
 

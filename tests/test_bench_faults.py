@@ -373,10 +373,10 @@ def lenient_check(monkeypatch: pytest.MonkeyPatch) -> None:
     cross-check: widen its latency and burst tolerances so that a busy test machine, which
     slows a fake in the test's own process, cannot flag their points. The cross-check has
     its own tests, at the real tolerances."""
-    monkeypatch.setattr("releasekit.bench.stats.LATENCY_ABS_TOL_S", 10.0)
-    monkeypatch.setattr("releasekit.bench.stats.CLIENT_LAG_ABS_TOL_S", 10.0)
-    monkeypatch.setattr("releasekit.bench.stats.BURST_DELIVERIES_PER_TOKEN", 0.0)
-    monkeypatch.setattr("releasekit.bench.stats.BURSTY_SHARE_TOL", 1.0)
+    monkeypatch.setattr("releasekit.bench.crosscheck.LATENCY_ABS_TOL_S", 10.0)
+    monkeypatch.setattr("releasekit.bench.crosscheck.CLIENT_LAG_ABS_TOL_S", 10.0)
+    monkeypatch.setattr("releasekit.bench.crosscheck.BURST_DELIVERIES_PER_TOKEN", 0.0)
+    monkeypatch.setattr("releasekit.bench.crosscheck.BURSTY_SHARE_TOL", 1.0)
 
 
 @pytest.fixture
@@ -389,8 +389,8 @@ def busy_host_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     running four busy processes on two cores the test's event loop once ran 0.9 s late) are
     widened; the burst, count and relative tolerances stay real. client_bound has its own
     tests below, at the real tolerances."""
-    monkeypatch.setattr("releasekit.bench.stats.LATENCY_ABS_TOL_S", 0.2)
-    monkeypatch.setattr("releasekit.bench.stats.CLIENT_LAG_ABS_TOL_S", 2.0)
+    monkeypatch.setattr("releasekit.bench.crosscheck.LATENCY_ABS_TOL_S", 0.2)
+    monkeypatch.setattr("releasekit.bench.crosscheck.CLIENT_LAG_ABS_TOL_S", 2.0)
 
 
 # --- a well-behaved fake: the mechanics, and a cross-check that passes ----------------------

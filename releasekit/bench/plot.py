@@ -12,7 +12,7 @@ from releasekit._support import plots
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from releasekit.bench.runner import BenchResult
+    from releasekit.bench.result import BenchResult
     from releasekit.bench.stats import LatencySummary, PointResult
 
 _PCTS: tuple[tuple[str, str, str], ...] = (

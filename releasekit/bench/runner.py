@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit._support.http import async_http_client
@@ -38,9 +38,9 @@ from releasekit.bench.loadgen import (
     iter_specs,
     run_closed_loop,
     run_open_loop,
-    to_record,
     tokens_per_word,
 )
+from releasekit.bench.result import BenchResult
 from releasekit.bench.scrape import Scrape, fetch, server_delta
 from releasekit.bench.stats import (
     PointResult,
@@ -52,12 +52,13 @@ from releasekit.bench.stats import (
     point_result,
     runs_needed,
 )
+from releasekit.bench.streams import to_record
 from releasekit.config import Settings
 from releasekit.errors import BenchError
 from releasekit.serving.vllm import api_key_of, serve_release
-from releasekit.spec.loadprofile import SLO, LoadProfile, load_profile
+from releasekit.spec.loadprofile import LoadProfile, load_profile
 from releasekit.spec.lock import locked_release, serving_args
-from releasekit.spec.measured import MeasuredOn, measure_host
+from releasekit.spec.measured import measure_host
 
 PointCallback = Callable[[PointResult], None]
 
@@ -71,55 +72,6 @@ _GAUGE_MIN_S = 0.05
 _GAUGE_MAX_S = 0.5
 DEFAULT_REPETITIONS = 3
 """Sweeps run this often unless the profile (`sweep.repetitions`) or the caller says."""
-
-
-class BenchResult(BaseModel):
-    """A load-test result: one PointResult per load point (pooled over its repetitions) and
-    the knee. `requests` (the raw per-request records) is written to requests.jsonl, not
-    into bench.json."""
-
-    release_id: str | None = None
-    profile_digest: str | None = None
-    profile_name: str
-    model: str
-    base_url: str
-    api: Literal["chat", "completions"]
-    mode: Literal["concurrency", "rate"]
-    slo: SLO
-    started_at: str
-    tokens_per_word: float = Field(description="prompt tokens per synthetic word (calibrated)")
-    repetitions: int = Field(1, description="how many times the sweep ran")
-    max_num_seqs: int | None = Field(
-        None, description="the server's max-num-seqs, when known (cross-check of running)"
-    )
-    warmup_requests: int = 0
-    warmup_ok: int = 0
-    points: list[PointResult]
-    knee: PointResult | None = None
-    knee_share: float = Field(
-        1.0, description="share of a point's repetitions that must hold (the knee rule)"
-    )
-    knee_rule: str | None = Field(None, description="the knee rule, in words")
-    knee_stable: bool = Field(
-        False,
-        description="at least two repetitions ran and the rule's share of them gives the "
-        "same knee alone",
-    )
-    knee_by_repetition: list[float | None] = Field(
-        default_factory=list, description="the knee each repetition gives on its own"
-    )
-    knee_stop: str | None = Field(None, description="what stopped the knee where it is")
-    flagged_points: list[float] = Field(
-        default_factory=list,
-        description="loads of points with too few unflagged repetitions to be trusted",
-    )
-    client_cpu_s: float | None = Field(None, description="client CPU seconds over all points")
-    host: MeasuredOn | None = Field(
-        None,
-        description="where it was measured: host kind, cores, load (None: not recorded, an "
-        "unknown host that no perf comparison accepts)",
-    )
-    requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
 
 
 def knee_in_flight(bench: BenchResult) -> float | None:

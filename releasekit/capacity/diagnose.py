@@ -28,9 +28,10 @@ states the one it used. A window with too few requests is "not enough traffic to
 never healthy; a window in which a server restarted is not judged at all.
 
 Where each part lives (all re-exported here): the inputs in `capacity.diagnose_inputs`,
-the latency segments in `capacity.diagnose_segments`, the checks and their findings in
-`capacity.diagnose_findings`, figures in words in `capacity.diagnose_text`, the lookups in
-`capacity.diagnose_lookups`. This module puts them together into a `Diagnosis`.
+the latency segments in `capacity.diagnose_segments`, the findings and the checks that need
+no segment in `capacity.diagnose_findings`, the latency checks and the `Judge` that runs
+them all in `capacity.diagnose_latency`, figures in words in `capacity.diagnose_text`, the
+lookups in `capacity.diagnose_lookups`. This module puts them together into a `Diagnosis`.
 
 Errors raised here:
 
@@ -52,7 +53,6 @@ from releasekit.capacity.diagnose_findings import (
     Evidence,
     Finding,
     FindingKind,
-    Judge,
     Severity,
     rank_findings,
 )
@@ -66,6 +66,7 @@ from releasekit.capacity.diagnose_inputs import (
     baseline_from_bench,
     key_figures,
 )
+from releasekit.capacity.diagnose_latency import Judge
 from releasekit.capacity.diagnose_lookups import (
     LIVE_TYPES,
     LiveTargets,

@@ -30,9 +30,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
+from releasekit.deploy.environments import env_config
 from releasekit.errors import ReleasekitError, SignatureError
-from releasekit.promote.deploy import env_config
-from releasekit.promote.gates import GateResult
+from releasekit.promote.gate_results import GateResult
 from releasekit.releases.resolve import resolve_release
 from releasekit.stores.ledger import (
     Event,

@@ -32,11 +32,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
+from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import ReleaseInfo, load_release, release_spec
-from releasekit.promote.deploy import DeployOutcome, deploy_release, env_config
-from releasekit.promote.promote import RecordMove, marked_bad, move_record, was_live_in
+from releasekit.promote.deploy import deploy_release
+from releasekit.promote.deploy_models import DeployOutcome
+from releasekit.promote.records import RecordMove, marked_bad, move_record, was_live_in
 from releasekit.releases.prompt_alias import PromptAliasResult
 from releasekit.releases.resolve import resolve_release
 from releasekit.stores.ledger import (

@@ -37,6 +37,11 @@ canary like a breaching check, with the agreement and up to 10 disagreeing pairs
 run (`CanaryRun.agreement`, the `canary_aborted` event's evidence). Where the copies go to
 the very server judged as stable (a single live server), its own vLLM figures include the
 copies' load; the gateway's figures never do.
+
+Where each part lives (all re-exported here): the warm-up burst, the scrapes and the pair
+of windows in `rollout.figures`, a judgement counted and put in words in
+`rollout.step_verdicts`, what a run records in `rollout.canary_records`. This module holds
+the step runner, `CanaryController`.
 """
 
 from __future__ import annotations
@@ -46,9 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
 
-import httpx
 from pydantic import BaseModel, Field
 
 from releasekit._support.http import http_client
@@ -57,24 +60,32 @@ from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, p
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
 from releasekit.promote.deploy import ShiftContext
+from releasekit.rollout.canary_records import (
+    BreachRecord,
+    CanaryRun,
+    RunOutcome,
+    StepReport,
+    StepStatus,
+)
+from releasekit.rollout.figures import (
+    SHARED_SERVER,
+    Scrape,
+    pair_windows,
+    scrape_pair,
+    warm_up_server,
+)
 from releasekit.rollout.inputs import judged_inputs
-from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement, judge_step
+from releasekit.rollout.judge import CheckResult, ReleaseWindows, judge_step
+from releasekit.rollout.step_verdicts import (
+    agreement_words,
+    as_judgement,
+    next_clean,
+    run_words,
+    summarise,
+)
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.watch.pairs import answer_pair
-from releasekit.watch.rules import Judgement, Rule, RuleState
-from releasekit.watch.windows import (
-    Exposition,
-    ScrapeError,
-    Snapshot,
-    build_window,
-    parse_exposition,
-    scrape,
-)
-
-StepStatus = Literal["passed", "breached", "insufficient", "lease_lost", "gateway_error"]
-RunOutcome = Literal[
-    "passed", "breached", "insufficient", "lease_lost", "gateway_error", "baseline_failed"
-]
+from releasekit.watch.rules import Rule, RuleState
 
 
 class AnswersPolicy(BaseModel):
@@ -93,208 +104,7 @@ MAX_READS = 50
 """Pages of pairs one judgement reads at most (the gateway answers 2,000 a page)."""
 
 
-def agreement_words(a: Agreement) -> str:
-    """'answers: not judged yet (12 of 30 pairs)' or 'answers: agreement 96.7% [...]: pass'."""
-    if a.verdict == "insufficient":
-        words = f"answers: not judged yet ({a.pairs} of {a.min_pairs} pairs"
-        return words + (f"; {a.not_judged} not judged)" if a.not_judged else ")")
-    return f"answers: {a.line()}: {a.verdict}"
-
-
-class StepReport(BaseModel):
-    """One step as it ran: its weight, how long, the traffic it saw and the last judgement."""
-
-    index: int
-    weight: float
-    status: StepStatus
-    started_at: float
-    ended_at: float
-    canary_requests: float = 0.0
-    stable_requests: float = 0.0
-    judgement: StepJudgement | None = None
-    clean_judgements: int = Field(
-        0, description="clean judgements in a row at the end (passing needs `sustain`)"
-    )
-    agreement: Agreement | None = Field(
-        None, description="the canary's answers against stable's, at the step's last judgement"
-    )
-    inputs: dict[str, Any] | None = Field(
-        None, description="the last judgement's inputs, for replay (`rollout.inputs`)"
-    )
-    reason: str = ""
-
-
-class BreachRecord(BaseModel):
-    """A check that breached: its consecutive breaching judgements (the windows) and the
-    stable figures they were compared with."""
-
-    metric: str
-    judgements: list[Judgement]
-    checks: list[CheckResult]
-
-
-class CanaryRun(BaseModel):
-    """What the canary steps did, and on a breach how fast traffic went back."""
-
-    env: str
-    release_id: str
-    stable_release_ids: list[str]
-    outcome: RunOutcome
-    steps: list[StepReport] = Field(default_factory=list)
-    breaches: list[BreachRecord] = Field(default_factory=list)
-    reason: str = ""
-    canary_served: int = Field(0, description="requests the canary took during the run")
-    total_served: int = Field(0, description="requests every release took during the run")
-    decide_to_zero_s: float | None = Field(
-        None, description="from the decision to abort to the gateway answering with 0%"
-    )
-    window_to_zero_s: float | None = Field(
-        None, description="from the end of the breaching window (its scrape) to 0%"
-    )
-    at_zero_at: float | None = None
-    warmup_answered: int = Field(0, description="warm-up requests the canary answered")
-    judged_against: str | None = Field(
-        None, description="the route judged as stable: the live release's, or its fresh baseline"
-    )
-    baseline_warmup_answered: int = Field(
-        0, description="warm-up requests a fresh baseline answered"
-    )
-    warmup_s: float | None = Field(None, description="how long the warm-up burst took")
-    agreement: Agreement | None = Field(
-        None,
-        description="the canary's answers against the live release's on the same requests "
-        "(None: not compared), at the last judgement",
-    )
-    answers_from: str | None = Field(
-        None, description="the label the copies to the live release went under"
-    )
-    pairs_read: int = Field(0, description="answer pairs read, judged or not")
-
-    @property
-    def canary_share(self) -> float | None:
-        """Share of the requests served during the run that the canary served."""
-        return self.canary_served / self.total_served if self.total_served else None
-
-
-SHARED_SERVER = "both releases share one vLLM server (prompt-only canary)"
 BASELINE_DRAIN_S = 30.0
-
-WARMUP_PROMPT = (
-    "A release engineer checks a new model release before it takes live traffic. "
-    "Describe in a few sentences what could go wrong and how to notice it early."
-)
-WARMUP_TOKENS = 16
-WARMUP_TIMEOUT_S = 120.0
-
-
-def warm_up_server(http: httpx.Client, route: Route, n: int) -> tuple[int, float]:
-    """`n` short completions at once straight to `route`'s server (answers discarded): a
-    fresh vLLM's first requests are slower than its steady state, and a judgement should
-    not start on them. Returns (answered, seconds). Best effort."""
-    headers = {"authorization": f"Bearer {route.api_key}"} if route.api_key else {}
-    body = {
-        "model": route.model or "",
-        "prompt": WARMUP_PROMPT,
-        "max_tokens": WARMUP_TOKENS,
-        "temperature": 0,
-    }
-    answered: list[bool] = []
-
-    def one() -> None:
-        try:
-            r = http.post(
-                route.base_url + "/v1/completions",
-                json=body,
-                headers=headers,
-                timeout=WARMUP_TIMEOUT_S,
-            )
-            answered.append(r.status_code == 200)
-        except httpx.HTTPError:
-            answered.append(False)
-
-    t0 = time.time()
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=WARMUP_TIMEOUT_S + 5)
-    return sum(answered), round(time.time() - t0, 3)
-
-
-class Scrape(NamedTuple):
-    """The gateway's and both releases' vLLM expositions scraped at about one time; None
-    where one was not scraped or did not answer, and `errors` says why, by role
-    ("gateway", "candidate", "stable")."""
-
-    at: float
-    gateway: Exposition | None
-    candidate: Exposition | None
-    stable: Exposition | None
-    errors: dict[str, str] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
-
-
-def scrape_pair(
-    http: httpx.Client,
-    gateway_url: str,
-    candidate_url: str | None,
-    stable_url: str | None,
-    *,
-    timeout_s: float,
-    unscraped: str = "not scraped",
-) -> Scrape:
-    """Scrape the gateway and (when given) both releases' vLLM /metrics now; a vLLM not
-    given is recorded as `unscraped` (why it was not asked)."""
-    errors: dict[str, str] = {}
-
-    def one(role: str, url: str | None) -> Exposition | None:
-        if url is None:
-            errors[role] = unscraped
-            return None
-        try:
-            return parse_exposition(
-                scrape(url + "/metrics", timeout_s=timeout_s, client=http), url=url
-            )
-        except ScrapeError as exc:
-            errors[role] = f"/metrics did not answer ({exc.problem})"
-            return None
-
-    return Scrape(
-        time.time(),
-        one("gateway", gateway_url),
-        one("candidate", candidate_url),
-        one("stable", stable_url),
-        errors,
-    )
-
-
-def pair_windows(
-    env: str, candidate_id: str, stable_id: str, before: Scrape, after: Scrape
-) -> tuple[ReleaseWindows, ReleaseWindows]:
-    """(candidate, stable) windows between two scrapes: each release's edge window from
-    the gateway's per-release series, and its engine window from its own vLLM (None, with
-    why in `engine_missing`, when either scrape lacks it)."""
-    t0, t1 = before.at, after.at
-    g0, g1 = before.gateway, after.gateway
-
-    def rw(
-        role: str, release_id: str, e0: Exposition | None, e1: Exposition | None
-    ) -> ReleaseWindows:
-        edge = build_window(
-            Snapshot(t0, gateway=g0), Snapshot(t1, gateway=g1), env=env, release=release_id
-        )
-        engine, missing = None, None
-        if e0 is not None and e1 is not None:
-            engine = build_window(Snapshot(t0, vllm=e0), Snapshot(t1, vllm=e1))
-        else:
-            missing = after.errors.get(role) or before.errors.get(role) or "not scraped"
-        return ReleaseWindows(
-            release_id=release_id, edge=edge, engine=engine, engine_missing=missing
-        )
-
-    return (
-        rw("candidate", candidate_id, before.candidate, after.candidate),
-        rw("stable", stable_id, before.stable, after.stable),
-    )
 
 
 def split_routes(
@@ -617,7 +427,7 @@ class CanaryController:
                 )
                 for c in j.checks:
                     st = states[c.metric]
-                    st.update(_as_judgement(c), cw.edge)
+                    st.update(as_judgement(c), cw.edge)
                     if c.verdict == "breach":
                         recent[c.metric] = [*recent[c.metric], c][-policy.sustain :]
                     elif c.verdict == "pass":
@@ -698,60 +508,26 @@ class CanaryController:
         return report
 
 
-def is_clean(j: StepJudgement, agreement: Agreement | None = None) -> bool | None:
-    """True when every required check passed and none breached (and, where answers are
-    compared, their agreement passed); False on any breach (the agreement's too); None
-    when neither (a required check waits or was not measured, or too few pairs)."""
-    if any(c.verdict == "breach" for c in j.checks):
-        return False
-    if agreement is not None and agreement.verdict == "breach":
-        return False
-    if agreement is not None and agreement.verdict != "pass":
-        return None
-    if all(c.verdict == "pass" for c in j.checks if c.required):
-        return True
-    return None
-
-
-def next_clean(clean: int, j: StepJudgement, agreement: Agreement | None = None) -> int:
-    """The run of clean judgements after `j`: one more on a clean one, 0 after a breach,
-    unchanged when `j` decided nothing (as a no-data window leaves a breach run)."""
-    verdict = is_clean(j, agreement)
-    return clean + 1 if verdict else 0 if verdict is False else clean
-
-
-def run_words(clean: int, states: dict[str, RuleState], policy: Canary) -> str:
-    """'clean 2/4' and, for a check breaching in a row, 'ttft_p95_s breached 1/4'."""
-    parts = [f"clean {clean}/{policy.sustain}"]
-    parts += [
-        f"{m} breached {st.consecutive}/{policy.sustain}"
-        for m, st in states.items()
-        if st.consecutive
-    ]
-    return ", ".join(parts)
-
-
-def _as_judgement(c: CheckResult) -> Judgement:
-    verdict: Literal["pass", "breach", "no_data"] = (
-        c.verdict if c.verdict in ("pass", "breach") else "no_data"  # type: ignore[assignment]
-    )
-    return Judgement(
-        rule=f"canary {c.metric}",
-        metric=c.metric,
-        verdict=verdict,
-        value=c.canary,
-        limit=c.limit,
-        source=c.source if c.source in ("vllm", "gateway") else None,  # type: ignore[arg-type]
-        count=c.canary_count,
-        reason=c.reason,
-        window_start=c.window_start,
-        window_end=c.window_end,
-    )
-
-
-def summarise(j: StepJudgement) -> str:
-    """One line: traffic, then each check's canary vs stable figure and verdict, or why it
-    was not judged."""
-    parts = [f"{j.canary_requests:g} canary / {j.stable_requests:g} stable requests"]
-    parts += [c.brief() for c in j.checks]
-    return "; ".join(parts)
+__all__ = [
+    "BASELINE_DRAIN_S",
+    "MAX_PAIRS",
+    "MAX_READS",
+    "SHARED_SERVER",
+    "AnswersPolicy",
+    "BreachRecord",
+    "CanaryController",
+    "CanaryRun",
+    "RunOutcome",
+    "Scrape",
+    "StepReport",
+    "StepStatus",
+    "agreement_words",
+    "baseline_label",
+    "next_clean",
+    "pair_windows",
+    "run_words",
+    "scrape_pair",
+    "split_routes",
+    "summarise",
+    "warm_up_server",
+]

@@ -39,17 +39,11 @@ from releasekit.promote.policy import environment_policy, read_policy
 from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promotion
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.baseline import canary_under_policy
-from releasekit.rollout.canary import (
-    AnswersPolicy,
-    CanaryController,
-    CanaryRun,
-    StepReport,
-    agreement_words,
-    summarise,
-)
+from releasekit.rollout.canary import AnswersPolicy, CanaryController
+from releasekit.rollout.canary_records import CanaryRun, StepReport
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.power import policy_power
-from releasekit.rollout.shadow import shadow_gate
+from releasekit.rollout.shadow_gates import shadow_gate
 from releasekit.rollout.state import (
     HeldServer,
     RolloutState,
@@ -57,6 +51,7 @@ from releasekit.rollout.state import (
     read_rollout,
     write_rollout,
 )
+from releasekit.rollout.step_verdicts import agreement_words, summarise
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 from releasekit.watch.pairs import EVIDENCE_TEXT_MAX

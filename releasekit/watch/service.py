@@ -15,6 +15,11 @@ the live release's answers against the previous release's on mirrored live reque
 and the disagreeing pairs in the rollback's evidence; the window's end removes the mirror
 and records the result. The comparison's policy fields must be the committed ones.
 
+Where each part lives (all re-exported here): the plan (live release, rules, baseline,
+/metrics URLs) and `WatchSetupError` in `watch.plan`, the rollback path and the guard's
+ledger look-ups in `watch.rollbacks`, the webhook's credentials in `watch.webhook`, the
+alert-rule files in `watch.alertfiles`. This module runs the service.
+
 Errors (all `releasekit.errors.ReleasekitError`):
     WatchSetupError   the environment cannot be watched (nothing live, no manifest, no server)
 """
@@ -23,539 +28,74 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field, SecretStr, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from releasekit.config import Settings
-from releasekit.deploy.state import DeployStateError, read_state
-from releasekit.errors import (
-    LedgerLockTimeoutError,
-    RegistryUnreachableError,
-    ReleasekitError,
-)
-from releasekit.promote.context import ReleaseInfo, load_release
+from releasekit.errors import ReleasekitError
 from releasekit.promote.deploy import env_config
 from releasekit.promote.policy import environment_policy, read_policy
-from releasekit.promote.rollback import (
-    RollbackError,
-    RollbackResult,
-    break_glass_target,
-    previous_good_release,
-)
-from releasekit.releases.queries import status
-from releasekit.spec.loadprofile import SLO, load_profile
-from releasekit.stores.evidence import BenchPoint, BenchSummary, Percentiles
-from releasekit.stores.ledger import DecisionRecordsError, EventType, Ledger, open_ledger
-from releasekit.stores.ledger.chain import verified_prefix
-from releasekit.stores.results import ReleasePaths
-from releasekit.stores.verified import SignedEvidence
-from releasekit.watch.alertrules import (
-    AlertmanagerSnippet,
-    AlertRulesFile,
-    alert_rules,
-    alertmanager_config,
-    scrape_configs,
+from releasekit.stores.ledger import Ledger, open_ledger
+from releasekit.watch.alertfiles import (
+    AlertRulesResult,
+    WrittenAlertRules,
+    build_alert_rules,
+    write_alert_rules,
 )
 from releasekit.watch.pairs import AnswerWatch, write_answers_page
-from releasekit.watch.receiver import BasicCredential, ReceiverAuth, create_receiver
+from releasekit.watch.plan import (
+    WatchPlan,
+    WatchSetupError,
+    baseline_from_bench,
+    live_release_id,
+    metrics_urls,
+    plan_watch,
+    read_baseline,
+    release_rules,
+    watch_floor,
+)
+from releasekit.watch.receiver import ReceiverAuth, create_receiver
 from releasekit.watch.receiver import guard as receiver_guard
 from releasekit.watch.receiver import server_options as receiver_server_options
-from releasekit.watch.rules import (
-    Baseline,
-    BaselinePoint,
-    BreachEvidence,
-    Rule,
-    from_manifest,
-    rules_from_slo,
-    with_floor,
+from releasekit.watch.rollbacks import (
+    RollbackImpl,
+    breach_record,
+    check_records,
+    known_good,
+    last_promotion_time,
+    last_rollback_time,
+    rollback_adapter,
 )
+from releasekit.watch.rules import Rule
 from releasekit.watch.watcher import (
     RollbackFn,
     RollbackGuard,
-    RollbackOutcome,
     RollbackRequest,
-    RollbackTransientError,
     Watcher,
     WatchSummary,
-    WatchTarget,
     WatchTick,
+)
+from releasekit.watch.webhook import (
+    RECEIVER_PATH,
+    receiver_auth,
+    receiver_store_path,
 )
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "RELEASEKIT_WEBHOOK_TOKEN"
-TOKEN_FILE_ENV = "RELEASEKIT_WEBHOOK_TOKEN_FILE"
-USER_ENV = "RELEASEKIT_WEBHOOK_USER"
-PASSWORD_ENV = "RELEASEKIT_WEBHOOK_PASSWORD"
-RECEIVER_PATH = "/alertmanager"
 DEFAULT_COOLDOWN_S = 900.0
-
-
-class WatchSetupError(ReleasekitError):
-    """Raised when an environment cannot be watched: nothing is live in it (ledger), the live
-    release's manifest or load profile cannot be read, or the deploy state names no running
-    server for it (nothing to scrape)."""
-
-    remedy = (
-        "promote a release to the environment (`releasekit promote REL --to ENV`) and check "
-        "`releasekit deploy-status`"
-    )
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-class WatchPlan(BaseModel):
-    """What a watch of one environment judges: the live release, its rules (manifest watch
-    rules, then load-profile SLO rules), the benchmark baseline, and where to scrape."""
-
-    env: str
-    release_id: str
-    release_name: str | None = None
-    rules: list[Rule]
-    baseline: Baseline | None = None
-    slo: SLO | None = None
-    target: WatchTarget
-    notes: list[str] = Field(default_factory=list, description="what is missing, in words")
-
-
-def live_release_id(settings: Settings, env: str, *, ledger: Ledger) -> str:
-    """The release live in `env` by the ledger (`releasekit status`); WatchSetupError if
-    nothing is."""
-    for s in status(settings, ledger=ledger).environments:
-        if s.environment == env and s.release_id:
-            return s.release_id
-    raise WatchSetupError(f"nothing is live in {env}: there is nothing to watch")
-
-
-def baseline_from_bench(bench: BenchSummary, *, release_id: str | None = None) -> Baseline | None:
-    """The relative rules' baseline from a load test: one point per load level, at its
-    completed request rate, with the window figure names (ttft_p95_s, e2e_p95_s, itl_p50_s,
-    ..., error_rate, timeout_rate). Only points that passed the load test's cross-check
-    count (an untrusted point measured the client, not the release). None when no point
-    is left."""
-    trusted = [b for b in bench.points if _passed_cross_check(b)]
-    points = [p for p in (_baseline_point(b) for b in trusted) if p is not None]
-    if not points:
-        return None
-    return Baseline(release=release_id or bench.release_id, points=points)
-
-
-def _passed_cross_check(p: BenchPoint) -> bool:
-    # Results written before `trusted` was recorded: any flag made the point untrusted.
-    return p.trusted if p.trusted is not None else not p.flags
-
-
-def _baseline_point(p: BenchPoint) -> BaselinePoint | None:
-    rate = p.request_throughput
-    if rate is None or rate <= 0:
-        return None
-    figures: dict[str, float] = {}
-    for short, pct in (("ttft", p.ttft), ("itl", p.itl), ("e2e", p.e2e)):
-        figures |= _percentile_figures(short, pct)
-    n = p.n or 0
-    if n > 0:
-        if p.errors is not None:
-            figures["error_rate"] = p.errors / n
-        if p.timeouts is not None:
-            figures["timeout_rate"] = p.timeouts / n
-    if p.server_generation_tokens_per_s is not None:
-        figures["generation_tokens_per_s"] = p.server_generation_tokens_per_s
-    return BaselinePoint(request_rate=rate, figures=figures)
-
-
-def _percentile_figures(short: str, pct: Percentiles) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key in ("p50", "p90", "p95", "p99", "mean"):
-        value = getattr(pct, key)
-        if value is not None:
-            out[f"{short}_{key}_s"] = float(value)
-    return out
-
-
-def read_baseline(
-    settings: Settings, release_id: str, evidence: SignedEvidence | None = None
-) -> Baseline | None:
-    """The release's own benchmark (results/<id>/bench/bench.json, as its register event
-    signed it: `evidence` from `load_release`) as a Baseline, or None when it has none, it
-    is unreadable, or it is not the one signed."""
-    path = ReleasePaths.of(settings, release_id).bench
-    if evidence is None or evidence.problems_for("bench") or not path.is_file():
-        return None
-    try:
-        bench = BenchSummary.model_validate_json(evidence.read_bytes("bench"))
-    except (ReleasekitError, ValidationError, ValueError):
-        return None
-    return baseline_from_bench(bench, release_id=release_id)
-
-
-def metrics_urls(settings: Settings, env: str, release_id: str) -> tuple[str, str | None]:
-    """(vLLM /metrics URL, gateway /metrics URL) of `release_id` in `env`, from the deploy
-    state: the server the gateway routes the release to (else any recorded for it), and the
-    environment's gateway. WatchSetupError when no server is recorded."""
-    try:
-        state = read_state(settings.state_dir, env)
-    except DeployStateError as exc:
-        raise WatchSetupError(exc.message) from exc
-    base: str | None = None
-    for route in state.routes:
-        if route.release_id == release_id and route.weight > 0:
-            base = route.base_url
-            break
-    if base is None:
-        rec = state.server_for(release_id)
-        base = rec.base_url if rec else None
-    if base is None:
-        raise WatchSetupError(
-            f"the deploy state of {env} names no server for {release_id[:12]}",
-            remedy="check `releasekit deploy-status`; promote or roll back to start one",
-        )
-    rec = state.server_for(release_id)
-    vllm = rec.metrics_url if rec is not None and rec.app else _join(base, "metrics")
-    gateway: str | None = None
-    if state.gateway is not None:
-        gateway = state.gateway.url
-    else:
-        cfg = settings.environments.get(env)
-        gateway = cfg.url if cfg is not None else None
-    return vllm, (_join(gateway, "metrics") if gateway else None)
-
-
-def _join(base: str, path: str) -> str:
-    return base.rstrip("/") + "/" + path
-
-
-def plan_watch(
-    settings: Settings,
-    env: str,
-    *,
-    ledger: Ledger,
-    release_id: str | None = None,
-    include_slo: bool = True,
-    extra_rules: list[Rule] | None = None,
-    vllm_metrics_url: str | None = None,
-    gateway_metrics_url: str | None = None,
-) -> WatchPlan:
-    """Everything a watch of `env` needs, for its live release (or `release_id`): rules
-    from the manifest's `watch` list and (with `include_slo`) the load profile's SLOs, over
-    windows as long and as many as the manifest's longest rule; the benchmark baseline; the
-    /metrics URLs (given ones win over the deploy state). WatchSetupError if any is missing."""
-    rid = release_id or live_release_id(settings, env, ledger=ledger)
-    notes: list[str] = []
-    try:
-        info = load_release(settings, rid, ledger=ledger)
-    except ReleasekitError as exc:
-        raise WatchSetupError(
-            f"cannot read the manifest of {rid[:12]}, live in {env}: {exc.message}",
-            remedy=exc.remedy or WatchSetupError.remedy,
-        ) from exc
-    manifest = info.lm.manifest
-    rules, slo, more = release_rules(info, watch_floor(settings, env), env, include_slo=include_slo)
-    notes += more
-    rules += extra_rules or []
-    rules = _unique(rules)
-    if not rules:
-        raise WatchSetupError(
-            f"{manifest.name} ({rid[:12]}) has no watch rules and no SLOs",
-            remedy="add a `watch:` list to the manifest",
-        )
-    baseline = read_baseline(settings, rid, info.evidence)
-    if baseline is None:
-        signed = info.evidence.problems_for("bench") if info.evidence else []
-        why = signed[0] if signed else "no bench.json"
-        notes.append(f"{why}: relative rules judge 'no data'")
-    if vllm_metrics_url is None:
-        vllm_metrics_url, state_gw = metrics_urls(settings, env, rid)
-        gateway_metrics_url = gateway_metrics_url or state_gw
-    target = WatchTarget(
-        env=env,
-        release=rid,
-        vllm_metrics_url=vllm_metrics_url,
-        gateway_metrics_url=gateway_metrics_url,
-    )
-    return WatchPlan(
-        env=env,
-        release_id=rid,
-        release_name=manifest.name,
-        rules=rules,
-        baseline=baseline,
-        slo=slo,
-        target=target,
-        notes=notes,
-    )
-
-
-def release_rules(
-    info: ReleaseInfo, floor: list[Rule], env: str, *, include_slo: bool = True
-) -> tuple[list[Rule], SLO | None, list[str]]:
-    """A release's watch rules in `env`: the manifest's `watch` list under the environment's
-    `floor`, then (with `include_slo`) its load profile's SLO rules; (rules, SLO, notes).
-    `plan_watch` and `releasekit audit replay` both derive them here."""
-    manifest = info.lm.manifest
-    rules = [from_manifest(r) for r in manifest.watch]
-    # The environment's floor: the release's own rules only tighten it.
-    rules, notes = with_floor(rules, floor, env=env)
-    slo: SLO | None = None
-    if include_slo:
-        try:
-            slo = load_profile(info.lm.resolve(manifest.load.profile)).slo
-        except ReleasekitError as exc:
-            notes.append(f"load profile unreadable, SLO rules left out: {exc.message}")
-    if slo is not None:
-        window = max((r.window_s for r in rules), default=60.0)
-        sustain = max((r.sustain for r in rules), default=3)
-        rules += rules_from_slo(slo, window_s=window, sustain=sustain)
-    return _unique(rules), slo, notes
-
-
-def watch_floor(settings: Settings, env: str) -> list[Rule]:
-    """`env`'s floor under every release's watch rules (`watch_floor`, committed policy);
-    PolicyError when this command's settings change it from the committed policy."""
-    cfg = env_config(settings, env)
-    if "watch_floor" in read_policy(settings, env, cfg).differs:
-        environment_policy(settings, env, cfg)  # raises, naming the fields
-    return [from_manifest(r) for r in cfg.watch_floor]
-
-
-def _unique(rules: list[Rule]) -> list[Rule]:
-    # An SLO rule may mirror a manifest rule of the same name: the manifest's wins.
-    seen: set[str] = set()
-    out = []
-    for r in rules:
-        if r.name not in seen:
-            seen.add(r.name)
-            out.append(r)
-    return out
-
-
-# --------------------------------------------------------------------------- rollback
-
-
-class RollbackImpl(Protocol):
-    """The signature of `releasekit.promote.rollback.rollback` the adapter calls."""
-
-    def __call__(
-        self,
-        settings: Settings,
-        env: str,
-        *,
-        reason: str,
-        actor: str | None = ...,
-        evidence: dict[str, Any] | None = ...,
-        from_release: str | None = ...,
-        ledger: Ledger | None = ...,
-        break_glass: bool = ...,
-    ) -> RollbackResult: ...
-
-
-_TRANSIENT = (DeployStateError, LedgerLockTimeoutError, RegistryUnreachableError)
-
-
-def breach_record(e: BreachEvidence) -> dict[str, Any]:
-    """A breaching window as a rollback event holds it: the judgement, and the window cut
-    to the figures `watch.rules.judge` reads (the rule's metric, and the request rate that
-    picks a benchmark point): counts and quantiles, never a prompt or an answer."""
-    keep = {e.judgement.metric, "request_rate"}
-    w = e.window.model_copy(
-        update={
-            "figures": {k: v for k, v in e.window.figures.items() if k in keep},
-            "histograms": {},
-        }
-    )
-    return {"judgement": e.judgement.model_dump(mode="json"), "window": w.model_dump(mode="json")}
-
-
-def rollback_adapter(
-    settings: Settings, *, ledger: Ledger, impl: RollbackImpl | None = None
-) -> RollbackFn:
-    """The watcher's and receiver's rollback path: `releasekit.promote.rollback.rollback`
-    (or `impl`, same signature) to the previous good release, with the breaching windows (or
-    the alert) as the event's evidence, as `releasekit-watch` / `releasekit-alertmanager`.
-    Nothing to go back to -> `no_known_good`; another release live by now -> `not_live`; a
-    held deploy lock or ledger lock -> RollbackTransientError (retried).
-
-    A ledger that fails verification does not stop it: a way back must always work, and an
-    alert is when it is needed. It breaks glass on its own (`rollback(break_glass=True)`):
-    back to the release the verified records show live before the first bad record, which
-    no record at or after the failure can choose, recorded with the failure it went past
-    and the trigger as its reason."""
-    if impl is None:
-        from releasekit.promote.rollback import rollback as impl_
-
-        impl = impl_
-
-    def call(req: RollbackRequest) -> RollbackOutcome:
-        evidence: dict[str, Any] = {
-            "trigger": req.trigger,
-            "requested_at": req.requested_at,
-            "rules": sorted({e.judgement.rule for e in req.evidence}),
-            "breaches": [breach_record(e) for e in req.evidence],
-        }
-        if req.rules:  # the rules as judged (after the floor), for `audit replay`
-            evidence["rule_params"] = [r.model_dump(mode="json") for r in req.rules]
-        if req.alert is not None:
-            evidence["alert"] = req.alert
-        if req.answers is not None:
-            evidence["rules"] = [*evidence["rules"], "after_promotion_agreement"]
-            evidence["answers"] = req.answers
-        glass: dict[str, Any] = {}
-        try:  # act only on verified records (what is live, what is marked bad)
-            ledger.verified()
-        except DecisionRecordsError as exc:
-            log.warning("ledger fails verification; %s breaks glass: %s", req.env, exc.message)
-            glass = {"break_glass": True}  # decided on the verified records only
-        if ledger.live_at(req.env) is None:
-            return RollbackOutcome(
-                status="not_live",
-                env=req.env,
-                from_release=req.from_release,
-                message=f"nothing is live in {req.env}",
-            )
-        try:
-            res = impl(
-                settings,
-                req.env,
-                reason=req.reason,
-                actor=f"releasekit-{req.trigger}",
-                evidence=evidence,
-                from_release=req.from_release,
-                ledger=ledger,
-                **glass,
-            )
-        except RollbackError as exc:
-            return RollbackOutcome(
-                status="no_known_good",
-                env=req.env,
-                from_release=req.from_release,
-                message=exc.message,
-            )
-        except _TRANSIENT as exc:
-            raise RollbackTransientError(f"rollback of {req.env} must wait: {exc}") from exc
-        return RollbackOutcome(
-            status=res.status,
-            env=res.environment,
-            from_release=res.from_release,
-            to_release=res.to_release,
-            event_id=res.record.event_id if res.record is not None else None,
-            message=res.message,
-        )
-
-    return call
-
-
-def _check_records(ledger: Ledger) -> None:
-    """Verify afresh before a rollback decision; a failure is logged, not raised: the
-    rollback then breaks glass on the verified records (`rollback_adapter`)."""
-    try:
-        ledger.verified(again=True)
-    except DecisionRecordsError as exc:
-        log.warning("the ledger fails verification: %s", exc.message)
-
-
-def known_good(ledger: Ledger) -> Callable[[str], bool]:
-    """`has_known_good(env)`: whether the ledger has an earlier release of `env` that is not
-    marked bad (where a rollback would go)."""
-
-    def has(env: str) -> bool:
-        try:
-            ledger.verified()  # marked-bad and live records: verified ones only
-        except DecisionRecordsError:  # where a break-glass rollback would go
-            raw = ledger.live_at(env)
-            try:
-                break_glass_target(
-                    verified_prefix(ledger), env, current=raw.to_release if raw else None
-                )
-            except RollbackError:
-                return False
-            return True
-        return previous_good_release(ledger, env) is not None
-
-    return has
-
-
-def _latest_event_time(ledger: Ledger, types: list[str]) -> Callable[[str], float | None]:
-    """`latest(env)`: the unix time of the environment's newest event of `types` (None).
-    The ledger is verified first (DecisionRecordsError otherwise): a forged rollback record
-    would otherwise hold a regression live for a whole cool-down."""
-
-    def latest(env: str) -> float | None:
-        try:
-            ledger.verified()
-        except DecisionRecordsError:  # a break-glass rollback: the verified records only
-            mine = [
-                r
-                for r in verified_prefix(ledger).records
-                if r.environment == env and r.type in types
-            ]
-            return mine[-1].time.timestamp() if mine else None
-        recs = ledger.records(environment=env, types=types, newest_first=True, limit=1)
-        return recs[0].time.timestamp() if recs else None
-
-    return latest
-
-
-def last_rollback_time(ledger: Ledger) -> Callable[[str], float | None]:
-    """`last_rollback_at(env)`: the unix time of the environment's latest rollback event (by
-    any actor), so the cool-down also covers manual rollbacks and a restarted watcher."""
-    return _latest_event_time(ledger, [EventType.ROLLBACK.value])
-
-
-def last_promotion_time(ledger: Ledger) -> Callable[[str], float | None]:
-    """`last_promotion_at(env)`: the unix time of the environment's latest promotion (forced
-    or not) that put a new release live, so a rollback before it does not hold back the next.
-    A redeploy of the release of record is not one."""
-    return _latest_event_time(ledger, [EventType.PROMOTE.value, EventType.OVERRIDE.value])
-
-
-# --------------------------------------------------------------------------- receiver auth
-
-
-def receiver_auth(environ: Mapping[str, str] | None = None) -> ReceiverAuth | None:
-    """Receiver credentials from the environment: RELEASEKIT_WEBHOOK_TOKEN (or
-    RELEASEKIT_WEBHOOK_TOKEN_FILE) for bearer, RELEASEKIT_WEBHOOK_USER and
-    RELEASEKIT_WEBHOOK_PASSWORD for basic auth; None when none is set."""
-    env = os.environ if environ is None else environ
-    tokens: list[SecretStr] = []
-    if env.get(TOKEN_ENV):
-        tokens.append(SecretStr(env[TOKEN_ENV]))
-    if env.get(TOKEN_FILE_ENV):
-        try:
-            text = Path(env[TOKEN_FILE_ENV]).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise WatchSetupError(
-                f"cannot read {TOKEN_FILE_ENV}={env[TOKEN_FILE_ENV]}: {exc}",
-                remedy="point it at a readable file holding the token",
-            ) from exc
-        if text:
-            tokens.append(SecretStr(text))
-    basic: list[BasicCredential] = []
-    if env.get(USER_ENV) and env.get(PASSWORD_ENV):
-        basic.append(BasicCredential(username=env[USER_ENV], password=SecretStr(env[PASSWORD_ENV])))
-    if not tokens and not basic:
-        return None
-    return ReceiverAuth(bearer_tokens=tokens, basic=basic)
-
-
-def receiver_store_path(settings: Settings) -> Path:
-    """Where the receiver keeps its deliveries: `<state_dir>/watch/alerts.db`."""
-    return settings.state_dir / "watch" / "alerts.db"
-
-
-# --------------------------------------------------------------------------- the service
 
 
 class _FollowingWatcher(Watcher):
@@ -615,7 +155,7 @@ class WatchService:
             clock=clock,
             last_rollback_at=last_rollback_time(ledger) if cooldown_from_ledger else None,
             last_promotion_at=last_promotion_time(ledger) if cooldown_from_ledger else None,
-            check_records=lambda: _check_records(ledger),
+            check_records=lambda: check_records(ledger),
         )
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False
@@ -821,124 +361,33 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, h)
 
 
-# --------------------------------------------------------------------------- rules as code
-
-
-class AlertRulesResult(BaseModel):
-    """What `alert-rules ENV` produces: the Prometheus rules file, the Alertmanager snippet,
-    and the scrape jobs that give vLLM's series the `releasekit_env` label."""
-
-    env: str
-    release_id: str
-    rules: AlertRulesFile
-    alertmanager: AlertmanagerSnippet
-    scrape_configs: list[dict[str, Any]]
-    notes: list[str] = Field(default_factory=list)
-
-
-def _hostport(url: str | None) -> str | None:
-    if not url:
-        return None
-    parsed = httpx.URL(url)
-    return f"{parsed.host}:{parsed.port}" if parsed.port else parsed.host
-
-
-def build_alert_rules(
-    settings: Settings,
-    env: str,
-    *,
-    ledger: Ledger,
-    webhook_url: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    evaluation_interval_s: float | None = None,
-) -> AlertRulesResult:
-    """The rules file and Alertmanager snippet for `env`'s live release: its watch rules and
-    SLO rules (one alert per benchmark band for a relative rule), labelled with the
-    environment and release. The webhook authenticates as the receiver will check:
-    RELEASEKIT_WEBHOOK_TOKEN_FILE (as `credentials_file`), else the token inline, else basic
-    auth, else a token file path to fill in."""
-    env_config(settings, env)
-    plan = plan_watch(settings, env, ledger=ledger)
-    notes = [
-        *plan.notes,
-        f"the rules select release {plan.release_id[:12]}: regenerate them after every "
-        "promote or rollback of this environment",
-    ]
-    rules_file = alert_rules(
-        env,
-        plan.rules,  # the SLO rules are among them, windowed like the manifest's
-        baseline=plan.baseline,
-        release=plan.release_id,
-        gateway=plan.target.gateway_metrics_url is not None,
-        evaluation_interval_s=evaluation_interval_s,
-    )
-    e = os.environ if environ is None else environ
-    url = webhook_url or f"http://127.0.0.1:9095{RECEIVER_PATH}"
-    if webhook_url is None:
-        notes.append(f"webhook URL defaulted to {url}; pass --webhook-url for `watch --listen`")
-    auth: dict[str, Any]
-    if e.get(TOKEN_FILE_ENV):
-        auth = {"bearer_token_file": e[TOKEN_FILE_ENV]}
-    elif e.get(TOKEN_ENV):
-        auth = {"bearer_token": e[TOKEN_ENV]}
-        notes.append("the webhook token is inline in the Alertmanager snippet: keep it private")
-    elif e.get(USER_ENV) and e.get(PASSWORD_ENV):
-        auth = {"basic_auth": (e[USER_ENV], e[PASSWORD_ENV])}
-        notes.append("the basic-auth password is inline in the Alertmanager snippet")
-    else:
-        path = "/etc/alertmanager/releasekit-webhook-token"
-        auth = {"bearer_token_file": path}
-        notes.append(
-            f"no {TOKEN_ENV} set: the snippet reads the token from {path}; put the same token "
-            f"in {TOKEN_ENV} for `releasekit watch --listen`"
-        )
-    snippet = alertmanager_config(env, webhook_url=url, **auth)
-    vllm = _hostport(plan.target.vllm_metrics_url)
-    gw = _hostport(plan.target.gateway_metrics_url)
-    jobs = scrape_configs(
-        env, vllm_targets=[vllm] if vllm else [], gateway_targets=[gw] if gw else []
-    )
-    return AlertRulesResult(
-        env=env,
-        release_id=plan.release_id,
-        rules=rules_file,
-        alertmanager=snippet,
-        scrape_configs=jobs,
-        notes=notes,
-    )
-
-
-class WrittenAlertRules(BaseModel):
-    """Where `write_alert_rules` put the files, and the scrape jobs as YAML to add."""
-
-    rules_path: Path
-    alertmanager_path: Path
-    scrape_yaml: str
-    result: AlertRulesResult
-
-
-def write_alert_rules(
-    result: AlertRulesResult, *, rules_path: Path, alertmanager_path: Path
-) -> WrittenAlertRules:
-    """Write the rules file and the Alertmanager config atomically (the config is 0600: it
-    may hold the webhook's credentials)."""
-    import yaml
-
-    from releasekit._support.files import write_atomic
-
-    for path, text in (
-        (rules_path, result.rules.yaml),
-        (alertmanager_path, result.alertmanager.yaml),
-    ):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text.encode())
-    with contextlib.suppress(OSError):
-        rules_path.chmod(0o644)  # Prometheus reads it, often as another user
-        alertmanager_path.chmod(0o600)
-    scrape = yaml.safe_dump({"scrape_configs": result.scrape_configs}, sort_keys=False)
-    return WrittenAlertRules(
-        rules_path=rules_path,
-        alertmanager_path=alertmanager_path,
-        scrape_yaml=scrape,
-        result=result,
-    )
+__all__ = [
+    "COMPARISON_FIELDS",
+    "DEFAULT_COOLDOWN_S",
+    "RECEIVER_PATH",
+    "AlertRulesResult",
+    "RollbackImpl",
+    "WatchPlan",
+    "WatchService",
+    "WatchSetupError",
+    "WrittenAlertRules",
+    "baseline_from_bench",
+    "breach_record",
+    "build_alert_rules",
+    "comparison_policy",
+    "known_good",
+    "last_promotion_time",
+    "last_rollback_time",
+    "live_release_id",
+    "metrics_urls",
+    "open_service",
+    "plan_watch",
+    "read_baseline",
+    "receiver_auth",
+    "receiver_store_path",
+    "release_rules",
+    "rollback_adapter",
+    "stop_on_signals",
+    "watch_floor",
+    "write_alert_rules",
+]

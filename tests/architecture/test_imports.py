@@ -33,27 +33,22 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node that can execute: all of the tree except `if TYPE_CHECKING:` bodies
-    (type-only imports never run, so they cannot form a cycle)."""
-    out: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            todo.extend(node.orelse)
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-    return out
+MAX_MODULE_LINES = 700
+
+
+def _all_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of the tree, `if TYPE_CHECKING:` bodies included: a module that names
+    another's type depends on it as much as one that calls it, so a circle of types is a
+    circle."""
+    return list(ast.walk(tree))
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Every releasekit module a file imports at run time, function bodies included."""
+    """Every releasekit module a file imports, function bodies and type-only imports included."""
     me = _module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in _all_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -107,7 +102,8 @@ def _height(module: str) -> int:
 
 
 def test_no_import_cycles() -> None:
-    """No chain of imports, even inside functions, leads from a module back to itself."""
+    """No chain of imports, even inside functions or under TYPE_CHECKING, leads from a
+    module back to itself."""
     cycle = find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -141,3 +137,20 @@ def test_function_body_import_counts(tmp_path: Path) -> None:
     """An import hidden inside a function body is part of the graph."""
     f = PKG / "spec" / "manifest.py"
     assert "releasekit.config" in _imports(f, set(_graph()))
+
+
+def test_type_only_import_counts() -> None:
+    """An import under `if TYPE_CHECKING:` is part of the graph (a circle of types is a circle)."""
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import releasekit.config\n"
+    nodes = _all_nodes(ast.parse(src))
+    assert any(isinstance(n, ast.Import) and n.names[0].name == "releasekit.config" for n in nodes)
+
+
+def test_no_module_over_700_lines() -> None:
+    """Every module stays small enough to read in one sitting: at most 700 lines."""
+    big = sorted(
+        f"{p.relative_to(PKG.parent)} ({n} lines)"
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert not big, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(big)

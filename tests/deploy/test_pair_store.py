@@ -29,7 +29,8 @@ from releasekit.evaluate.agreement import AnswerPair, answer_agreement
 from releasekit.promote.report import pairs_table_html
 from releasekit.rollout.judge import CheckResult, StepJudgement
 from releasekit.rollout.report import shadow_html
-from releasekit.rollout.shadow import ShadowComparison, _window_pairs
+from releasekit.rollout.shadow import ShadowComparison
+from releasekit.rollout.shadow_compare import _window_pairs
 
 __all__ = ["admin_token", "gateway_factory", "upstream_factory"]
 
@@ -264,7 +265,7 @@ def test_the_shadow_page_shows_disagreeing_pairs_side_by_side_escaped(tmp_path: 
     )
     page = shadow_html(cmp)
     assert "<script>" not in page and "<b>Paris" not in page and "<i>" not in page
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
     assert "&lt;b&gt;Paris&lt;/b&gt;" in page and "Rome &amp; &lt;i&gt;Milan&lt;/i&gt;" in page
     assert "sha256 " + "b" * 16 in page
     assert "BREACH: shadow candcandcand vs stable stabstabstab in staging" in page

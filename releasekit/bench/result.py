@@ -1,0 +1,61 @@
+"""The load-test result: every load point of a sweep, the knee and how it was found."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from releasekit.bench.loadgen import RequestRecord
+from releasekit.bench.stats import PointResult
+from releasekit.spec.loadprofile import SLO
+from releasekit.spec.measured import MeasuredOn
+
+
+class BenchResult(BaseModel):
+    """A load-test result: one PointResult per load point (pooled over its repetitions) and
+    the knee. `requests` (the raw per-request records) is written to requests.jsonl, not
+    into bench.json."""
+
+    release_id: str | None = None
+    profile_digest: str | None = None
+    profile_name: str
+    model: str
+    base_url: str
+    api: Literal["chat", "completions"]
+    mode: Literal["concurrency", "rate"]
+    slo: SLO
+    started_at: str
+    tokens_per_word: float = Field(description="prompt tokens per synthetic word (calibrated)")
+    repetitions: int = Field(1, description="how many times the sweep ran")
+    max_num_seqs: int | None = Field(
+        None, description="the server's max-num-seqs, when known (cross-check of running)"
+    )
+    warmup_requests: int = 0
+    warmup_ok: int = 0
+    points: list[PointResult]
+    knee: PointResult | None = None
+    knee_share: float = Field(
+        1.0, description="share of a point's repetitions that must hold (the knee rule)"
+    )
+    knee_rule: str | None = Field(None, description="the knee rule, in words")
+    knee_stable: bool = Field(
+        False,
+        description="at least two repetitions ran and the rule's share of them gives the "
+        "same knee alone",
+    )
+    knee_by_repetition: list[float | None] = Field(
+        default_factory=list, description="the knee each repetition gives on its own"
+    )
+    knee_stop: str | None = Field(None, description="what stopped the knee where it is")
+    flagged_points: list[float] = Field(
+        default_factory=list,
+        description="loads of points with too few unflagged repetitions to be trusted",
+    )
+    client_cpu_s: float | None = Field(None, description="client CPU seconds over all points")
+    host: MeasuredOn | None = Field(
+        None,
+        description="where it was measured: host kind, cores, load (None: not recorded, an "
+        "unknown host that no perf comparison accepts)",
+    )
+    requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
