@@ -26,6 +26,7 @@ import httpx
 from pydantic import ValidationError
 
 from releasekit._support.http import http_client
+from releasekit._support.retry import RetryPolicy
 from releasekit.deploy.gateway import (
     DrainResult,
     GatewayAuthError,
@@ -159,14 +160,8 @@ class GatewayClient:
 
     def wait_ready(self, *, timeout_s: float = 30.0) -> GatewayState:
         """Poll the admin API until it answers (GatewayUnreachableError after `timeout_s`)."""
-        end = time.monotonic() + timeout_s
-        while True:
-            try:
-                return self.state()
-            except GatewayUnreachableError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.1)
+        policy = RetryPolicy.every(0.1, deadline_s=timeout_s, retry_on=(GatewayUnreachableError,))
+        return policy.call(self.state)
 
 
 def read_endpoint(path: Path) -> GatewayEndpoint | None:
@@ -251,7 +246,8 @@ def launch_gateway(
             process_group=None if new_session else 0,
         )
     end = time.monotonic() + timeout_s
-    while True:
+
+    def written() -> GatewayEndpoint | None:
         rc = proc.poll()
         if rc is not None:
             raise GatewayStartError(
@@ -259,15 +255,15 @@ def launch_gateway(
                 log_tail=_tail(log_path),
             )
         endpoint = read_endpoint(ready)
-        if endpoint is not None and endpoint.pid == proc.pid:
-            break
-        if time.monotonic() > end:
-            proc.terminate()
-            raise GatewayStartError(
-                f"gateway for {config.env} not ready within {timeout_s:g} s (log: {log_path})",
-                log_tail=_tail(log_path),
-            )
-        time.sleep(0.05)
+        return endpoint if endpoint is not None and endpoint.pid == proc.pid else None
+
+    endpoint = RetryPolicy.poll(interval_s=0.05, deadline_s=timeout_s).call(written)
+    if endpoint is None:
+        proc.terminate()
+        raise GatewayStartError(
+            f"gateway for {config.env} not ready within {timeout_s:g} s (log: {log_path})",
+            log_tail=_tail(log_path),
+        )
     with GatewayClient(endpoint.url, admin_token=config.admin_token) as client:
         try:
             client.wait_ready(timeout_s=max(1.0, end - time.monotonic()))

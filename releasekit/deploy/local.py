@@ -28,6 +28,7 @@ import httpx
 
 from releasekit._support.http import http_client
 from releasekit._support.procs import group_alive, last_error_line, tail
+from releasekit._support.retry import RetryPolicy
 from releasekit.config import EnvironmentConfig
 from releasekit.deploy.gateway import (
     GatewayConfig,
@@ -77,6 +78,18 @@ if TYPE_CHECKING:
     from releasekit.config import Settings
 
 _BIND_ERRORS = ("Address already in use", "[Errno 98]")
+
+
+def _bind_failed(exc: BaseException) -> bool:
+    """Whether a server failed to start only because its port was taken meanwhile."""
+    return isinstance(exc, ReleaseStartError) and any(m in exc.log_tail for m in _BIND_ERRORS)
+
+
+# A port taken between picking it and the server binding it: another port, at once (3 tries).
+_PORT_RETRY = RetryPolicy(
+    attempts=3, base_s=0.0, retry_on=(ReleaseStartError,), retry_if=_bind_failed
+)
+
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 """Processes this process spawned, kept only to reap them (they are not stopped at exit)."""
 
@@ -268,15 +281,20 @@ class LocalTarget(DeployTarget):
             )
         host = self.settings.server_host
         tried: set[int] = {s.port for s in self._state.servers}
-        for _attempt in range(3):
+
+        def on_a_free_port() -> Upstream:
             port = pick_port(host, avoid=tried)
             tried.add(port)
-            try:
-                return self._start_once(spec, host, port, on_spawn)
-            except ReleaseStartError as exc:
-                if not any(m in exc.log_tail for m in _BIND_ERRORS):
-                    raise
-        raise ReleaseStartError(f"release {spec.release_id[:12]}: no port could be bound")
+            return self._start_once(spec, host, port, on_spawn)
+
+        try:
+            return _PORT_RETRY.call(on_a_free_port)
+        except ReleaseStartError as exc:
+            if not _bind_failed(exc):
+                raise
+            raise ReleaseStartError(
+                f"release {spec.release_id[:12]}: no port could be bound"
+            ) from exc
 
     def _start_once(
         self, spec: ReleaseSpec, host: str, port: int, on_spawn: OnSpawn | None
@@ -326,8 +344,7 @@ class LocalTarget(DeployTarget):
         return up
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes], rec: ServerRecord, log: Path) -> None:
-        deadline = time.monotonic() + self.settings.server_start_timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             rc = proc.poll()
             if rc is not None:
                 text = tail(log, 200)
@@ -338,9 +355,11 @@ class LocalTarget(DeployTarget):
                     log_tail=tail(log),
                     log_path=str(log),
                 )
-            if check_health(rec.base_url, rec.model, api_key=rec.api_key, timeout_s=2.0):
-                return
-            time.sleep(0.5)
+            return check_health(rec.base_url, rec.model, api_key=rec.api_key, timeout_s=2.0)
+
+        poll = RetryPolicy.poll(interval_s=0.5, deadline_s=self.settings.server_start_timeout_s)
+        if poll.call(healthy):
+            return
         raise ReleaseStartError(
             f"vLLM for release {rec.release_id[:12]} did not become healthy within "
             f"{self.settings.server_start_timeout_s:.0f} s (log: {log})",

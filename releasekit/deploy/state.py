@@ -36,6 +36,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
+from releasekit._support.retry import RetryPolicy
 from releasekit.deploy.gateway import Mirror, Route
 from releasekit.errors import ReleasekitError
 
@@ -202,6 +203,11 @@ def list_envs(state_dir: Path) -> list[str]:
     return sorted(found)
 
 
+def _lock_held(exc: BaseException) -> bool:
+    """Whether a non-blocking flock failed because another process holds the lock."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.EACCES)
+
+
 @contextlib.contextmanager
 def env_lock(state_dir: Path, env: str, *, timeout_s: float = 600.0) -> Iterator[None]:
     """Hold `env`'s deploy lock (fcntl; the kernel drops it if this process dies).
@@ -210,20 +216,18 @@ def env_lock(state_dir: Path, env: str, *, timeout_s: float = 600.0) -> Iterator
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        end = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > end:
-                    raise DeployStateError(
-                        f"another releasekit command is changing environment {env!r} "
-                        f"(waited {timeout_s:g} s for {path})"
-                    ) from None
-                time.sleep(0.1)
+        policy = RetryPolicy.every(
+            0.1, deadline_s=timeout_s, retry_on=(OSError,), retry_if=_lock_held
+        )
+        try:
+            policy.call(lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+        except OSError as exc:
+            if not _lock_held(exc):
+                raise
+            raise DeployStateError(
+                f"another releasekit command is changing environment {env!r} "
+                f"(waited {timeout_s:g} s for {path})"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         try:

@@ -4,12 +4,14 @@ Slack-compatible `{"text": ...}` body, from a background thread.
 
 Delivery never holds up the command that wrote the event (a rollback switches traffic
 first; the event is queued after it is recorded). Each delivery is tried `retries + 1`
-times with exponential backoff on connection errors, timeouts, 5xx, 408 and 429; another
-4xx is not retried. What is not delivered, after its tries or because the process ended
-first (`flush`), is appended to the dead-letter log, `STATE_DIR/notify/dead-letter.jsonl`
-(created mode 0600): one JSON object a line with the webhook's scheme and host, the body,
-the attempts and the last error. A webhook URL is a credential (a Slack URL is its own
-secret): no log or dead-letter line holds more of it than `redact_hook_url` shows.
+times on connection errors, timeouts, 5xx, 408 and 429, waiting between tries with
+exponential backoff from `backoff_s` and full jitter (at most 30 s), or as long as the
+receiver's `Retry-After` asks (also at most 30 s); another 4xx is not retried. What is
+not delivered, after its tries or because the process ended first (`flush`), is appended
+to the dead-letter log, `STATE_DIR/notify/dead-letter.jsonl` (created mode 0600): one
+JSON object a line with the webhook's scheme and host, the body, the attempts and the
+last error. A webhook URL is a credential (a Slack URL is its own secret): no log or
+dead-letter line holds more of it than `redact_hook_url` shows.
 
 The JSON body (`build_payload`):
 
@@ -28,7 +30,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from releasekit._support.http import http_client
+from releasekit._support.retry import RetryPolicy
 from releasekit.config import Settings, WebhookConfig
 
 log = logging.getLogger("releasekit.notify")
@@ -127,8 +130,21 @@ def _wants(hook: WebhookConfig, payload: Mapping[str, Any]) -> bool:
     return not hook.environments or payload.get("environment") in hook.environments
 
 
+# The longest wait between two tries of a delivery, Retry-After included.
+MAX_WAIT_S = 30.0
+
+
 def _retryable(status: int) -> bool:
     return status >= 500 or status in (408, 429)
+
+
+class _Answered(Exception):
+    """A receiver's answer other than 2xx; `retry_after` is its Retry-After header, if any."""
+
+    def __init__(self, status: int, error: str, retry_after: str | None) -> None:
+        super().__init__(error)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class Notifier:
@@ -143,6 +159,7 @@ class Notifier:
         root: Path,
         links_base_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
         self.hooks = list(hooks)
         self.dead_letter = dead_letter
@@ -156,6 +173,8 @@ class Notifier:
         self._idle = threading.Condition(self._lock)
         self._http = http_client(trust_env=False, transport=transport)
         self._closing = threading.Event()
+        # Waits between tries end early when the notifier closes; `sleep` is for tests.
+        self._sleep = sleep or self._closing.wait
         self._thread = threading.Thread(target=self._work, daemon=True, name="releasekit-notify")
         self._thread.start()
 
@@ -221,32 +240,41 @@ class Notifier:
             finally:
                 self._done()
 
+    def _policy(self, hook: WebhookConfig) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=hook.retries + 1,
+            base_s=hook.backoff_s,
+            cap_s=MAX_WAIT_S,
+            retry_on=(httpx.HTTPError, _Answered),
+            retry_if=lambda exc: not isinstance(exc, _Answered) or _retryable(exc.status),
+        )
+
     def _deliver(self, hook: WebhookConfig, payload: dict[str, Any]) -> bool:
         body = slack_body(payload) if hook.format == "slack" else payload
-        error = ""
         attempts = 0
-        for attempt in range(hook.retries + 1):
-            if attempt and self._closing.is_set():
-                break
+
+        def post() -> None:
+            nonlocal attempts
             attempts += 1
-            try:
-                r = self._http.post(
-                    hook.url,
-                    json=body,
-                    headers={"user-agent": "releasekit-webhook", **hook.headers},
-                    timeout=hook.timeout_s,
-                )
-            except httpx.HTTPError as exc:
-                error = _scrub(f"{type(exc).__name__}: {exc}", hook.url)
-            else:
-                if 200 <= r.status_code < 300:
-                    self.delivered += 1
-                    return True
+            r = self._http.post(
+                hook.url,
+                json=body,
+                headers={"user-agent": "releasekit-webhook", **hook.headers},
+                timeout=hook.timeout_s,
+            )
+            if not 200 <= r.status_code < 300:
                 error = _scrub(f"HTTP {r.status_code}: {r.text[:200]}", hook.url)
-                if not _retryable(r.status_code):
-                    break
-            if attempt < hook.retries:
-                time.sleep(hook.backoff_s * (2**attempt))
+                raise _Answered(r.status_code, error, r.headers.get("retry-after"))
+
+        try:
+            self._policy(hook).call(post, sleep=self._sleep, until=self._closing)
+        except _Answered as exc:
+            error = str(exc)
+        except httpx.HTTPError as exc:
+            error = _scrub(f"{type(exc).__name__}: {exc}", hook.url)
+        else:
+            self.delivered += 1
+            return True
         self._dead(hook, body, attempts=attempts, error=error)
         return False
 

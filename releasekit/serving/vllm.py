@@ -28,6 +28,7 @@ from releasekit._support.procs import (
     stop_process_group,
     tail,
 )
+from releasekit._support.retry import RetryPolicy
 from releasekit.errors import (
     ReleaseNotBuiltError,
     ServerError,
@@ -258,23 +259,33 @@ class VLLMServer:
     def _wait_ready(self) -> str | None:
         if self.proc is None:
             raise ServerStartError("server was not started")
-        deadline = time.monotonic() + self.start_timeout_s
-        with http_client(base_url=self.base_url, timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                rc = self.proc.poll()
-                if rc is not None:
-                    raise self._died(rc, "before becoming healthy")
-                try:
-                    if client.get("/health").status_code == 200:
-                        models = client.get("/v1/models")
-                        if models.status_code == 200 and any(
-                            m.get("id") == self.served_name for m in models.json().get("data", [])
-                        ):
-                            v = client.get("/version")
-                            return v.json().get("version") if v.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
-                    pass
-                time.sleep(0.5)
+        proc = self.proc
+
+        def ready(client: httpx.Client) -> tuple[bool, str | None]:
+            """(True, its version) once it serves its model; (False, None) before."""
+            rc = proc.poll()
+            if rc is not None:
+                raise self._died(rc, "before becoming healthy")
+            if client.get("/health").status_code == 200:
+                models = client.get("/v1/models")
+                if models.status_code == 200 and any(
+                    m.get("id") == self.served_name for m in models.json().get("data", [])
+                ):
+                    v = client.get("/version")
+                    return True, v.json().get("version") if v.status_code == 200 else None
+            return False, None
+
+        not_yet = (httpx.HTTPError, ValueError)
+        poll = RetryPolicy.every(
+            0.5, deadline_s=self.start_timeout_s, retry_on=not_yet, retry_result=lambda r: not r[0]
+        )
+        with (
+            http_client(base_url=self.base_url, timeout=5.0) as client,
+            contextlib.suppress(*not_yet),
+        ):
+            ok, version = poll.call(lambda: ready(client))
+            if ok:
+                return version
         raise ServerStartError(
             f"vLLM did not become healthy within {self.start_timeout_s:.0f} s "
             f"(log: {self.log_path})",

@@ -53,6 +53,7 @@ from starlette.responses import Response, StreamingResponse
 
 from releasekit._support.http import async_http_client, http_client
 from releasekit._support.procs import tail
+from releasekit._support.retry import RetryPolicy
 from releasekit.deploy.gateway.routing import UPSTREAM_ROUTES
 from releasekit.deploy.ray.loopback import LOOPBACK_ENV
 from releasekit.deploy.ray.metrics import REPLICAS_GAUGE, merge_expositions
@@ -288,17 +289,17 @@ class ReleaseReplica:
             )
 
     def _wait_ready(self, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+        def healthy() -> bool:
             rc = self.proc.poll()
             if rc is not None:
                 raise RuntimeError(
                     f"the server of {self.app} exited with code {rc} before becoming healthy "
                     f"(log: {self.log})\n--- last lines of the server log ---\n{tail(self.log)}"
                 )
-            if self._healthy_sync():
-                return
-            time.sleep(0.5)
+            return self._healthy_sync()
+
+        if RetryPolicy.poll(interval_s=0.5, deadline_s=timeout_s).call(healthy):
+            return
         raise RuntimeError(
             f"the server of {self.app} did not become healthy within {timeout_s:.0f} s "
             f"(log: {self.log})\n--- last lines of the server log ---\n{tail(self.log)}"
@@ -423,7 +424,11 @@ ROUTER_APP = "rk-router"
 ROUTER_VERSION = b"3"  # 2: the environment's router secret and the route allowlist; 3: the
 # fleet page's replica gauge
 
-_HEAD_TRIES = 6  # a request whose replica died before answering: tries, 0.25-1.25 s apart
+# A request whose replica died before answering: 6 tries, waits jittered up to 0.25 s,
+# doubling to at most 1.25 s.
+_HEAD_RETRY = RetryPolicy(
+    attempts=6, base_s=0.25, cap_s=1.25, retry_on=(ray.exceptions.RayActorError,)
+)
 TOKEN_SEP = "~"
 ROUTER_KEYS = "_router/"
 """KV keys `_router/<env>`: the digest of each environment's router secret."""
@@ -567,26 +572,28 @@ class Router:
         if key:
             headers.append(("authorization", f"Bearer {key}"))
         body = await request.body()
-        for attempt in range(_HEAD_TRIES):
+
+        async def first_head() -> tuple[Any, Any]:
             try:
                 gen = self._handle(app).relay.remote(
                     request.method, path, request.url.query, headers, body
                 )
-                head = await gen.__anext__()
-                break
-            except Exception as exc:  # the application is gone or has no replica now
+                return gen, await gen.__anext__()
+            except Exception:  # the application is gone or has no replica now
                 self.handles.pop(app, None)
-                # A replica that died (killed, its node gone) before it answered: nothing
-                # reached the client yet, so ask again; Serve drops the dead replica and
-                # picks a live one.
-                if attempt + 1 < _HEAD_TRIES and isinstance(exc, ray.exceptions.RayActorError):
-                    await asyncio.sleep(0.25 * (attempt + 1))
-                    continue
-                return Response(
-                    _error(f"release application {app} did not answer: {type(exc).__name__}"),
-                    status_code=503,
-                    media_type="application/json",
-                )
+                raise
+
+        try:
+            # A replica that died (killed, its node gone) before it answered: nothing
+            # reached the client yet, so ask again; Serve drops the dead replica and picks
+            # a live one.
+            gen, head = await _HEAD_RETRY.acall(first_head)
+        except Exception as exc:
+            return Response(
+                _error(f"release application {app} did not answer: {type(exc).__name__}"),
+                status_code=503,
+                media_type="application/json",
+            )
 
         async def rest() -> AsyncIterator[bytes]:
             async for chunk in gen:

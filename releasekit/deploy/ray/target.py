@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import os
 import re
 import secrets
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from releasekit._support.http import http_client
 from releasekit._support.procs import last_error_line
+from releasekit._support.retry import RetryPolicy
 from releasekit.config import EnvironmentConfig, RayTargetConfig, Settings, load_settings
 from releasekit.deploy.gateway import GatewayError
 from releasekit.deploy.gateway_client import GatewayClient
@@ -157,16 +159,16 @@ def ensure_serve(cfg: RayTargetConfig) -> str:
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": cfg.serve_port})
     except Exception as exc:
         raise DeployError(f"could not start Ray Serve on {cfg.address}: {exc}") from exc
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        try:
-            with http_client(timeout=3.0, trust_env=False) as c:
-                # 503 "Route table is not populated yet" until a first application runs
-                if c.get(url + "/-/healthz").status_code in (200, 503):
-                    return url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+
+    def answers() -> bool:
+        with http_client(timeout=3.0, trust_env=False) as c:
+            # 503 "Route table is not populated yet" until a first application runs
+            return c.get(url + "/-/healthz").status_code in (200, 503)
+
+    poll = RetryPolicy.poll(interval_s=0.5, deadline_s=60, retry_on=(httpx.HTTPError,))
+    with contextlib.suppress(httpx.HTTPError):
+        if poll.call(answers):
+            return url
     raise DeployError(
         f"Ray Serve's HTTP proxy does not answer at {url} (a Serve started with other "
         f"options? check serve_host/serve_port in releasekit.toml)"
@@ -407,13 +409,12 @@ class RayTarget(LocalTarget):
         return autoscale_plan(self.env, auto, spec, replica_cpus=self.ray.cpus_per_replica)
 
     def _wait_running(self, app: str, rec: ServerRecord) -> None:
-        deadline = time.monotonic() + self.settings.server_start_timeout_s + 30
-        while time.monotonic() < deadline:
+        def running() -> bool:
             status, message = app_statuses().get(app, ("MISSING", ""))
             if status == "RUNNING" and check_health(
                 rec.base_url, rec.model, api_key=rec.api_key, timeout_s=3.0
             ):
-                return
+                return True
             if status in ("DEPLOY_FAILED", "UNHEALTHY", "MISSING"):
                 cause = last_error_line(message) or status
                 raise ReleaseStartError(
@@ -421,7 +422,11 @@ class RayTarget(LocalTarget):
                     log_tail=_log_tail(message),
                     log_path=rec.log_path,
                 )
-            time.sleep(0.5)
+            return False
+
+        deadline_s = self.settings.server_start_timeout_s + 30
+        if RetryPolicy.poll(interval_s=0.5, deadline_s=deadline_s).call(running):
+            return
         raise ReleaseStartError(
             f"release {rec.release_id[:12]} on Ray: its replicas were not all healthy within "
             f"{self.settings.server_start_timeout_s:.0f} s (waiting for resources or a slow "

@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import random
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -32,6 +30,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.pool import StaticPool
 
+from releasekit._support.retry import RetryPolicy
 from releasekit._support.text import redact_url
 from releasekit.errors import (
     LedgerError,
@@ -205,26 +204,20 @@ class Ledger(LedgerQueries, LedgerVerification):
                 f"no ledger at {redact_url(self.url)} (the database has no ledger tables)",
                 url=redact_url(self.url),
             )
-        for attempt in range(8):
-            try:
-                with self._write() as conn:
-                    if conn.dialect.name == "postgresql":
-                        # Serialise first-time creators: concurrent CREATE TABLE on
-                        # PostgreSQL fails on its catalog's unique index, not "exists".
-                        conn.execute(text("SELECT pg_advisory_xact_lock(7269417751)"))
-                    _meta.create_all(conn, checkfirst=True)
-                self._has_sigs = True
-                return
-            except (OperationalError, IntegrityError, ProgrammingError) as exc:
-                # Another process created the tables between our check and our CREATE.
-                retry = isinstance(exc, IntegrityError) or "already exists" in str(exc).lower()
-                if isinstance(exc, OperationalError):
-                    retry = retry or _retryable(exc)
-                if attempt == 7 or not retry:
-                    raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
-                time.sleep(0.05 * (attempt + 1))
-            except SQLAlchemyError as exc:
-                raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+
+        def create_tables() -> None:
+            with self._write() as conn:
+                if conn.dialect.name == "postgresql":
+                    # Serialise first-time creators: concurrent CREATE TABLE on
+                    # PostgreSQL fails on its catalog's unique index, not "exists".
+                    conn.execute(text("SELECT pg_advisory_xact_lock(7269417751)"))
+                _meta.create_all(conn, checkfirst=True)
+
+        try:
+            _CREATE_RETRY.call(create_tables)
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"cannot open ledger {redact_url(self.url)}: {exc}") from exc
+        self._has_sigs = True
 
     def _select(self) -> Any:
         """SELECT of every record column, with its signature when the table exists."""
@@ -330,36 +323,35 @@ class Ledger(LedgerQueries, LedgerVerification):
             return []
         for ev in events:
             EventType(ev.type)  # a typo'd type must not reach the chain
-        last_exc: Exception | None = None
-        deadline = time.monotonic() + self._timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self._write() as conn:
-                    recs = self._append_locked(conn, events)
-                # Committed: now (outside the transaction) move the git anchor forward.
-                self._anchor_after_append(recs[-1])
-                self._tell_listeners(recs)
-                return recs
-            except (IntegrityError, _Contention) as exc:
-                last_exc = exc
-            except OperationalError as exc:
-                if not _retryable(exc):
-                    raise LedgerError(
-                        f"cannot append to ledger {redact_url(self.url)}: {exc}"
-                    ) from exc
-                last_exc = exc
-            except SQLAlchemyError as exc:
+
+        def write() -> list[LedgerRecord]:
+            with self._write() as conn:
+                return self._append_locked(conn, events)
+
+        # Jittered, capped backoff: losers retry soon, and not in lockstep.
+        policy = RetryPolicy(
+            attempts=None,
+            deadline_s=self._timeout_s,
+            base_s=0.004,
+            cap_s=0.05,
+            retry_on=(IntegrityError, _Contention, OperationalError),
+            retry_if=_contended,
+        )
+        try:
+            recs = policy.call(write)
+        except (IntegrityError, _Contention, OperationalError) as exc:
+            if not _contended(exc):
                 raise LedgerError(f"cannot append to ledger {redact_url(self.url)}: {exc}") from exc
-            if time.monotonic() > deadline:
-                break
-            # Jittered, capped backoff: losers retry soon, and not in lockstep.
-            time.sleep(random.uniform(0, min(0.05, 0.002 * 2 ** min(attempt, 10))))
-        raise LedgerError(
-            f"cannot append to ledger {redact_url(self.url)}: another writer kept it busy "
-            f"({last_exc})"
-        ) from last_exc
+            raise LedgerError(
+                f"cannot append to ledger {redact_url(self.url)}: another writer kept it busy "
+                f"({exc})"
+            ) from exc
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"cannot append to ledger {redact_url(self.url)}: {exc}") from exc
+        # Committed: now (outside the transaction) move the git anchor forward.
+        self._anchor_after_append(recs[-1])
+        self._tell_listeners(recs)
+        return recs
 
     def _tell_listeners(self, recs: Sequence[LedgerRecord]) -> None:
         """Hand each committed record to the listeners (notifications); a listener's
@@ -504,6 +496,29 @@ def _retryable(exc: OperationalError) -> bool:
     return any(
         s in text for s in ("locked", "busy", "already exists", "deadlock", "could not serialize")
     )
+
+
+def _contended(exc: BaseException) -> bool:
+    """Whether a failed append lost to another writer (and is worth another try)."""
+    return not isinstance(exc, OperationalError) or _retryable(exc)
+
+
+def _lost_create_race(exc: BaseException) -> bool:
+    """Whether creating the tables failed because another process created them between our
+    check and our CREATE (or held the database a moment)."""
+    if isinstance(exc, IntegrityError) or "already exists" in str(exc).lower():
+        return True
+    return isinstance(exc, OperationalError) and _retryable(exc)
+
+
+# Creating the tables: up to 8 tries, 0.05 s apart and growing (with jitter).
+_CREATE_RETRY = RetryPolicy(
+    attempts=8,
+    base_s=0.05,
+    cap_s=0.4,
+    retry_on=(OperationalError, IntegrityError, ProgrammingError),
+    retry_if=_lost_create_race,
+)
 
 
 def _sqlite_transactions(engine: Engine, *, wal: bool) -> None:
