@@ -1,18 +1,19 @@
 """The gate report as table rows, JSON and a self-contained HTML page: what passed and failed
 with the numbers and rules, the candidate's and the live release's latency-throughput
-curves on one plot, and a link to the eval comparison. `PAGE_CSS` and `pairs_table_html`
-(two releases' answers to the same requests, side by side) serve the other pages too."""
+curves on one plot, and a link to the eval comparison. The page layout (`TEMPLATE_DIR`'s
+`report_page.html`), `agreement_html` and `pairs_table_html` (two releases' answers to the
+same requests, side by side) serve the other pages too."""
 
 from __future__ import annotations
 
 import base64
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from releasekit._support import plots
 from releasekit._support.files import write_atomic
+from releasekit._support.html import Markup, Templates
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
 
 if TYPE_CHECKING:
@@ -48,6 +49,46 @@ def _result(g: GateResult) -> str:
     if g.passed:
         return "pass"
     return "fail (advisory)" if g.advisory else "FAIL"
+
+
+COMPACT_COLUMNS = ("gate", "result", "candidate vs live", "limit")
+"""The short gate table's columns: one line a gate, the figure that decided and its bound."""
+
+
+def _figure(g: GateResult) -> str:
+    """The figure that decided: `candidate vs live` where both exist, else the one there is."""
+    if g.candidate is not None and g.live is not None:
+        return f"{_num(g.candidate)} vs {_num(g.live)}"
+    if g.candidate is not None:
+        return _num(g.candidate)
+    return "-" if g.live is None else f"- vs {_num(g.live)}"
+
+
+def compact_rows(report: GateReport) -> list[list[str]]:
+    """One short row per gate, in COMPACT_COLUMNS order (rules and details left out)."""
+    return [[g.name, _result(g), _figure(g), _num(g.limit)] for g in report.gates]
+
+
+def short_reason(g: GateResult) -> str:
+    """Why a gate failed, in one clause: its detail up to the first "; " outside brackets
+    (the rule when it has no detail)."""
+    detail = g.detail.strip()
+    if not detail or detail == "ok":
+        return g.rule
+    depth = 0
+    for i, ch in enumerate(detail):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and detail.startswith("; ", i):
+            return detail[:i]
+    return detail
+
+
+def failure_reasons(report: GateReport) -> list[tuple[str, str]]:
+    """(gate, short reason) for each failed gate, blocking or advisory, in report order."""
+    return [(g.name, short_reason(g)) for g in report.gates if not g.passed]
 
 
 def report_json(report: GateReport) -> bytes:
@@ -96,30 +137,17 @@ def curve_png(report: GateReport) -> bytes | None:
     return plots.png(fig)
 
 
-def _row(g: GateResult) -> str:
-    cls = "pass" if g.passed else ("advisory" if g.advisory else "fail")
-    cells = [
-        g.name,
-        g.kind,
-        _result(g),
-        _num(g.candidate),
-        _num(g.live),
-        _num(g.limit),
-        g.rule,
-        g.detail,
-    ]
-    return f'<tr class="{cls}">' + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+"""The report pages' templates: the layout (`report_page.html`), the gate report, the
+gate table, the answers' agreement and the pairs table (other layers' pages extend and
+include them)."""
 
-
-PAGE_CSS = """
-body { font-family: sans-serif; margin: 2em; }
-table { border-collapse: collapse; }
-td, th { border: 1px solid #ccc; padding: 4px 8px; font-size: 13px; vertical-align: top; }
-tr.fail td { background: #fde2e2; } tr.pass td { background: #e6f4ea; }
-tr.advisory td { background: #fff4d6; }
-table.pairs td { white-space: pre-wrap; max-width: 40em; font-family: monospace; }
-"""
-"""The style of every report page (the gate report's)."""
+TEMPLATES = Templates(
+    TEMPLATE_DIR,
+    filters={"gate_result": _result},
+    globals={"columns": COLUMNS},
+)
+"""The gate report's templates (`releasekit._support.html`: autoescaped)."""
 
 
 class AnswerRow(Protocol):
@@ -138,92 +166,30 @@ class AnswerRow(Protocol):
     def prompt_sha256(self) -> str: ...
 
 
-def pairs_table_html(pairs: Sequence[AnswerRow], *, caption: str | None = None) -> str:
+def pairs_table_html(pairs: Sequence[AnswerRow], *, caption: str | None = None) -> Markup:
     """Answer pairs side by side, one row a pair: its number, the prompt (or, where it was
     not kept, its sha256), the stable release's answer and the candidate's ("-": not
     readable). Every text is HTML-escaped; "<p>No disagreeing pairs.</p>" for none."""
-    if not pairs:
-        return "<p>No disagreeing pairs.</p>"
-
-    def e(text: str | None) -> str:
-        return "-" if text is None else html.escape(text)
-
-    cap = f"<caption>{e(caption)}</caption>" if caption else ""
-    rows = "\n".join(
-        '<tr class="fail">'
-        f"<td>{p.seq}</td>"
-        + (
-            f"<td>{e(p.prompt)}</td>"
-            if p.prompt is not None
-            else f'<td title="sha256 of the request body">sha256 {e(p.prompt_sha256[:16])}</td>'
-        )
-        + f"<td>{e(p.stable)}</td><td>{e(p.candidate)}</td></tr>"
-        for p in pairs
-    )
-    return (
-        f'<table class="pairs">{cap}<tr><th>#</th><th>prompt (or its digest)</th>'
-        f"<th>stable answered</th><th>candidate answered</th></tr>\n{rows}\n</table>"
-    )
+    return TEMPLATES.render_markup("pairs_table.html", pairs=list(pairs), caption=caption)
 
 
 def render_html(report: GateReport, *, comparison_href: str | None = None) -> str:
     """The HTML page (plot embedded as a data URI, so the file stands alone)."""
     png = curve_png(report)
-    verdict = "PASSED" if report.passed else "BLOCKED"
-    live = (
-        f"{html.escape(report.live_name or '')} {html.escape((report.live_release_id or '')[:12])}"
-        if report.live_release_id
-        else "nothing (absolute checks)"
-    )
     href = comparison_href or report.comparison_path
-    link = "<p>No eval comparison report file.</p>"
-    if href:
-        target = Path(href).as_uri() if Path(href).is_absolute() else href
-        source = html.escape(report.comparison_source or "report")
-        link = (
-            f'<p>Eval comparison: <a href="{html.escape(target)}">{html.escape(href)}</a> '
-            f"(gates used the {source} comparison)</p>"
-        )
-    img = (
-        f'<img alt="latency-throughput curves" src="data:image/png;base64,'
-        f'{base64.b64encode(png).decode()}">'
-        if png
-        else "<p>No bench curves.</p>"
-    )
-    rule = (
-        f"<p><b>Quality rule:</b> {html.escape(report.comparison_rule)}</p>"
-        if report.comparison_rule
-        else ""
-    )
-    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
-    name = html.escape(report.candidate_name)
-    cid = html.escape(report.candidate_release_id[:12])
-    env = html.escape(report.environment)
-    when = html.escape(report.created_at.isoformat(timespec="seconds"))
+    target = (Path(href).as_uri() if Path(href).is_absolute() else href) if href else None
     summary = f"{len(report.failed)} of {len(report.gates)} gates failed"
     if report.advisory_failed:
         summary += f" ({len(report.advisory_failed)} more failed, advisory here)"
-    rows = "\n".join(_row(g) for g in report.gates)
-    policy = (
-        f"<p><b>Environment policy:</b> {html.escape(report.policy_source)}</p>\n"
-        if report.policy_source
-        else ""
+    return TEMPLATES.render(
+        "gate_report.html",
+        r=report,
+        gates=report.gates,
+        summary=summary,
+        href=href,
+        target=target,
+        png=base64.b64encode(png).decode() if png else None,
     )
-    if report.scaling:
-        policy += f"<p><b>Replicas:</b> {html.escape(report.scaling)}</p>\n"
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>gates: {name} to {env}</title>
-<style>{PAGE_CSS}</style></head><body>
-<h1>{verdict}: {name} {cid} to {env}</h1>
-<p>Against: {live}. Mode: {report.mode}. {summary}. {when}</p>
-{policy}<table><tr>{head}</tr>
-{rows}
-</table>
-{rule}
-{link}
-{img}
-</body></html>
-"""
 
 
 def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path, Path]:
@@ -237,25 +203,7 @@ def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path,
     return j, h
 
 
-def agreement_html(a: Agreement) -> str:
+def agreement_html(a: Agreement) -> Markup:
     """The answers' agreement as a page section: the rate with its interval, the counts,
     the floor and the verdict, then the disagreeing pairs side by side."""
-    e = html.escape
-    cls = "pass" if a.verdict == "pass" else "fail" if a.verdict == "breach" else "advisory"
-    interval = (
-        f"{a.rate:.1%}, {a.confidence:.0%} interval [{a.low:.1%}, {a.high:.1%}]"
-        if a.rate is not None and a.low is not None and a.high is not None
-        else "no pairs judged"
-    )
-    disagreeing = a.pairs - a.agreeing
-    return (
-        "<h2>Answers</h2>\n<table>"
-        "<tr><th>agreement</th><th>pairs judged</th><th>agreeing</th><th>not judged</th>"
-        "<th>floor</th><th>at least</th><th>verdict</th></tr>"
-        f'<tr class="{cls}"><td>{e(interval)}</td><td>{a.pairs}</td><td>{a.agreeing}</td>'
-        f"<td>{a.not_judged}</td><td>{a.min_agreement:.0%}</td><td>{a.min_pairs} pairs</td>"
-        f"<td>{e(a.verdict)}: {e(a.reason)}</td></tr></table>\n"
-        + pairs_table_html(
-            a.examples, caption=f"{len(a.examples)} of {disagreeing} disagreeing pairs"
-        )
-    )
+    return TEMPLATES.render_markup("agreement.html", a=a)

@@ -34,23 +34,24 @@ replaces the table, which ends the mirror too.
 from __future__ import annotations
 
 import datetime as dt
-import html
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from releasekit._support.files import write_atomic
+from releasekit._support.html import Templates
 from releasekit.config import Settings
 from releasekit.deploy.gateway import GatewayError, Mirror, MirrorPair, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import GatewayRecord, locked_state, read_state
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
-from releasekit.promote.report import PAGE_CSS, agreement_html
+from releasekit.promote.report import TEMPLATE_DIR
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -304,29 +305,20 @@ class AnswerWatch:
             return None
 
 
+TEMPLATES = Templates(Path(__file__).resolve().parent / "templates", below=[TEMPLATE_DIR])
+"""The after-promotion comparison's page, in the gate report's layout."""
+
+
 def answers_html(check: AnswersCheck) -> str:
     """The after-promotion comparison as a self-contained HTML page: what was compared,
     the agreement with its interval and the disagreeing pairs side by side (the live
     release's answer as "stable", the previous release's as "candidate"), escaped."""
-    e = html.escape
-    live, prev, env = e(check.release_id[:12]), e(check.previous_release_id[:12]), e(check.env)
-    a = check.agreement
     until = (
         dt.datetime.fromtimestamp(check.until, dt.UTC).isoformat(timespec="seconds")
         if check.until is not None
         else "no end"
     )
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>answers after the promotion: {live} in {env}</title>
-<style>{PAGE_CSS}</style></head><body>
-<h1>{e(a.verdict.upper())}: answers of {live} against the previous release {prev} in {env}</h1>
-<p>{check.share:.0%} of live requests copied to the previous release (kept warm) until
-{e(until)}: {check.mirrored} copies, {check.dropped} dropped, {check.pairs_read} pairs read.
-"stable answered" is what clients got from {live}; "candidate answered" is {prev}'s answer
-to the same request.</p>
-{agreement_html(a)}
-</body></html>
-"""
+    return TEMPLATES.render("answers.html", check=check, until=until)
 
 
 def write_answers_page(settings: Settings, check: AnswersCheck) -> AnswersCheck:
