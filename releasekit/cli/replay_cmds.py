@@ -1,8 +1,10 @@
 """CLI: `releasekit audit replay` recomputes a recorded decision's gate verdicts from its
-verified inputs and says, for each, same or different."""
+verified inputs and says, for each, same or different; `releasekit audit page` writes the
+auditor's page of one environment."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -69,3 +71,26 @@ def replay_cmd(
             err.print(f"[red]{res.differences} difference(s)[/red] in {n} decision(s)")
     if not res.same:
         raise typer.Exit(1)
+
+
+@audit_app.command("page")
+@handle_errors
+def page_cmd(
+    env: Annotated[str, typer.Option("--env", help="the environment")],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="folder to write into (default .releasekit/reports/audit/)"),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Write the auditor's page of ENV: what was live there when, and each decision with
+    who made it, its policy revision and digest, its gates and figures, the evidence
+    digests its release's register event signed, the approvals and its replay. One
+    self-contained HTML file; prints its path. Reads only (the ledger opened read-only)."""
+    from releasekit.audit.page import write_page
+
+    page = write_page(State.settings(), env, out_dir=out_dir)
+    if json_:
+        emit_json(page)
+    else:
+        out.print(esc(page.path), highlight=False)

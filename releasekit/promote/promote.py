@@ -25,174 +25,52 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field
-
+from releasekit._support.digests import sha256_file
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
-from releasekit.deploy.ray.autoscale import AutoscalePlan, plan_for
+from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
-from releasekit.errors import ReleasekitError
-from releasekit.promote.approvals import approval_for, approval_gate, wait_for_approval
-from releasekit.promote.ceilings import CEILING_FIELDS, CanaryWithin, canary_within
-from releasekit.promote.context import (
-    ReleaseContextError,
-    ReleaseInfo,
-    load_release,
-    release_knee,
-    release_spec,
-    smoke_probe,
+from releasekit.promote.approvals import approval_for
+from releasekit.promote.ceilings import canary_within
+from releasekit.promote.context import load_release, release_spec, smoke_probe
+from releasekit.promote.deploy import deploy_release
+from releasekit.promote.deploy_models import ShiftContext, ShiftFn, ShiftResult
+from releasekit.promote.gate_results import GateKind, GateReport, GateResult
+from releasekit.promote.policy import EnvironmentPolicy, environment_policy
+from releasekit.promote.promote_checks import (
+    PERF_BY_CANARY_CLAMPED,
+    PERF_BY_CANARY_UNUSED,
+    _check_allowed,
+    _with_approval,
+    blocking_failures,
+    canary_ceiling_gate,
+    check_gates,
+    decide_here,
+    policy_gates,
+    release_autoscaling,
 )
-from releasekit.promote.deploy import (
-    DeployOutcome,
-    ShiftContext,
-    ShiftFn,
-    ShiftResult,
-    deploy_release,
-    env_config,
+from releasekit.promote.promote_models import (
+    PromoteError,
+    PromoteRequest,
+    PromoteResult,
+    PromoteStatus,
+    PromoteTarget,
 )
-from releasekit.promote.gates import GateKind, GateReport, GateResult, evaluate_gates
-from releasekit.promote.policy import EnvironmentPolicy, environment_policy, read_policy
+from releasekit.promote.records import (
+    RecordMove,
+    _gate_summary,
+    _open_ledger,
+    marked_bad,
+    move_record,
+    was_live_in,
+)
 from releasekit.promote.report import write_report
-from releasekit.releases.assign import AssignResult, assign
-from releasekit.releases.prompt_alias import PromptAliasResult, move_prompt_alias
 from releasekit.releases.resolve import resolve_release
-from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
-from releasekit.stores.ledger.queries import SERVED_TYPES
-
-PromoteStatus = Literal[
-    "dry_run",
-    "blocked",
-    "deploy_failed",
-    "canary_aborted",
-    "promoted",
-    "already_live",
-    "redeployed",
-]
-
-
-class PromoteError(ReleasekitError):
-    """Raised when a promotion cannot even be attempted: the environment is not one the
-    release may go to, or --force came without a reason."""
-
-    remedy = "read the message; `releasekit promote --help` lists the options"
-
-
-class PromoteResult(BaseModel):
-    """What a promotion did, with the gate report and the deploy's steps."""
-
-    status: PromoteStatus
-    environment: str
-    release_id: str
-    release_name: str
-    live_release_id: str | None = None
-    forced: bool = False
-    overridden: list[str] = Field(default_factory=list, description="failed gates overridden")
-    report: GateReport | None = None
-    report_json: str | None = None
-    report_html: str | None = None
-    deploy: DeployOutcome | None = None
-    record: LedgerRecord | None = None
-    prompt_alias: PromptAliasResult | None = None
-    warnings: list[str] = Field(default_factory=list)
-    gateway_url: str | None = None
-    canary: dict[str, Any] | None = Field(
-        None, description="the canary steps as they ran (releasekit.rollout.canary.CanaryRun)"
-    )
-    canary_power: list[dict[str, Any]] | None = Field(
-        None, description="each canary check's power at its min_samples (rollout.power)"
-    )
-    autoscaling: AutoscalePlan | None = Field(
-        None, description="how the release's replicas scale there (a ray environment's policy)"
-    )
-
-    @property
-    def ok(self) -> bool:
-        """True when the release serves the environment (or a dry run passed its gates)."""
-        if self.status == "dry_run":
-            return bool(self.report and self.report.passed)
-        return self.status in ("promoted", "already_live", "redeployed")
-
-
-def _open_ledger(settings: Settings, *, read_only: bool = False) -> Ledger:
-    # Signed and anchored like every other writer (stores.ledger.open_ledger).
-    return open_ledger(settings, read_only=read_only)
-
-
-def marked_bad(ledger: Ledger, release_id: str) -> LedgerRecord | None:
-    """The latest `mark_bad` event of a release (a rollback moved away from it), or None."""
-    for rec in ledger.records(
-        release=release_id, types=[EventType.MARK_BAD.value], newest_first=True
-    ):
-        if rec.to_release == release_id:
-            return rec
-    return None
-
-
-def was_live_in(ledger: Ledger, release_id: str, env: str) -> bool:
-    """True when the ledger shows `release_id` was ever put in place in `env` by promote or
-    rollback (`SERVED_TYPES`); an `assign` record only moved a name, so it never counts
-    (not for `requires`, a redeploy or `rollback --to`)."""
-    return any(
-        r.to_release == release_id
-        for r in ledger.records(environment=env, live=True, types=SERVED_TYPES)
-    )
-
-
-def policy_gates(
-    settings: Settings, info: ReleaseInfo, *, env: str, ledger: Ledger
-) -> list[GateResult]:
-    """The release may go to `env` at all: not marked bad, and live first in every
-    environment the policy requires (releasekit.toml `requires` and the manifest's)."""
-    cfg = env_config(settings, env)
-    gates: list[GateResult] = []
-    bad = marked_bad(ledger, info.release_id)
-    gates.append(
-        GateResult(
-            name="not marked bad",
-            kind="policy",
-            passed=bad is None,
-            rule="a release rolled back from is refused unless forced (`--force policy`)",
-            detail=(
-                f"marked bad in {bad.environment} at {bad.time:%Y-%m-%d %H:%M:%SZ}: {bad.reason}"
-                if bad
-                else "ok"
-            ),
-        )
-    )
-    required = {cfg.requires} | {e.requires for e in info.lm.manifest.environments if e.name == env}
-    for need in sorted(r for r in required if r):
-        ok = was_live_in(ledger, info.release_id, need)
-        gates.append(
-            GateResult(
-                name=f"live in {need} first",
-                kind="policy",
-                passed=ok,
-                rule=f"{env} takes only releases that have been live in {need}",
-                detail="ok" if ok else f"{info.short_id} was never live in {need}",
-            )
-        )
-    return gates
-
-
-def _check_allowed(info: ReleaseInfo, env: str) -> None:
-    allowed = [e.name for e in info.lm.manifest.environments]
-    if env not in allowed:
-        raise PromoteError(
-            f"{info.name} may not go to {env!r}: its manifest lists {', '.join(allowed)}",
-            remedy="add the environment to the manifest's `environments` (a new release)",
-        )
-
-
-def _live_info(settings: Settings, live_id: str, ledger: Ledger) -> tuple[ReleaseInfo | None, str]:
-    try:
-        return load_release(settings, live_id, ledger=ledger), ""
-    except ReleaseContextError as exc:
-        return None, exc.message
+from releasekit.stores.ledger import Event, EventType, Ledger
 
 
 def _running(settings: Settings, env: str, release_id: str) -> bool:
@@ -212,158 +90,6 @@ def _running(settings: Settings, env: str, release_id: str) -> bool:
         )
         for s in st.servers
     )
-
-
-def _gate_summary(report: GateReport) -> dict[str, Any]:
-    """What a decision's event records of its gates: the verdict, the failed ones, and
-    each gate's verdict with the figures it judged (what `releasekit audit replay`
-    recomputes and compares)."""
-    return {
-        "passed": report.passed,
-        "mode": report.mode,
-        "failed": [g.name for g in report.failed],
-        "advisory_failed": [g.name for g in report.advisory_failed],
-        "against": report.live_release_id,
-        "verdicts": [
-            {
-                "name": g.name,
-                "kind": g.kind,
-                "passed": g.passed,
-                "advisory": g.advisory,
-                "candidate": g.candidate,
-                "live": g.live,
-                "limit": g.limit,
-            }
-            for g in report.gates
-        ],
-    }
-
-
-PERF_BY_CANARY_UNUSED = (
-    "perf_by_canary does not apply: the release's canary has no judged step below 100% "
-    "with a required latency check (ttft_p95_s or tpot_p95_s), so its perf gates block"
-)
-
-
-PERF_BY_CANARY_CLAMPED = (
-    "perf_by_canary does not apply: the release's canary asks for more than {env}'s "
-    "ceilings allow (it runs clamped), so its perf gates block"
-)
-
-
-def canary_ceiling_gate(within: CanaryWithin, *, perf_by_canary: bool) -> GateResult:
-    """A report row saying what of the manifest's canary the environment's ceilings
-    clamped (it passes: the canary runs within them), and that `perf_by_canary` does not
-    apply to it."""
-    detail = within.note
-    if perf_by_canary:
-        detail += "; perf_by_canary does not apply: the offline perf gates block"
-    return GateResult(
-        name=f"canary within {within.environment}'s ceilings",
-        kind="policy",
-        passed=True,
-        rule="a manifest's canary is never looser than the environment's ceilings ("
-        + ", ".join(CEILING_FIELDS)
-        + ")",
-        detail=detail,
-    )
-
-
-class RecordMove(BaseModel):
-    """What moving the record did: the ledger event (with the MLflow model alias, via
-    `assign`) and the prompt alias."""
-
-    assign: AssignResult
-    prompt_alias: PromptAliasResult | None = None
-    warnings: list[str] = Field(default_factory=list)
-
-
-def move_record(
-    settings: Settings,
-    release_id: str,
-    *,
-    env: str,
-    reason: str,
-    event_type: EventType,
-    evidence: dict[str, Any],
-    actor: str | None,
-    previous_release_id: str | None,
-    ledger: Ledger,
-) -> RecordMove:
-    """The one place promote and rollback move an environment's record: a live ledger
-    event and the MLflow model alias (`releases.assign.assign`, both or neither), then the
-    prompt alias (a failure there is a warning: the record already moved). The event
-    carries the environment's policy and its source (`evidence["policy"]`; read here when
-    the caller did not: a rollback records it without refusing, a way back must work)."""
-    if "policy" not in evidence:
-        cfg = settings.environments.get(env)
-        if cfg is not None:
-            evidence = {**evidence, "policy": read_policy(settings, env, cfg).evidence()}
-    res = assign(
-        settings,
-        release_id,
-        env=env,
-        reason=reason,
-        event_type=event_type.value,
-        evidence=evidence,
-        actor=actor,
-        ledger=ledger,
-    )
-    move = RecordMove(assign=res)
-    try:
-        move.prompt_alias = move_prompt_alias(
-            settings,
-            env=env,
-            release_id=release_id,
-            previous_release_id=previous_release_id,
-            ledger=ledger,
-        )
-    except ReleasekitError as exc:
-        move.warnings.append(f"prompt alias not moved: {exc.message}")
-    return move
-
-
-class PromoteRequest(BaseModel):
-    """What a promotion is asked to do: which release, to which environment, why, by whom,
-    and whether it is a dry run or forced over failed gates."""
-
-    release_ref: str = Field(description="anything resolve_release accepts")
-    env: str
-    reason: str = ""
-    dry_run: bool = False
-    force: list[GateKind] = Field(
-        default_factory=list,
-        description="the kinds of gate an override may carry past (perf, quality, evidence, "
-        "policy); each must be named, so a performance override never carries a quality "
-        "failure",
-    )
-    actor: str | None = None
-    approval_wait_s: float | None = Field(
-        None, ge=0, description="wait this long for a missing approval (default: the env's)"
-    )
-    replicas: int | None = Field(
-        None,
-        ge=1,
-        description="`ray` target: replicas of the release instead of the environment's "
-        "count (e.g. the capacity plan's units)",
-    )
-    canary_steps: bool = Field(
-        False,
-        description="the release goes live through its manifest's canary steps (where the "
-        "environment has `perf_by_canary`, its offline perf gates are then advisory)",
-    )
-
-
-@dataclass(frozen=True)
-class PromoteTarget:
-    """A resolved promotion: the candidate, the environment's settings and the release of
-    record there."""
-
-    info: ReleaseInfo
-    cfg: EnvironmentConfig
-    live_id: str | None
-    base: PromoteResult
-    policy: EnvironmentPolicy | None = None
 
 
 def promote(
@@ -396,22 +122,6 @@ def promote(
         replicas=replicas,
     )
     return run_promotion(settings, request, progress=progress, ledger=ledger)
-
-
-def release_autoscaling(
-    settings: Settings, env: str, cfg: EnvironmentConfig, info: ReleaseInfo
-) -> AutoscalePlan | None:
-    """How `info`'s replicas scale in `env` (None: not an autoscaled ray environment);
-    NoKneeEvidenceError when the environment derives the target from a knee the release
-    lacks (its verified load test: `release_knee`)."""
-    auto = cfg.ray.autoscaling if cfg.target == "ray" and cfg.ray is not None else None
-    if auto is None:
-        return None
-    knee, problem = release_knee(settings, info)
-    assert cfg.ray is not None
-    return plan_for(
-        env, auto, info.release_id, knee, problem or None, replica_cpus=cfg.ray.cpus_per_replica
-    )
 
 
 def run_promotion(
@@ -586,87 +296,6 @@ def redeploy_record(
     )
 
 
-def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) -> GateReport:
-    """Policy gates plus the evidence gates against the live release (absolute checks when
-    nothing is live; a failed evidence gate when the live release's evidence is unreadable),
-    decided as this environment decides (`decide_here`)."""
-    info, env, live_id = target.info, target.base.environment, target.live_id
-    policy = policy_gates(settings, info, env=env, ledger=ledger)
-    if live_id is None:
-        report = evaluate_gates(settings, env=env, candidate=info, live=None, policy=target.cfg)
-    else:
-        live_info, problem = _live_info(settings, live_id, ledger)
-        if live_info is None:
-            report = _unreadable_live_report(info, env=env, live_id=live_id, problem=problem)
-        else:
-            report = evaluate_gates(
-                settings, env=env, candidate=info, live=live_info, policy=target.cfg
-            )
-    return decide_here(report.with_gates(policy), target.cfg)
-
-
-def _unreadable_live_report(
-    info: ReleaseInfo, *, env: str, live_id: str, problem: str
-) -> GateReport:
-    return GateReport(
-        environment=env,
-        candidate_release_id=info.release_id,
-        candidate_name=info.name,
-        live_release_id=live_id,
-        mode="relative",
-        passed=False,
-        gates=[
-            GateResult(
-                name="live release evidence",
-                kind="evidence",
-                passed=False,
-                rule="the live release's manifest, lock and evidence must be readable",
-                detail=f"missing or mismatched evidence: {problem}",
-            )
-        ],
-    )
-
-
-def decide_here(report: GateReport, cfg: EnvironmentConfig) -> GateReport:
-    """The report as this environment decides it: where its gates are advisory
-    (`gates_required = false`) every failed gate but policy and approval is marked advisory
-    (shown as "fail (advisory)", listed in `advisory_failed`); `passed` is then "no failed
-    gate blocks", the same rule everywhere."""
-    if cfg.gates_required:
-        return report
-    return report.advisory(None, "advisory here: this environment's gates do not block")
-
-
-def blocking_failures(report: GateReport, cfg: EnvironmentConfig) -> list[str]:
-    """The names of the failed gates that block in this environment."""
-    return [g.name for g in decide_here(report, cfg).failed]
-
-
-def _with_approval(
-    request: PromoteRequest,
-    target: PromoteTarget,
-    report: GateReport,
-    *,
-    ledger: Ledger,
-    say: Progress,
-) -> GateReport:
-    """The report with the "approved for ENV" gate first, after waiting (not in a dry run)
-    up to the request's or the environment's approval wait for a missing approval."""
-    rid, env = target.info.release_id, request.env
-    wait_s = request.approval_wait_s
-    if wait_s is None:
-        wait_s = target.cfg.approval_wait_s
-    rec = approval_for(ledger, rid, env)
-    waited = 0.0
-    if rec is None and wait_s > 0 and not request.dry_run:
-        say(f"waiting up to {wait_s:g} s for an approval of {target.info.short_id} for {env}", 0, 0)
-        t = time.monotonic()
-        rec = wait_for_approval(ledger, rid, env, wait_s=wait_s)
-        waited = time.monotonic() - t
-    gate = approval_gate(env, rec, waited_s=waited)
-    return report.with_gates([gate])
-
-
 def _policy_evidence(target: PromoteTarget) -> dict[str, Any]:
     """The policy the promotion was decided by, with its source, for its ledger event."""
     return {"policy": target.policy.evidence()} if target.policy is not None else {}
@@ -693,6 +322,7 @@ def record_block(
             evidence={
                 "gates": _gate_summary(report),
                 "report": result.report_json,
+                **_report_digest(result),
                 **_policy_evidence(target),
             },
             live=False,
@@ -700,6 +330,14 @@ def record_block(
         )
     )
     return result.model_copy(update={"status": "blocked", "record": rec})
+
+
+def _report_digest(result: PromoteResult) -> dict[str, str]:
+    """The sha256 of the gate report JSON the event links, so the record vouches for the
+    file (an auditor's page shows a swapped report as failed)."""
+    if not result.report_json:
+        return {}
+    return {"gate_report_sha256": sha256_file(Path(result.report_json))}
 
 
 def deploy_and_record(
@@ -735,6 +373,7 @@ def deploy_and_record(
         evidence: dict[str, Any] = {
             "gates": _gate_summary(report),
             "gate_report": result.report_json,
+            **_report_digest(result),
             "gateway": url,
             "serving_key": spec.serving_key,
             **_policy_evidence(target),
@@ -794,3 +433,30 @@ def deploy_and_record(
             "gateway_url": outcome.gateway_url,
         }
     )
+
+
+__all__ = [
+    "PERF_BY_CANARY_CLAMPED",
+    "PERF_BY_CANARY_UNUSED",
+    "PromoteError",
+    "PromoteRequest",
+    "PromoteResult",
+    "PromoteStatus",
+    "PromoteTarget",
+    "RecordMove",
+    "blocking_failures",
+    "canary_ceiling_gate",
+    "check_gates",
+    "decide_here",
+    "deploy_and_record",
+    "marked_bad",
+    "move_record",
+    "policy_gates",
+    "promote",
+    "record_block",
+    "redeploy_record",
+    "release_autoscaling",
+    "resolve_target",
+    "run_promotion",
+    "was_live_in",
+]
