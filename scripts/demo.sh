@@ -5,12 +5,61 @@
 # real gateway, block a bad prompt, roll back, and answer the auditor's questions.
 # It ends with both environments serving; `releasekit down staging` / `down production`
 # stops them.
+#
+# The log tells the story in a few hundred lines: each step is one header line; noisy tools
+# (install, system packages, DVC, key generation, validation) write to
+# .releasekit/demo-logs/ and print one line, or their log's tail when they fail. Step times
+# go to .releasekit/demo-steps.tsv and each decision to .releasekit/demo-outcomes.jsonl;
+# the demo ends with the outcome table and where the time went (scripts/demo_outcome.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+mkdir -p .releasekit/demo-logs
+export DEMO_STEPS="$PWD/.releasekit/demo-steps.tsv" DEMO_OUTCOMES="$PWD/.releasekit/demo-outcomes.jsonl"
+: >"$DEMO_STEPS"
+: >"$DEMO_OUTCOMES"
+DEMO_STEP=""
+STEP_STARTED=$SECONDS
+step_end() {  # the running step's time, into the steps file
+  if [ -n "$DEMO_STEP" ]; then
+    printf '%s\t%s\n' "$((SECONDS - STEP_STARTED))" "$DEMO_STEP" >>"$DEMO_STEPS"
+  fi
+}
+step() {  # step TITLE: end the running step, print one header line, start timing this one
+  step_end
+  export DEMO_STEP="$*"
+  STEP_STARTED=$SECONDS
+  printf '\n\033[1m== %s\033[0m\n' "$*"
+}
+quiet() {  # quiet NAME CMD...: CMD's output goes to a log; one line, or the log's tail on failure
+  local name=$1 log=".releasekit/demo-logs/$1.log" started=$SECONDS rc=0
+  shift
+  "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "$name: FAILED (exit $rc); the last 40 lines of $log:"
+    tail -n 40 "$log"
+    return "$rc"
+  fi
+  echo "$name: ok ($((SECONDS - started)) s; log: $log)"
+}
+BG=()  # background helpers (traffic, listener, watcher), stopped on exit
+on_exit() {  # stop the helpers; the outcome table and where the time went, also after a stop
+  local rc=$?
+  [ ${#BG[@]} -eq 0 ] || kill "${BG[@]}" 2>/dev/null || true
+  step_end
+  DEMO_STEP=""
+  if [ -s "$DEMO_STEPS" ]; then
+    echo
+    python3 scripts/demo_outcome.py table || true
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
+step "setup: install the toolkit, and the system packages vLLM's CPU build and watch need"
+quiet install bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RELEASEKIT_ACTOR="${RELEASEKIT_ACTOR:-demo <demo@releasekit.local>}"
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# A decision the step's exit status announces (demo_expect.py records those the ledger shows).
+note() { python scripts/demo_outcome.py note "$@"; }
 # Every promotion goes through the gates. One that fails stops the demo here: promote has
 # printed the gate report (and where its HTML is), which says what failed and why.
 promote_or_stop() {
@@ -25,11 +74,11 @@ expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exi
 # stops, naming the gate report, when it was another gate (scripts/demo_expect.py).
 expect() { python scripts/demo_expect.py "$@" || exit 1; }
 
-bash scripts/system-deps.sh  # tcmalloc for vLLM's CPU build (and Prometheus for `watch`)
+quiet system-deps bash scripts/system-deps.sh  # tcmalloc for vLLM's CPU build (and Prometheus for `watch`)
 
 step "the team's server: a bare repository under .releasekit/ that this branch tracks (the protected ref)"
 # Policy, trusted keys and approvers are read only from commits on the protected ref, the
-# branch as fetched from the team's server (README "Trust root"); a local commit counts for
+# branch as fetched from the team's server (docs/concepts/ledger.md, "Trust root"); a local commit counts for
 # nothing. The demo stands in for that server with a bare repository, and lands its key and
 # approver commits there by pushing, as a reviewed merge would.
 TEAM_REPO="$PWD/.releasekit/team.git"
@@ -55,7 +104,7 @@ land() {  # land MESSAGE PATH...: commit the paths, push the commit to the team'
 
 step "signing key: the ledger is signed, and the repository trusts the public key landed on team/$BRANCH"
 if ! compgen -G ".releasekit/keys/*.pem" >/dev/null; then
-  releasekit ledger keygen
+  quiet ledger-keygen releasekit ledger keygen
 fi
 KEY_ID=$(basename "$(ls .releasekit/keys/*.pem | head -n 1)" .pem)
 if ! git cat-file -e "HEAD:keys/$KEY_ID.pub" 2>/dev/null; then
@@ -63,7 +112,7 @@ if ! git cat-file -e "HEAD:keys/$KEY_ID.pub" 2>/dev/null; then
 fi
 
 step "demo data: dvc repro demo-data; the demo model is shipped in git (models/demo-base)"
-dvc repro demo-data
+quiet dvc-repro-demo-data dvc repro demo-data
 
 MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-damaged-prompt.yaml
   manifests/demo-v2.yaml manifests/demo-v2-1.yaml)
@@ -75,7 +124,7 @@ else
   echo "note: this CPU has no AVX-512, which vLLM's CPU build needs to serve W4A16: skipping demo-w4a16"
 fi
 step "validate the demo manifests (serving args against vLLM's own parser)"
-releasekit validate "${MANIFESTS[@]}"
+quiet validate releasekit validate "${MANIFESTS[@]}"
 
 step "lock: one content-addressed release per manifest"
 for m in "${MANIFESTS[@]}"; do
@@ -145,12 +194,17 @@ expect promoted production manifests/demo-w8a8.yaml
 if [[ $W4 == yes ]]; then
   step "W4A16 against W8A8 live, as a dry run: what 4-bit weights do to each suite (the gate report)"
   # On the shipped weights 4-bit flips facts both ways (7 lost, 4 gained, p = 0.55): no loss a
-  # gate can see (README, "The quantisation lesson"). A dry run changes nothing.
-  releasekit promote manifests/demo-w4a16.yaml --to staging --dry-run --reason "demo: 4-bit weights" || true
+  # gate can see (docs/concepts/releases.md, "The quantisation lesson"). A dry run changes nothing.
+  if releasekit promote manifests/demo-w4a16.yaml --to staging --dry-run --reason "demo: 4-bit weights"; then
+    note "dry run in staging: demo-w4a16 would pass"
+  else
+    note "dry run in staging: demo-w4a16 would be blocked" --by "the gate report above"
+  fi
 fi
 
 step "roll staging back to the release live before (the one rolled back from is marked bad)"
 releasekit rollback staging --reason "demo: roll back to the previous release"
+note "rolled back in staging" --by "releasekit rollback (no gates)"
 
 # ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
 # Under steady streaming load through staging's gateway: staging refuses a release until
@@ -181,11 +235,12 @@ export RELEASEKIT_WEBHOOKS="[{\"url\": \"http://127.0.0.1:$HOOK_PORT/hook\"}]"
 STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 >.releasekit/demo-traffic.out 2>&1 &
 TRAFFIC=$!
-trap 'kill "$TRAFFIC" "$LISTENER" 2>/dev/null || true' EXIT
+BG=("$TRAFFIC" "$LISTENER")
 sleep 5
 
 step "approvals: staging takes no release without one"
 expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
+note "blocked in staging: demo-canary-good" --by "approved for staging (no approval yet)"
 releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
 
@@ -204,12 +259,14 @@ if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
   exit 1
 fi
 releasekit shadow stop --env staging
+note "shadow passed in staging: demo-canary-good" --by "canary checks and answers' agreement"
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
 if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
   echo "demo: stopped, the healthy release was not promoted (the gate report or canary_aborted event above names the figures; nothing was forced)" >&2
   exit 1
 fi
+note "promoted in staging: demo-canary-good" --by "every gate, then each canary step"
 
 step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"
 expect_blocked releasekit promote "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
@@ -225,6 +282,9 @@ import sys
 from releasekit.config import load_settings
 from releasekit.stores.ledger import open_ledger
 
+sys.path.insert(0, "scripts")
+from demo_outcome import record
+
 led = open_ledger(load_settings(), read_only=True)
 rid = sys.argv[1]
 ab = [r for r in led.records(environment="staging", types=["canary_aborted"]) if r.to_release == rid]
@@ -239,6 +299,7 @@ for b in rec.evidence["breaches"]:
     print(f"  breach: {b['metric']} {w['canary']:.3g} > limit {w['limit']:.3g} ({w['samples']:g} samples, {w['source']})")
 live = led.live_at("staging")
 print(f"staging is live on {live.to_release[:12] if live else '-'} (all traffic back on stable)")
+record("canary aborted in staging: demo-canary-seqs1", ", ".join(b["metric"] for b in rec.evidence["breaches"]))
 PY
 releasekit history --env staging --type canary_step --type canary_aborted --type mark_bad --type gate_failed --limit 5
 
@@ -250,10 +311,17 @@ releasekit history --env staging --type approve --limit 2
 
 sleep 2   # the last deliveries
 kill "$LISTENER" 2>/dev/null || true
-trap - EXIT
+BG=()
 unset RELEASEKIT_WEBHOOKS
-echo "webhooks received on the local listener ($HOOKS_LOG):"
-cat .releasekit/demo-webhooks.out
+python - "$HOOKS_LOG" <<'PY'
+import collections, json, sys
+from pathlib import Path
+log = Path(sys.argv[1])
+events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+kinds = collections.Counter(str(e.get("event")) for e in events)
+print(f"webhooks received on the local listener ({sys.argv[1]}): {len(events)}: "
+      + ", ".join(f"{k} {n}" for k, n in kinds.most_common()))
+PY
 # ---- end of progressive delivery ------------------------------------------------------
 
 # ---- a live-only regression: blocked by its shadow, or rolled back by `watch` ----------
@@ -269,7 +337,7 @@ V21=manifests/demo-v2-1.yaml
 step "users on staging: questions about the world, a third from integrations with their own system message"
 python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 --mix users >.releasekit/demo-users.out 2>&1 &
 USERS=$!
-trap 'kill "$USERS" 2>/dev/null || true' EXIT
+BG=("$USERS")
 sleep 3
 
 step "shadow demo-v2 (passes every offline suite): its answers against stable's on the same live requests"
@@ -288,14 +356,14 @@ step "watch staging: for 5 minutes the gateway copies a quarter of its requests 
 # back through the same guarded rollback as any breach, with the pairs in the ledger.
 releasekit watch staging --interval 2 &
 WATCHER=$!
-trap 'kill "$USERS" "$WATCHER" 2>/dev/null || true' EXIT
+BG=("$USERS" "$WATCHER")
 if ! expect rolled-back staging "$V21" --by answers --wait 240; then
   kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
   exit 1
 fi
 kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
 kill "$USERS"; wait "$USERS" || true
-trap - EXIT
+BG=()
 echo "what staging's users got, per release (v2-1 refused every integration that sent its own system message):"
 cat .releasekit/demo-users.out
 releasekit history --env staging --type rollback --type mark_bad --limit 2
@@ -303,7 +371,7 @@ releasekit history --env staging --type rollback --type mark_bad --limit 2
 
 step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
-releasekit history --env staging
+releasekit history --env staging --limit 12
 releasekit deploy-status
 releasekit ledger verify
 # As an auditor on another machine would: against what left this one. The ledger's anchor is
@@ -314,6 +382,9 @@ releasekit ledger verify --remote team
 # Every recorded decision's gate verdicts, recomputed from its signed inputs (exit 1 on any
 # difference): the evidence files by digest, the policy at the recorded commit.
 releasekit audit replay --all
+# The auditor's page per environment: what was live, each decision, its gates, evidence and replay.
+releasekit audit page --env staging
+releasekit audit page --env production
 
 STAGING=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 PRODUCTION=$(python -c "from releasekit.config import load_settings as l; print(l().environments['production'].url)")

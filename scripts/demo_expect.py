@@ -17,7 +17,8 @@ answers`, its answers' agreement breached the floor, and with `--only` nothing e
 `rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
 `--by answers`, on the after-promotion comparison of its answers. Both print the agreement
 and the disagreeing pairs the ledger holds. Reads only: the ledger is opened read-only.
-Exit 1 with one line saying what decided instead.
+Exit 1 with one line saying what decided instead. A confirmed decision is also recorded
+for the demo's closing outcome table (`scripts/demo_outcome.py`), with the gate that made it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from demo_outcome import record
 
 from releasekit.config import load_settings
 from releasekit.spec.lock import lock_path_for, read_lock
@@ -143,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: stopped: {args.manifest} in {args.env}: {problem}")
             return 1
         print(f"as announced: {args.manifest} in {args.env}: {args.outcome} on its answers")
+        record(
+            f"{args.outcome} in {args.env}: {args.manifest.stem}",
+            f"answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} "
+            f"(floor {agreement.get('min_agreement', '-')})",
+        )
         # A shadow pairs stable's answer (the client's) with the candidate's copy; after a
         # promotion the client's answer is the new release's, the copy the previous one's.
         sides = (
@@ -186,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: stopped: {args.manifest}: {problem} (gate report: {report})")
         return 1
     print(f"as announced: {args.manifest} in {args.env}: {what}")
+    verdicts = gates.get("verdicts") or []
+    passed = f"all {len(verdicts)} gates passed" if verdicts else "every gate passed"
+    record(f"{args.outcome} in {args.env}: {args.manifest.stem}", ", ".join(failed) or passed)
     return 0
 
 

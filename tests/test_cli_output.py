@@ -1,17 +1,22 @@
 """What the CLI prints is the text the core wrote: brackets in messages, hints, warnings
-and table cells survive rich's markup (a TOML table name, a list, a path in brackets)."""
+and table cells survive rich's markup (a TOML table name, a list, a path in brackets). Gate
+reports are one line a gate (the long form behind --explain), and piped help is wide."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from releasekit.cli import app
+from releasekit.cli import HELP_WIDTH, app
 from releasekit.cli._common import report_error, table
+from releasekit.cli.deploy_cmds import _print_gates
 from releasekit.errors import ManifestError, ReleasekitError
+from releasekit.promote.gates import GateReport, GateResult
 
 
 @pytest.fixture
@@ -75,3 +80,136 @@ def test_a_narrow_table_piped_stays_a_table(capsys: pytest.CaptureFixture[str]) 
     table(None, ["field", "value"], [["units", "12"]])
     printed = capsys.readouterr().out
     assert "units" in printed and "│" in printed
+
+
+def _report() -> GateReport:
+    """A blocked report: a policy gate, three suites (one failed, one advisory), a perf gate
+    with candidate and live figures, and a rule that two gates share."""
+    shared = "eval results must exist, be made for this release, on its locked inputs"
+    return GateReport(
+        environment="staging",
+        candidate_release_id="c" * 64,
+        candidate_name="demo-damaged",
+        live_release_id="b" * 64,
+        live_name="demo-bf16",
+        mode="relative",
+        passed=False,
+        comparison_rule="A suite is non-inferior when the interval's lower bound ...",
+        gates=[
+            GateResult(
+                name="not marked bad",
+                kind="policy",
+                passed=True,
+                rule="a release rolled back from is refused unless forced (`--force policy`)",
+                detail="ok",
+            ),
+            GateResult(name="eval evidence (candidate)", kind="evidence", passed=True, rule=shared),
+            GateResult(name="eval evidence (live)", kind="evidence", passed=True, rule=shared),
+            GateResult(
+                name="suite core",
+                kind="quality",
+                passed=False,
+                rule="non-inferior: lower bound of the 95% interval above -0.05",
+                candidate=0.08523,
+                live=0.964,
+                limit=-0.05,
+                detail="inferior: delta -0.879, 95% CI [-0.903, -0.846], 464 pass->fail, "
+                "0 fail->pass (McNemar p=4.2e-140); n=528; the upper bound is below -5 pts",
+            ),
+            GateResult(
+                name="SLOs hold at the live knee (load 64)",
+                kind="perf",
+                passed=False,
+                advisory=True,
+                rule="at the live release's knee load the candidate holds",
+                candidate=0.5,
+                live=1.0,
+                limit=0.9,
+                detail="attainment 50%, held in 1 of 3 runs (advisory here)",
+            ),
+            GateResult(
+                name="SLOs hold at the knee (candidate)",
+                kind="perf",
+                passed=True,
+                rule="some load point meets the profile's SLOs",
+                candidate=64,
+            ),
+        ],
+    )
+
+
+def _gate_lines(explain: bool, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    _print_gates(_report(), explain=explain)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_piped_gate_report_is_one_line_per_gate_and_why_for_the_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Piped at 80 columns: a title, a header, then exactly one line per gate (gate, result,
+    candidate vs live, limit); one `why` for each failed gate with its first clause; no
+    rule at all and a pointer to --explain."""
+    lines = _gate_lines(False, capsys)
+    gates = _report().gates
+    assert lines[0].startswith("gates: demo-damaged cccccccccccc -> staging (against demo-bf16")
+    assert lines[1].split() == ["gate", "result", "candidate", "vs", "live", "limit"]
+    rows = lines[2 : 2 + len(gates)]
+    assert [r.startswith(g.name) for r, g in zip(rows, gates, strict=True)] == [True] * len(gates)
+    by_name = {g.name: r for g, r in zip(gates, rows, strict=True)}
+    assert by_name["suite core"].split()[2:] == ["FAIL", "0.08523", "vs", "0.964", "-0.05"]
+    assert "fail (advisory)  0.5 vs 1" in by_name["SLOs hold at the live knee (load 64)"]
+    assert by_name["SLOs hold at the knee (candidate)"].split()[-2:] == ["64", "-"]
+    rest = "\n".join(lines[2 + len(gates) :])
+    assert "why suite core: inferior: delta -0.879, 95% CI [-0.903, -0.846]" in rest
+    assert "n=528" not in rest  # the first clause only
+    assert "why SLOs hold at the live knee (load 64): attainment 50%" in rest
+    assert "advisory here:" in rest and "--explain" in rest
+    printed = "\n".join(lines)
+    assert "rule" not in printed.replace("rule and detail", "")
+    assert "refused unless forced" not in printed
+    assert max(len(line) for line in lines) <= 80
+    assert all(line == line.rstrip() for line in lines[1 : 2 + len(gates)])  # no padding
+
+
+def test_explain_adds_the_long_form_with_each_rule_and_the_quality_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = _gate_lines(True, capsys)
+    printed = "\n".join(lines)
+    assert "gate details" in lines
+    assert "  rule: a release rolled back from is refused unless forced (`--force policy`)" in lines
+    assert "  kind: quality" in lines and "n=528" in printed
+    assert "quality rule: A suite is non-inferior" in printed
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_piped_help_is_laid_out_wide_not_folded_mid_sentence() -> None:
+    """`releasekit promote --help` into a pipe, with no COLUMNS: a short option description
+    stays on one line (at 80 columns it folds after "skipping the")."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    script = Path(sys.executable).with_name("releasekit")
+    done = subprocess.run(
+        [str(script), "promote", "--help"], capture_output=True, text=True, env=env, check=True
+    )
+    assert "one switch, skipping the manifest's canary steps" in done.stdout
+    assert "gates against the live release, then a blue/green deploy through" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= HELP_WIDTH
+
+
+def test_a_wide_table_with_a_row_line_is_one_wrapped_line_a_row_piped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`history` piped: one event a line (wrapped under a hanging indent), not a record of
+    seven `column: value` lines."""
+    from releasekit.cli.audit_cmds import _event_line
+
+    cols = ["seq", "time", "type", "env", "from", "to", "by", "reason"]
+    reason = "a bad prompt edit; failed: suite core, suite facts " * 2
+    when = "2026-12-06 19:10:42"
+    rows = [["13", when, "gate_failed", "staging", "9aabe699998b", "00fbdf5a96a7", "demo", reason]]
+    table("history (1 events)", cols, rows, row_line=_event_line)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "history (1 events)"
+    assert lines[1].startswith("#13 2026-12-06 19:10:42 gate_failed staging 9aabe699998b ->")
+    assert all(line.startswith("    ") for line in lines[2:]) and len(lines) <= 5
+    assert max(len(line) for line in lines) <= 80

@@ -1,4 +1,5 @@
-"""Progress for long work: bars on a terminal, one line per step in logs and CI."""
+"""Progress for long work: bars on a terminal; in logs and CI one line per step when it
+finishes, with its time, and a `still running` line now and then for a long quiet step."""
 
 from __future__ import annotations
 
@@ -6,20 +7,115 @@ import io
 
 from rich.console import Console
 
-from releasekit.cli._common import progress_reporter
+from releasekit.cli._common import Reporter, progress_reporter
 
 
-def test_logs_get_one_line_per_step_started_and_finished() -> None:
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _log_reporter(clock: Clock) -> tuple[Reporter, io.StringIO]:
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=False, width=200)
+    return Reporter(console, quiet_s=30, every_s=60, clock=clock), buf
+
+
+def test_logs_get_one_line_per_finished_step_with_its_time() -> None:
+    """A counted step prints once, when its count reaches the total; a step of unknown
+    length ends when the next step that is not part of it starts, or when the work ends.
+    No start lines, no pairs."""
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    for done in range(0, 11):
+        rep("core (run 1/2)", done, 10)
+        clock.now += 1.2
+    rep("starting vLLM", 0, 0)
+    clock.now += 4.0
+    rep("deploying", 0, 0)
+    clock.now += 2.5
+    rep.close()
+    assert buf.getvalue().splitlines() == [
+        "  core (run 1/2)  12.0 s",
+        "  starting vLLM  4.0 s",
+        "  deploying  2.5 s",
+    ]
+
+
+def test_the_parts_of_a_step_are_timed_into_its_one_line() -> None:
+    """`evidence: warm-up` and `evidence: core` are parts of `evidence` (the text before
+    ': ', as a bar is): nothing of their own is printed; the step's line names its longest
+    part. A part's count reaching its total does not end the step."""
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    rep("evidence", 0, 0)
+    rep("evidence: warm-up", 0, 0)
+    clock.now += 3.0
+    rep("evidence: core", 0, 10)
+    clock.now += 9.0
+    rep("evidence: core", 10, 10)
+    rep("evidence: edge", 0, 4)
+    clock.now += 2.0
+    rep("evidence", 1, 1)
+    assert buf.getvalue().splitlines() == ["  evidence  14.0 s (longest: core 9.0 s)"]
+
+
+def test_status_labels_of_one_step_make_one_line() -> None:
+    """A step that reports its status in the label (`canary step 1/2 at 25%: 4 canary /
+    5 stable requests; ...`) is one line when the next step starts, however often it
+    changed; a step of unknown length gives way to the next; one seen through a single part
+    is named by it."""
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    rep("canary step 1/2 at 25%", 0, 0)
+    for n in range(5):
+        rep(f"canary step 1/2 at 25%: {n} canary / {n} stable requests; ttft_p95_s wait", 0, 0)
+        clock.now += 2.0
+    rep("canary step 2/2 at 50%: settling", 0, 0)
+    clock.now += 1.0
+    rep.close()
+    assert buf.getvalue().splitlines() == [
+        "  canary step 1/2 at 25%  10.0 s",
+        "  canary step 2/2 at 50%: settling  1.0 s",  # seen through one part: named by it
+    ]
+
+
+def test_a_long_quiet_step_says_still_running_at_most_once_a_minute() -> None:
+    """Nothing written for 30 s: one `still running` line; the next no sooner than 60 s on."""
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    rep("concurrency 4 (run 1/3)", 0, 10)
+    for _ in range(100):  # 100 s of ticks, one a second
+        clock.now += 1.0
+        rep.tick()
+    rep("concurrency 4 (run 1/3)", 10, 10)
+    assert buf.getvalue().splitlines() == [
+        "  concurrency 4 (run 1/3): still running (30 s)",
+        "  concurrency 4 (run 1/3): still running (90 s)",
+        "  concurrency 4 (run 1/3)  100.0 s",
+    ]
+
+
+def test_an_unfinished_counted_step_says_where_it_stopped() -> None:
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    rep("edge (run 1/2)", 3, 10)
+    clock.now += 2.0
+    rep.close()
+    assert buf.getvalue().splitlines() == ["  edge (run 1/2)  2.0 s (stopped at 3/10)"]
+
+
+def test_progress_reporter_writes_open_steps_when_the_block_ends() -> None:
     buf = io.StringIO()
     with progress_reporter(Console(file=buf, force_terminal=False, width=200)) as rep:
-        for done in range(0, 11):
-            rep("eval: core", done, 10)
-        rep("starting vLLM", 0, 0)
-    assert buf.getvalue().splitlines() == [
-        "...  eval: core",
-        "done  eval: core",
-        "...  starting vLLM",
-    ]
+        rep("checking gates", 0, 0)
+    [line] = buf.getvalue().splitlines()
+    assert line.startswith("  checking gates  ") and line.endswith(" s")
 
 
 def test_json_mode_stays_silent() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
+from typer import rich_utils
 
 from releasekit import __version__
 from releasekit.cli import (
@@ -70,6 +73,21 @@ for _group in (
     _group.register(app)
 
 
+HELP_WIDTH = 120
+"""The width `--help` is laid out at when neither stdout nor stderr is a terminal and no
+width is given (COLUMNS, TERMINAL_WIDTH): rich's 80 folds most descriptions mid-sentence."""
+
+
+def _wide_help_when_piped() -> None:
+    """Lay help out at HELP_WIDTH in logs, CI and files; a terminal keeps its own width."""
+    if sys.stdout.isatty() or sys.stderr.isatty():
+        return
+    if os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    rich_utils.MAX_WIDTH = HELP_WIDTH
+
+
 def main() -> None:
     """Console-script entry point."""
+    _wide_help_when_piped()
     app()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -50,9 +50,16 @@ _KEEP = {"release", "from", "to", "seq", "time", "since", "environment", "env", 
 _MIN = {"type": 8, "by": 8, "reason": 10, "event": 8, "model": 8}
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """A table whose id, time and name columns never wrap (ids must stay copyable)."""
-    common_table(title, columns, rows, no_wrap=_KEEP, min_width=_MIN)
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    row_line: Callable[[Sequence[str]], str] | None = None,
+) -> None:
+    """A table whose id, time and name columns never wrap (ids must stay copyable);
+    `row_line` as in `_common.table`."""
+    common_table(title, columns, rows, no_wrap=_KEEP, min_width=_MIN, row_line=row_line)
 
 
 def _key_metrics(metrics: dict[str, float]) -> list[tuple[str, str]]:
@@ -266,7 +273,16 @@ def _events_table(title: str, events: list[LedgerRecord]) -> None:
             )
             for e in events
         ],
+        row_line=_event_line,
     )
+
+
+def _event_line(cells: Sequence[str]) -> str:
+    """One event as a log line: `#seq time type env from -> to, by: reason`."""
+    seq, when, type_, env, from_, to, by, reason = cells
+    moved = f"{from_ or '-'} -> {to}" if to else from_
+    head = " ".join(x for x in (f"#{seq}", when, type_, env, moved) if x)
+    return f"{head}, by {by}" + (f": {reason}" if reason else "")
 
 
 @handle_errors

@@ -3,6 +3,7 @@ where (deploy-status)."""
 
 from __future__ import annotations
 
+import textwrap
 from enum import StrEnum
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from releasekit.cli._common import (
     handle_errors,
     out,
     progress_reporter,
+    short_table,
     table,
 )
 
@@ -33,9 +35,23 @@ def _short(rid: str | None) -> str:
     return rid[:12] if rid else "-"
 
 
+RESULT_STYLES = {"pass": "green", "FAIL": "bold red", "fail (advisory)": "yellow"}
+"""How a gate's result is drawn on a terminal."""
+
+
 def _print_gates(report: object, *, explain: bool) -> None:
+    """The gate report: a title line, then one line a gate (gate, result, the figure that
+    decided, its limit), one line of why for each failed gate, and which failures are
+    advisory here. `explain` adds the long form: each gate's rule and detail, and the
+    quality rule in full."""
     from releasekit.promote.gates import PERF_BY_CANARY_NOTE, GateReport
-    from releasekit.promote.report import COLUMNS, gate_rows
+    from releasekit.promote.report import (
+        COLUMNS,
+        COMPACT_COLUMNS,
+        compact_rows,
+        failure_reasons,
+        gate_rows,
+    )
 
     if not isinstance(report, GateReport):
         return
@@ -44,20 +60,23 @@ def _print_gates(report: object, *, explain: bool) -> None:
         if report.live_release_id
         else "nothing live (absolute checks)"
     )
-    table(
+    out.print(
         f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
         f"{report.environment} (against {against})",
-        COLUMNS,
-        gate_rows(report),
+        markup=False,
+        highlight=False,
     )
-    if report.comparison_rule and explain:
-        out.print(
-            f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]",
-            highlight=False,
-            soft_wrap=False,  # a paragraph: wrapped at the width, on a terminal or piped
-        )
-    elif report.comparison_rule and not report.passed:
-        out.print("[dim]quality rule: --explain prints it (and the gate report holds it)[/dim]")
+    short_table(COMPACT_COLUMNS, compact_rows(report), cell_styles=RESULT_STYLES)
+    for name, why in failure_reasons(report):
+        for line in textwrap.wrap(
+            f"{name}: {why}",
+            width=out.width,
+            initial_indent="  why ",
+            subsequent_indent="      ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        ):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
     if report.advisory_failed:
         names = ", ".join(g.name for g in report.advisory_failed)
         why = (
@@ -66,7 +85,24 @@ def _print_gates(report: object, *, explain: bool) -> None:
             if all(g.detail.endswith(f"({PERF_BY_CANARY_NOTE})") for g in report.advisory_failed)
             else "this environment's gates do not block (gates_required = false)"
         )
-        out.print(f"[yellow]advisory here:[/yellow] {esc(names)} failed; {why}", highlight=False)
+        out.print(
+            f"[yellow]advisory here:[/yellow] {esc(names)} failed; {why}",
+            highlight=False,
+            soft_wrap=False,
+        )
+    if explain:
+        table("gate details", COLUMNS, gate_rows(report))
+        if report.comparison_rule:
+            out.print(
+                f"[dim]quality rule: {esc(report.comparison_rule)}[/dim]",
+                highlight=False,
+                soft_wrap=False,  # a paragraph: wrapped at the width, on a terminal or piped
+            )
+    elif not report.passed or report.advisory_failed:
+        out.print(
+            "[dim]each gate's rule and detail: --explain (the gate report holds them too)[/dim]",
+            highlight=False,
+        )
 
 
 class ForceKind(StrEnum):

@@ -1,6 +1,6 @@
 """What `promote` and `deploy-status` print when piped: environments only (a gateway's
-config file is not an environment), nothing wider than 80 columns, no word folded, and
-the quality rule only when asked for (`--explain`)."""
+config file is not an environment), nothing wider than 80 columns, no word folded, one
+line a gate, and the rules and the quality rule only when asked for (`--explain`)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,13 @@ def test_promote_prints_the_quality_rule_only_with_explain(kit: Kit) -> None:
         assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
     assert "quality rule" not in plain.stdout
     assert "quality rule: A suite is non-inferior" in explained.stdout
+    # One line a gate piped; each gate's kind, rule and detail only with --explain.
+    lines = plain.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("gate "))
+    assert lines[head].split()[:2] == ["gate", "result"]
+    end = next(i for i, line in enumerate(lines) if line.startswith("dry run: "))
+    rows = lines[head + 1 : end]
+    assert rows and not any(line.startswith(" ") for line in rows), plain.stdout
+    assert any(line.startswith("suite ") and " pass " in line for line in rows), plain.stdout
+    assert "  rule: " not in plain.stdout and "  kind: " not in plain.stdout
+    assert "  rule: " in explained.stdout and "  kind: quality" in explained.stdout

@@ -79,8 +79,8 @@ def test_real_builds_pass_or_block_on_their_own_evidence(
 
         if demo_builds.w4a16_skipped is None:
             # 4-bit weights are compared on every suite, paired with bf16, McNemar on facts;
-            # on the shipped weights they flip facts both ways (docs/concepts/releases.md, "The quantisation
-            # lesson"), so no verdict is held here beyond the comparison being made.
+            # on the shipped weights they flip facts both ways (docs/concepts/releases.md,
+            # "The quantisation lesson"), so no verdict is held here beyond the comparison.
             w4a16 = promote(k.settings, "manifests/demo-w4a16.yaml", env="staging", dry_run=True)
             assert w4a16.report is not None
             facts = next(g for g in w4a16.report.gates if g.name == "suite facts")
