@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from releasekit._support.retry import RetryPolicy
 from releasekit.config import Settings
 from releasekit.deploy.environments import env_config
 from releasekit.errors import ReleasekitError, SignatureError
@@ -245,12 +246,8 @@ def wait_for_approval(
     sleep: Callable[[float], None] = time.sleep,
 ) -> LedgerRecord | None:
     """The approval, polling the ledger for up to `wait_s` seconds until one is recorded."""
-    end = time.monotonic() + wait_s
-    while True:
-        rec = approval_for(ledger, release_id, env)
-        if rec is not None or time.monotonic() >= end:
-            return rec
-        sleep(min(poll_s, max(0.0, end - time.monotonic())))
+    policy = RetryPolicy.poll(interval_s=poll_s, deadline_s=wait_s)
+    return policy.call(lambda: approval_for(ledger, release_id, env), sleep=sleep)
 
 
 def approval_gate(

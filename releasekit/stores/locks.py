@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import random
 import socket
 import time
 import uuid
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy import Column, Connection, Engine, Integer, MetaData, String, Table, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from releasekit._support.retry import RetryPolicy
 from releasekit._support.text import redact_url
 from releasekit.errors import LedgerError, LedgerLockTimeoutError
 
@@ -80,26 +80,38 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _lost_create_race(exc: BaseException) -> bool:
+    """Two first-time lockers raced on CREATE TABLE (the loser finds it next time)."""
+    return (
+        isinstance(exc, OperationalError | IntegrityError) or "already exists" in str(exc).lower()
+    )
+
+
+# Creating the lock table: up to 5 tries, 0.05 s apart and growing (with jitter).
+_CREATE_RETRY = RetryPolicy(
+    attempts=5, base_s=0.05, cap_s=0.25, retry_on=(SQLAlchemyError,), retry_if=_lost_create_race
+)
+# Waiting for a held lock: full jitter growing to 0.2 s (the deadline is the caller's).
+_ACQUIRE_BACKOFF = RetryPolicy(attempts=None, deadline_s=float("inf"), base_s=0.01, cap_s=0.2)
+# Releasing a lease: a database busy with another writer is waited out, up to 50 tries.
+_RELEASE_RETRY = RetryPolicy(
+    attempts=50, base_s=0.05, cap_s=0.05, growth=1.0, jitter=False, retry_on=(OperationalError,)
+)
+
+
 def ensure_table(engine: Engine) -> None:
     """Create `ledger_locks` if it is missing (a concurrent creator is not an error)."""
-    for attempt in range(5):
-        try:
-            with engine.begin() as conn:
-                _meta.create_all(conn, checkfirst=True)
-            return
-        except (OperationalError, IntegrityError) as exc:
-            # Two first-time lockers raced on CREATE TABLE; the loser finds it next time.
-            if attempt == 4:
-                raise LedgerError(
-                    f"cannot create the lock table in {redact_url(str(engine.url))}: {exc}"
-                ) from exc
-            time.sleep(0.05 * (attempt + 1))
-        except SQLAlchemyError as exc:
-            if attempt == 4 or "already exists" not in str(exc).lower():
-                raise LedgerError(
-                    f"cannot create the lock table in {redact_url(str(engine.url))}: {exc}"
-                ) from exc
-            time.sleep(0.05 * (attempt + 1))
+
+    def create() -> None:
+        with engine.begin() as conn:
+            _meta.create_all(conn, checkfirst=True)
+
+    try:
+        _CREATE_RETRY.call(create)
+    except SQLAlchemyError as exc:
+        raise LedgerError(
+            f"cannot create the lock table in {redact_url(str(engine.url))}: {exc}"
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -250,16 +262,15 @@ def _lease(
                 name=name,
                 holder=holder,
             )
-        time.sleep(random.uniform(0.01, min(0.2, 0.01 * attempt)))
+        time.sleep(max(0.01, _ACQUIRE_BACKOFF.backoff(attempt)))
     try:
         yield LockInfo(name=name, token=token, mode="lease")
     finally:
-        for _ in range(50):
-            try:
-                with write() as conn:
-                    conn.execute(t.delete().where(t.c.name == name, t.c.token == token))
-                break
-            except OperationalError:
-                time.sleep(0.05)
-            except SQLAlchemyError:
-                break
+
+        def delete() -> None:
+            with write() as conn:
+                conn.execute(t.delete().where(t.c.name == name, t.c.token == token))
+
+        # A lease not released expires; the next locker then takes it over.
+        with contextlib.suppress(SQLAlchemyError):
+            _RELEASE_RETRY.call(delete)
