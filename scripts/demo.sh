@@ -301,7 +301,6 @@ live = led.live_at("staging")
 print(f"staging is live on {live.to_release[:12] if live else '-'} (all traffic back on stable)")
 record("canary aborted in staging: demo-canary-seqs1", ", ".join(b["metric"] for b in rec.evidence["breaches"]))
 PY
-releasekit history --env staging --type canary_step --type canary_aborted --type mark_bad --type gate_failed --limit 5
 
 kill "$TRAFFIC"; wait "$TRAFFIC" || true
 echo "the streaming clients through staging's gateway during both promotions:"
@@ -345,7 +344,6 @@ releasekit shadow start "$V2" --env staging --share 0.5 --reason "demo: v2 on li
 releasekit shadow compare --env staging --window 40 --max-window 160 || true
 releasekit shadow stop --env staging
 expect shadow-failed staging "$V2" --by answers
-releasekit history --env staging --type shadow --limit 3
 
 step "demo-v2-1 (the same weights, packaged again) straight to staging, no shadow: every offline gate passes"
 promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2 repackaged, shadow skipped"
@@ -371,7 +369,7 @@ releasekit history --env staging --type rollback --type mark_bad --limit 2
 
 step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
-releasekit history --env staging --limit 12
+releasekit history --env staging --limit 6
 releasekit deploy-status
 releasekit ledger verify
 # As an auditor on another machine would: against what left this one. The ledger's anchor is

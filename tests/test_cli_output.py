@@ -213,3 +213,22 @@ def test_a_wide_table_with_a_row_line_is_one_wrapped_line_a_row_piped(
     assert lines[1].startswith("#13 2026-12-06 19:10:42 gate_failed staging 9aabe699998b ->")
     assert all(line.startswith("    ") for line in lines[2:]) and len(lines) <= 5
     assert max(len(line) for line in lines) <= 80
+
+
+def test_a_failed_perf_gate_says_its_rule_not_the_runs_spread() -> None:
+    """A perf comparison whose detail is only the runs' spread explains its failure by the
+    rule the figure had to meet."""
+    from releasekit.promote.gates import GateResult
+    from releasekit.promote.report import short_reason
+
+    g = GateResult(
+        name="ttft_p95_s at the knee",
+        kind="perf",
+        passed=False,
+        candidate=9.05,
+        live=0.42,
+        limit=0.62,
+        rule="ttft_p95_s at the live knee load <= live x (1 + 0.50)",
+        detail="run-to-run spread: candidate 0.35, live 0.37; at most 0.45",
+    )
+    assert short_reason(g) == "ttft_p95_s at the live knee load <= live x (1 + 0.50)"

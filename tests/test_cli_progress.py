@@ -112,7 +112,7 @@ def test_an_unfinished_counted_step_says_where_it_stopped() -> None:
 
 def test_progress_reporter_writes_open_steps_when_the_block_ends() -> None:
     buf = io.StringIO()
-    with progress_reporter(Console(file=buf, force_terminal=False, width=200)) as rep:
+    with progress_reporter(Console(file=buf, force_terminal=False, width=200), min_s=0) as rep:
         rep("checking gates", 0, 0)
     [line] = buf.getvalue().splitlines()
     assert line.startswith("  checking gates  ") and line.endswith(" s")
@@ -123,3 +123,29 @@ def test_json_mode_stays_silent() -> None:
     with progress_reporter(Console(file=buf, force_terminal=False), enabled=False) as rep:
         rep("bench: c=4", 1, 2)
     assert buf.getvalue() == ""
+
+
+def test_a_step_over_in_a_moment_is_not_written() -> None:
+    """Steps shorter than min_s (a lookup, a cached stage) leave no line; longer ones do."""
+    clock = Clock()
+    buf = io.StringIO()
+    rep = Reporter(Console(file=buf, force_terminal=False, width=200), min_s=2.0, clock=clock)
+    rep("prepare", 0, 1)
+    clock.now += 0.5
+    rep("prepare", 1, 1)
+    rep("evidence", 0, 1)
+    clock.now += 95.0
+    rep("evidence", 1, 1)
+    assert buf.getvalue().splitlines() == ["  evidence  95.0 s"]
+
+
+def test_a_count_that_finishes_again_is_written_once() -> None:
+    """A counted step reported complete a second time (build 2/2, then 2/2 again) is one line."""
+    clock = Clock()
+    rep, buf = _log_reporter(clock)
+    rep("build", 1, 2)
+    clock.now += 3.0
+    rep("build", 2, 2)
+    clock.now += 0.3
+    rep("build", 2, 2)
+    assert buf.getvalue().splitlines() == ["  build  3.0 s"]

@@ -281,7 +281,8 @@ class Reporter:
     the rest names a part of it (`evidence: warm-up`), timed into the step's line (its
     longest part) rather than printed. A step counted to a total finishes when its own
     label's count reaches it; one of unknown length when another step starts, or when the
-    work ends. While the work runs, a line `still running` comes when nothing was written
+    work ends; a count that finishes again is not written twice, nor a step over in less
+    than `min_s`. While the work runs, a line `still running` comes when nothing was written
     for `quiet_s`, at most once every `every_s`. `print` writes above the bars."""
 
     def __init__(
@@ -289,8 +290,9 @@ class Reporter:
         console: Console,
         *,
         enabled: bool = True,
-        quiet_s: float = 30.0,
+        quiet_s: float = 45.0,
         every_s: float = 60.0,
+        min_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console
@@ -308,6 +310,8 @@ class Reporter:
         self._tasks: dict[str, TaskID] = {}
         self.quiet_s = quiet_s
         self.every_s = every_s
+        self.min_s = min_s
+        self._finished: set[str] = set()  # counted steps written
         self.clock = clock
         self._steps: dict[str, _Step] = {}
         self._lock = threading.Lock()
@@ -330,6 +334,10 @@ class Reporter:
         now = self.clock()
         key, _, part = label.partition(": ")
         step = self._steps.get(key)
+        if step is None and not part and total:
+            if done >= total and key in self._finished:
+                return  # the same count finished again: written already
+            self._finished.discard(key)
         if step is None:
             for name, other in list(self._steps.items()):
                 if not other.counted:
@@ -352,6 +360,10 @@ class Reporter:
             notes.append(f"stopped at {step.done}/{step.total}")
         if step.parts > 1 and step.longest is not None and len(step.longest[0]) <= 40:
             notes.append(f"longest: {step.longest[0]} {step.longest[1]:.1f} s")
+        if step.counted and step.total and step.done >= step.total:
+            self._finished.add(key)
+        if now - step.started < self.min_s and not notes:
+            return  # a step over in a moment says nothing a person needs
         tail = f" ({'; '.join(notes)})" if notes else ""
         # A step seen only through one part is named by it (`inputs: demo-data`).
         name = f"{key}: {step.longest[0]}" if step.parts == 1 and step.longest else key
@@ -390,10 +402,13 @@ class Reporter:
 
 
 @contextmanager
-def progress_reporter(console: Console = err, *, enabled: bool = True) -> Iterator[Reporter]:
+def progress_reporter(
+    console: Console = err, *, enabled: bool = True, min_s: float = 2.0
+) -> Iterator[Reporter]:
     """Progress for long work: a Reporter, live while the block runs (in logs, with a timer
-    for its `still running` lines; the steps still open are written when the block ends)."""
-    rep = Reporter(console, enabled=enabled)
+    for its `still running` lines; the steps still open are written when the block ends;
+    steps over in less than `min_s` are not written)."""
+    rep = Reporter(console, enabled=enabled, min_s=min_s)
     if rep.bars is not None:
         with rep.bars:
             yield rep

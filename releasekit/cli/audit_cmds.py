@@ -188,6 +188,9 @@ def status_cmd(json_: JsonOpt = False) -> None:
                 )
                 for e in rep.environments
             ],
+            row_line=lambda r: (
+                f"{r[0]}: {r[1]} ({r[2]}) since {r[3]}, by {r[4]} ({r[5]}; mlflow {r[6]}): {r[7]}"
+            ),
         )
         for e in rep.drifted:
             err.print(f"[red]drift:[/red] {esc(e.drift_detail)}", highlight=False)

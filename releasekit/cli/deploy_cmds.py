@@ -364,6 +364,10 @@ def deploy_status_cmd(
         "deployments",
         ["environment", "gateway", "state", "routes", "servers", "ledger live", "agrees"],
         rows,
+        row_line=lambda r: (
+            f"{r[0]}: {r[2]} at {r[1]}; routes {r[3]}; servers {r[4]}; "
+            f"ledger live {r[5]} (agrees: {r[6]})"
+        ),
     )
     for e in envs:
         m = e.mirror

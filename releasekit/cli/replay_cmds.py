@@ -4,6 +4,7 @@ auditor's page of one environment."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -28,13 +29,19 @@ def replay_cmd(
         str | None, typer.Argument(help="the decision: a ledger seq or event id")
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every recorded decision")] = False,
+    explain: Annotated[
+        bool,
+        typer.Option("--explain", help="one line per verdict, the same ones included"),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Recompute every gate, canary, shadow and watch verdict of a recorded decision (a promote,
     gate_failed, canary step or abort, shadow comparison or watch rollback) from its
     verified inputs (the ledger record, the policy at its recorded commit, the evidence
     files by their signed digests) and print same or different for each; exit 1 on any
-    difference. "not replayable" (the event does not record enough) is not a difference."""
+    difference. "not replayable" (the event does not record enough) is not a difference.
+    One line per decision with a tally of its verdicts; each different one (with --explain,
+    every one, and why it is not replayable) on a line below it."""
     from releasekit.audit.replay import ReplayError, replay
 
     if all_ == (event is not None):
@@ -51,11 +58,16 @@ def replay_cmd(
         for d in res.decisions:
             head = _MARK["same"] if d.same else _MARK["different"]
             rid = (d.release_id or "-")[:12]
+            counts = Counter(c.status for c in d.checks)
+            tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
             out.print(
-                f"#{d.seq} {esc(d.type)} {rid} -> {esc(d.environment or '-')}: {head}",
+                f"#{d.seq} {esc(d.type)} {rid} -> {esc(d.environment or '-')}: {head}"
+                + (f" [dim]({esc(tally)})[/dim]" if tally else ""),
                 highlight=False,
             )
             for c in d.checks:
+                if c.status != "different" and not explain:
+                    continue  # counted in the tally; --explain lists them
                 mark = _MARK.get(c.status, f"[dim]{c.status}[/dim]")
                 verdicts = (
                     f" ({esc(c.recorded)} -> {esc(c.replayed)})"

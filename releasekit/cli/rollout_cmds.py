@@ -63,6 +63,9 @@ def print_canary(canary: dict[str, Any]) -> None:
         f"canary: {_short(canary.get('release_id'))} -> {canary.get('outcome')}",
         ["step", "weight", "status", "s", "requests canary/stable", "canary vs stable"],
         rows,
+        row_line=lambda r: (
+            f"step {r[0]} at {r[1]}: {r[2]} after {r[3]} s, {r[4]} requests canary/stable: {r[5]}"
+        ),
     )
     against = canary.get("judged_against") or ""
     if against.endswith(":baseline"):
@@ -191,6 +194,7 @@ def print_agreement(a: Agreement) -> None:
                 ]
                 for x in a.examples
             ],
+            row_line=lambda r: f"  #{r[0]} stable: {r[1]!r} / candidate: {r[2]!r} ({r[3]})",
         )
 
 
@@ -249,6 +253,7 @@ def shadow_compare_cmd(
                 "verdict",
             ],
             rows,
+            row_line=lambda r: f"  {r[0]}: {r[1]} vs {r[2]} (limit {r[3]}, {r[4]}): {r[5]}",
         )
         if res.dropped:
             out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")

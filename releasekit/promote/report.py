@@ -71,9 +71,11 @@ def compact_rows(report: GateReport) -> list[list[str]]:
 
 def short_reason(g: GateResult) -> str:
     """Why a gate failed, in one clause: its detail up to the first "; " outside brackets
-    (the rule when it has no detail)."""
+    (the rule when it has no detail, or only the runs' spread)."""
     detail = g.detail.strip()
-    if not detail or detail == "ok":
+    # A perf comparison's detail is the runs' spread (context, not the reason): its rule
+    # says what the figure had to meet.
+    if not detail or detail == "ok" or detail.startswith("run-to-run spread"):
         return g.rule
     depth = 0
     for i, ch in enumerate(detail):

@@ -285,11 +285,15 @@ class CanaryController:
         n = self.policy.warmup_requests
         if n <= 0 or self.shared_server:
             return
-        self.say(f"warming up the canary ({n} requests to its server)", 0, 1)
+        label = f"warming up the canary ({n} requests to its server)"
+        self.say(label, 0, 1)
         run.warmup_answered, run.warmup_s = warm_up_server(self._http, self.canary, n)
+        self.say(label, 1, 1)
         if self.baseline is not None:  # warmed alike: both start from the same state
-            self.say(f"warming up the fresh baseline ({n} requests to its server)", 0, 1)
+            label = f"warming up the fresh baseline ({n} requests to its server)"
+            self.say(label, 0, 1)
             run.baseline_warmup_answered = warm_up_server(self._http, self.baseline, n)[0]
+            self.say(label, 1, 1)
 
     # -- figures
 

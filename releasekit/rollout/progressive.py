@@ -214,8 +214,10 @@ def fresh_baseline(
     if ctx.start_baseline is None:
         say("this target cannot start a fresh baseline: judged against the live server", 0, 1)
         return None
-    say("starting a fresh baseline server of the live release to judge the canary against", 0, 1)
+    starting = "starting a fresh baseline server of the live release to judge the canary against"
+    say(starting, 0, 1)
     route, up = ctx.start_baseline()
+    say(starting, 1, 1)
     pid, start = up.handle.get("pid"), up.handle.get("proc_start")
     proc = HeldServer(
         pid=pid if isinstance(pid, int) else 0,

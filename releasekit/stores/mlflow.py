@@ -130,6 +130,9 @@ def client_for(settings: Settings, *, create: bool = True) -> MlflowClient:
                 uri=redact_url(uri),
             )
     _apply_http_budget(settings)
+    # MLflow logs its store's set-up ("Creating initial MLflow database tables...") at INFO;
+    # releasekit says what it does itself. A level the environment sets is kept.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     with mlflow_errors("connecting to MLflow", uri=uri):
         from mlflow import MlflowClient
 

@@ -41,6 +41,10 @@ def test_replay_same_then_each_tampered_input_differs(signed_kit: Kit) -> None:
     res = runner.invoke(app, ["audit", "replay", "--all"])
     assert res.exit_code == 0, res.output
     assert "every verdict the same" in res.output
+    # One line a decision with its tally; every verdict only with --explain.
+    assert "same ledger record" not in res.output and " same)" in res.output
+    explained = runner.invoke(app, ["audit", "replay", "--all", "--explain"])
+    assert explained.exit_code == 0 and "same ledger record" in explained.output
     seq = _decision(k, new)
     d = replay(k.settings, str(seq)).decisions[0]
     assert d.same and d.against == old
