@@ -122,7 +122,8 @@ def promote_cmd(
         bool,
         typer.Option(
             "--explain",
-            help="print the quality gates' rule in full and what each canary check detects",
+            help="each gate's kind, rule and detail below the table, the quality rule in full "
+            "and what each canary check detects",
         ),
     ] = False,
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
