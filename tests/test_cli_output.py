@@ -146,13 +146,18 @@ def _gate_lines(explain: bool, capsys: pytest.CaptureFixture[str]) -> list[str]:
 def test_piped_gate_report_is_one_line_per_gate_and_why_for_the_failed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Piped at 80 columns: a title, a header, then exactly one line per gate (gate, result,
-    candidate vs live, limit); one `why` for each failed gate with its first clause; no
-    rule at all and a pointer to --explain."""
+    """Piped at 80 columns: a title, a header, then one line per gate that holds a figure or
+    failed (gate, result, candidate vs live, limit) and one line counting the passing
+    approval, policy and evidence checks; one `why` for each failed gate with its first
+    clause; no rule at all and a pointer to --explain."""
     lines = _gate_lines(False, capsys)
-    gates = _report().gates
+    folded = [g for g in _report().gates if g.kind in ("policy", "evidence") and g.passed]
+    gates = [g for g in _report().gates if g not in folded]
     assert lines[0].startswith("gates: demo-damaged cccccccccccc -> staging (against demo-bf16")
     assert lines[1].split() == ["gate", "result", "candidate", "vs", "live", "limit"]
+    summary = ["policy", "and", "evidence", "checks", f"({len(folded)})", "pass"]
+    assert lines[2].split()[:6] == summary
+    lines = [lines[0], lines[1], *lines[3:]]
     rows = lines[2 : 2 + len(gates)]
     assert [r.startswith(g.name) for r, g in zip(rows, gates, strict=True)] == [True] * len(gates)
     by_name = {g.name: r for g, r in zip(gates, rows, strict=True)}

@@ -66,7 +66,7 @@ def _print_gates(report: object, *, explain: bool) -> None:
         markup=False,
         highlight=False,
     )
-    short_table(COMPACT_COLUMNS, compact_rows(report), cell_styles=RESULT_STYLES)
+    short_table(COMPACT_COLUMNS, compact_rows(report, fold=not explain), cell_styles=RESULT_STYLES)
     for name, why in failure_reasons(report):
         for line in textwrap.wrap(
             f"{name}: {why}",

@@ -64,9 +64,29 @@ def _figure(g: GateResult) -> str:
     return "-" if g.live is None else f"- vs {_num(g.live)}"
 
 
-def compact_rows(report: GateReport) -> list[list[str]]:
-    """One short row per gate, in COMPACT_COLUMNS order (rules and details left out)."""
-    return [[g.name, _result(g), _figure(g), _num(g.limit)] for g in report.gates]
+# Gates that hold no figure: when they pass, `compact_rows` counts them in one row.
+FOLDED_KINDS = ("approval", "policy", "evidence")
+
+
+def _folds(g: GateResult) -> bool:
+    return g.passed and g.kind in FOLDED_KINDS and g.candidate is None and g.live is None
+
+
+def compact_rows(report: GateReport, *, fold: bool = True) -> list[list[str]]:
+    """One short row per gate, in COMPACT_COLUMNS order (rules and details left out). With
+    `fold`, the passing gates that hold no figure (approval, policy, evidence) are one row
+    where the first of them stands, saying how many passed; a failed one keeps its row."""
+    rows: list[list[str]] = []
+    folded = [g for g in report.gates if _folds(g)] if fold else []
+    for g in report.gates:
+        if folded and _folds(g):
+            if g is folded[0]:
+                kinds = [k for k in FOLDED_KINDS if any(f.kind == k for f in folded)]
+                words = ", ".join(kinds[:-1]) + (" and " if len(kinds) > 1 else "") + kinds[-1]
+                rows.append([f"{words} checks ({len(folded)})", "pass", "-", "-"])
+            continue
+        rows.append([g.name, _result(g), _figure(g), _num(g.limit)])
+    return rows
 
 
 def short_reason(g: GateResult) -> str:
