@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,16 @@ def outcome(project: Path, log: Path | None) -> dict[str, Any]:
     lines = None
     if log is not None:
         lines = len(log.read_text(errors="replace").splitlines())
+    # The demo commits its key and approver on top of what was cloned: the code that ran is
+    # the commit the clone started from.
+    base = subprocess.run(
+        ["git", "-C", str(project), "merge-base", "HEAD", "origin/HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     return {
+        "code_commit": base or None,
         "total_s": sum(s["seconds"] for s in steps),
         "log_lines": lines,
         "decisions": sum(len(s["decisions"]) for s in steps),
