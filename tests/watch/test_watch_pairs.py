@@ -232,7 +232,15 @@ def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
     svc, clock = _watch(ckit, led)
     try:
         assert _ask(ckit, _sums(6) + _capitals(6)) == [(same, RIGHT)] * 12
-        [ds] = deploy_status(ckit.settings, env=ENV)
+        # The copies finish after the clients' answers: read the gateway's counts once it
+        # says every copy is paired (or its deadline passes and the assert below says what).
+        deadline = time.monotonic() + 30
+        while True:
+            [ds] = deploy_status(ckit.settings, env=ENV)
+            got = ds.mirror and (ds.mirror.mirrored, ds.mirror.pairs)
+            if got == (12, 12) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         m = ds.mirror
         assert m is not None and (m.purpose, m.release_id, m.share) == ("after_promotion", good, 1)
         assert (m.mirrored, m.pairs) == (12, 12) and m.left_s is not None and m.left_s > 0
