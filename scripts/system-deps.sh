@@ -2,7 +2,7 @@
 # Install the system programs releasekit's watch tests and alert rules need:
 # Prometheus (with promtool) and Alertmanager, from Debian's packages; and tcmalloc
 # (libtcmalloc-minimal4), which vLLM's CPU build is started with when present; and a C
-# compiler (gcc), with which the demo model's training builds pipelines/demo/mkl_intel_branch.c
+# compiler (gcc), with which the demo model's training builds releasekit/_support/mkl_intel_branch.c
 # on processors that are not Intel's (without it, the training there gives other weights); and
 # Chromium, in which the test of `releasekit audit page` opens the page headless (without it
 # that test is skipped, and fails where CI is set).

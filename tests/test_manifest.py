@@ -191,3 +191,18 @@ def test_validate_rejects_a_gate_line_that_decides_nothing(
     assert res.problems[0].startswith(
         "gates[0]: {metric: eval.core.pass_rate, kind: non_inferior} is never read"
     )
+
+
+def test_a_weight_recipe_field_the_scheme_cannot_take_is_one_line(tmp_path: Path) -> None:
+    """`validate` names the recipe field and why, in one line: W8A8's int8 kernels take
+    per-channel weight scales, so a group size is refused (and the scheme, a known one, is
+    not reported)."""
+    data = yaml.safe_load((REPO / "manifests" / "demo-w8a8.yaml").read_text())
+    data["quantisation"]["group_size"] = 64
+    p = _write(tmp_path, data)
+    res = runner.invoke(app, ["validate", "--no-files", str(p)])
+    assert res.exit_code == 1
+    lines = [ln for ln in res.output.splitlines() if "quantisation" in ln]
+    assert len(lines) == 1, res.output
+    assert "quantisation.group_size: W8A8 takes per-channel weight scales" in lines[0]
+    assert "Traceback" not in res.output

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from releasekit.build import quantise as quantise_mod
 from releasekit.build.quantise import (
+    QuantiseResult,
     quantise_model,
     quantise_release,
     read_calibration,
@@ -68,10 +70,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
 
 
-@pytest.fixture
-def calibration(tmp_path: Path) -> Path:
-    """A JSONL calibration set of 40 `text` lines."""
-    path = tmp_path / "calibration.jsonl"
+def write_calibration(path: Path) -> Path:
+    """A JSONL calibration set of 40 `text` lines at `path`."""
     lines = [
         json.dumps({"text": " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(48))})
         for i in range(40)
@@ -80,12 +80,19 @@ def calibration(tmp_path: Path) -> Path:
     return path
 
 
-def _gptq(scheme: str, calibration: Path) -> Quantisation:
+@pytest.fixture
+def calibration(tmp_path: Path) -> Path:
+    """A JSONL calibration set of 40 `text` lines."""
+    return write_calibration(tmp_path / "calibration.jsonl")
+
+
+def _gptq(scheme: str, calibration: Path, **fields: object) -> Quantisation:
     return Quantisation.model_validate(
         {
             "scheme": scheme,
             "method": "gptq",
             "calibration": {"dataset": str(calibration), "samples": 32, "max_seq_length": 64},
+            **fields,
         }
     )
 
@@ -206,3 +213,152 @@ def test_llmcompressor_failure_becomes_quantise_error_quoting_the_log(
     assert "Traceback" in str(info.value)  # the log's last lines are quoted
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+# ---- pinned float code paths and the weight recipe --------------------------------------
+
+PARENT_ENV_VARIED = {
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "MKL_CBWR": "AUTO",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+}
+
+
+@pytest.fixture(scope="module")
+def pinned_w4a16(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[QuantiseResult, Path]:
+    """GPTQ W4A16 of the tiny model with the scheme's preset, pinned (quantised once per
+    module) and its calibration set."""
+    folder = tmp_path_factory.mktemp("pinned")
+    cal = write_calibration(folder / "calibration.jsonl")
+    with pytest.MonkeyPatch.context() as mp:
+        for key in (*PARENT_ENV_VARIED, "RELEASEKIT_QUANTISE_THREADS"):
+            mp.delenv(key, raising=False)
+        res = quantise_model(
+            tiny_model,
+            folder / "out",
+            _gptq("W4A16", cal),
+            calibration=cal,
+            log_path=folder / "q.log",
+        )
+    return res, cal
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe
+def test_cpu_quantisation_records_its_pinned_float_paths(
+    pinned_w4a16: tuple[QuantiseResult, Path],
+) -> None:
+    """On the CPU the record names the pins that ran (one thread, ATen and oneDNN on AVX2,
+    MKL's branch as MKL reports it) and the host kind; the preset recipe is recorded empty."""
+    res, _ = pinned_w4a16
+    if res.device != "cpu":
+        pytest.skip(f"quantised on {res.device}: no CPU pins")
+    fp = res.float_paths
+    assert fp is not None
+    assert (fp.threads, fp.threads_from, fp.aten, fp.onednn) == (1, "pinned", "avx2", "AVX2")
+    assert fp.pinned == (fp.mkl == "AVX2,STRICT")
+    assert res.made_on is not None and res.made_on.isa != "unknown"
+    assert res.weight_recipe == {}
+    assert json.loads(res.model_dump_json())["float_paths"]["mkl"] == fp.mkl
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe
+def test_the_pins_win_over_the_callers_environment(
+    pinned_w4a16: tuple[QuantiseResult, Path],
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread count and other ATen, oneDNN and MKL paths in the caller's environment
+    give the same weights: the quantisation process sets its own. An explicit
+    RELEASEKIT_QUANTISE_THREADS is honoured and the record says the paths were not pinned."""
+    pinned, cal = pinned_w4a16
+    for key, value in PARENT_ENV_VARIED.items():
+        monkeypatch.setenv(key, value)
+    res = quantise_model(
+        tiny_model,
+        tmp_path / "varied",
+        _gptq("W4A16", cal),
+        calibration=cal,
+        log_path=tmp_path / "q.log",
+    )
+    assert res.weights_digest == pinned.weights_digest
+    assert res.float_paths == pinned.float_paths
+    monkeypatch.setenv("RELEASEKIT_QUANTISE_THREADS", "2")
+    res = quantise_model(
+        tiny_model,
+        tmp_path / "two",
+        _gptq("W4A16", cal),
+        calibration=cal,
+        log_path=tmp_path / "q.log",
+    )
+    if res.float_paths is None:
+        pytest.skip(f"quantised on {res.device}: no CPU pins")
+    assert res.float_paths.pinned is False
+    assert (res.float_paths.threads, res.float_paths.threads_from) == (
+        2,
+        "RELEASEKIT_QUANTISE_THREADS",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe
+def test_a_recipe_field_changes_the_weights(
+    pinned_w4a16: tuple[QuantiseResult, Path], tiny_model: Path, tmp_path: Path
+) -> None:
+    """group_size 64 builds llm-compressor's config groups instead of the preset's name:
+    groups of 64 in the written config, other weights than the preset's groups of 128."""
+    pinned, cal = pinned_w4a16
+    q = _gptq("W4A16", cal, group_size=64)
+    res = quantise_model(
+        tiny_model, tmp_path / "g64", q, calibration=cal, log_path=tmp_path / "q.log"
+    )
+    assert res.weights_digest != pinned.weights_digest
+    assert res.weight_recipe == {"group_size": 64}
+    qc = json.loads((tmp_path / "g64" / "config.json").read_text())["quantization_config"]
+    weights = qc["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["group_size"], weights["strategy"]) == (4, 64, "group")
+    assert qc["ignore"] == ["lm_head"]
+
+
+def test_bad_recipe_fields_fail_before_any_child_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group size that does not divide the model's in-features and an empty calibration
+    set are one-line QuantiseErrors raised before the quantisation process starts."""
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a quantisation process was started")
+
+    monkeypatch.setattr(quantise_mod.subprocess, "Popen", no_child)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 128, "intermediate_size": 320}')
+    cal = write_calibration(tmp_path / "cal.jsonl")
+    with pytest.raises(QuantiseError) as info:
+        quantise_model(
+            model,
+            tmp_path / "out",
+            _gptq("W4A16", cal, group_size=128),
+            calibration=cal,
+            log_path=tmp_path / "q.log",
+        )
+    assert str(info.value).startswith("quantisation.group_size: 128 does not divide")
+    assert "intermediate_size 320" in str(info.value) and "\n" not in str(info.value)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(QuantiseError, match=r"^quantisation.calibration.dataset: .* no samples$"):
+        quantise_model(
+            model,
+            tmp_path / "out",
+            _gptq("W4A16", empty),
+            calibration=empty,
+            log_path=tmp_path / "q.log",
+        )
+    assert not (tmp_path / "out").exists()

@@ -40,18 +40,11 @@ from typing import Any
 # ONEDNN_MAX_CPU_ISA=AVX2 on a CPU with AMX aborts at its first request (vLLM picks its AMX
 # kernels by CPUID, and torch refuses them under the cap).
 if __name__ == "__main__":
-    for _key, _value in (
-        ("MKL_CBWR", "AVX2,STRICT"),
-        ("MKL_DYNAMIC", "FALSE"),
-        ("OMP_DYNAMIC", "FALSE"),
-        ("ATEN_CPU_CAPABILITY", "avx2"),
-        ("ONEDNN_MAX_CPU_ISA", "AVX2"),
-    ):
+    from releasekit._support.floatpins import CPU_PINS, load_mkl_intel_branch
+
+    for _key, _value in CPU_PINS.items():
         os.environ.setdefault(_key, _value)
     if os.environ["MKL_CBWR"].startswith("AVX2"):
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from mkl_cpu import load_mkl_intel_branch
-
         print(f"train: {load_mkl_intel_branch()}", flush=True)
 
 import torch
@@ -60,8 +53,9 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import mkl_cpu
 import world as w
+
+from releasekit._support.floatpins import mkl_branch
 
 ROOT = Path(__file__).resolve().parents[2]
 PAD, BOS, EOS = "<|pad|>", w.BOS_TOKEN, "<|end|>"
@@ -406,12 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup,
     )
     train(cfg, args.out, args.data, args.system, args.user, args.template, args.init_from)
-    branch = mkl_cpu.mkl_branch()
+    branch = mkl_branch()
     print(f"train: MKL ran its {branch} branch", flush=True)
     if not branch.startswith("AVX2"):
         print(
             "train: warning: not MKL's AVX2 branch, with which the shipped weights were "
-            "trained: expect other weights (see pipelines/demo/mkl_intel_branch.c)",
+            "trained: expect other weights (see releasekit/_support/mkl_intel_branch.c)",
             flush=True,
         )
     if args.compare_to is not None:

@@ -4,6 +4,13 @@ recorded in quantise.json. llm-compressor runs on the GPU where torch sees one (
 path), on the CPU otherwise; RELEASEKIT_QUANTISE_DEVICE=cpu|cuda forces either, and the record
 says which ran. The output format is the same either way.
 
+On the CPU the quantisation process pins its float code paths before torch loads, as the
+demo's training does (releasekit._support.floatpins): MKL's AVX2 branch in strict mode, ATen's
+and oneDNN's AVX2 kernels, one thread; so the same recipe gives the same weights whatever the
+caller's environment says. RELEASEKIT_QUANTISE_THREADS overrides the thread count (the record
+then says the paths were not pinned). quantise.json records what ran (`float_paths`) and on
+which host kind (`made_on`).
+
 llm-compressor is heavy and configures global state (loguru, torch threads) on import, so it
 runs in a child Python process (`python -m releasekit.build.quantise SPEC.json`); this module only
 imports it inside that child.
@@ -26,6 +33,12 @@ from pydantic import BaseModel, Field
 
 from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
 from releasekit._support.files import write_atomic
+from releasekit._support.floatpins import (
+    CPU_PINS,
+    float_paths_ran,
+    load_mkl_intel_branch,
+    pinned_env,
+)
 from releasekit._support.procs import deferred_signals, die_with_parent_hook, tail
 from releasekit._support.progress import (
     Progress,
@@ -38,12 +51,32 @@ from releasekit.errors import QuantiseError
 from releasekit.spec.hostcaps import nvidia_gpus
 from releasekit.spec.lock import Lock, model_files
 from releasekit.spec.manifest import LoadedManifest, Quantisation, Scheme
+from releasekit.spec.measured import MeasuredOn, measure_host
+from releasekit.spec.quantrecipe import check_recipe, config_groups, needs_calibration
 
 QUANTISE_JSON = "quantise.json"
 MODEL_DIR = "model"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 THREADS_ENV = "RELEASEKIT_QUANTISE_THREADS"
 DEVICE_ENV = "RELEASEKIT_QUANTISE_DEVICE"
+
+
+class FloatPaths(BaseModel):
+    """The float code paths a quantisation on the CPU ran (read back from torch and MKL)."""
+
+    pinned: bool = Field(
+        description="the pins held: one thread, MKL's AVX2 branch in strict mode, ATen on AVX2"
+    )
+    threads: int
+    threads_from: Literal["pinned", "RELEASEKIT_QUANTISE_THREADS", "default"] = Field(
+        "pinned", description="default: min(4, cores), the count where no pins apply (a GPU)"
+    )
+    mkl: str = Field(description="the branch MKL ran, as MKL_CBWR names it: AVX2,STRICT")
+    aten: str = Field(description="ATen's vector kernels: avx2")
+    onednn: str = Field(description="oneDNN's instruction-set cap: AVX2")
+    mkl_vendor_check: str | None = Field(
+        None, description="how MKL's vendor check was answered (non-Intel processors)"
+    )
 
 
 class QuantiseResult(BaseModel):
@@ -67,6 +100,17 @@ class QuantiseResult(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
     device: str | None = Field(
         None, description="where llm-compressor ran, e.g. `cuda:0 (NVIDIA H200)` or `cpu`"
+    )
+    weight_recipe: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the recipe's weight fields over the scheme's preset ({}: the preset)",
+    )
+    float_paths: FloatPaths | None = Field(
+        None, description="the CPU's float code paths (None on a GPU)"
+    )
+    made_on: MeasuredOn | None = Field(
+        None,
+        description="the host kind (CPU weights are byte-identical on hosts of one kind)",
     )
 
 
@@ -196,7 +240,7 @@ def quantise_model(
         raise QuantiseError("scheme none has nothing to quantise")
     if not (src / "config.json").is_file():
         raise QuantiseError(f"not a model folder (no config.json): {src}")
-    needs_data = q.method == "gptq" or q.scheme == "FP8"  # static FP8 calibrates its scales
+    needs_data = needs_calibration(q)  # GPTQ; static FP8 calibrates its activation scales
     if needs_data and (q.calibration is None or calibration is None):
         raise QuantiseError(
             f"{q.method} {q.scheme} needs a calibration set (quantisation.calibration)"
@@ -212,8 +256,15 @@ def quantise_model(
             f"{DEVICE_ENV}=cuda but no NVIDIA GPU is visible here (nvidia-smi lists none)",
             remedy=f"unset {DEVICE_ENV} (or set it to cpu) to quantise on the CPU",
         )
+    problems = check_recipe(q, src, calibration if needs_data else None)
+    if problems:  # before the child starts
+        raise QuantiseError("\n".join(problems))
     if needs_data and calibration is not None and q.calibration is not None:
         read_calibration(calibration, q.calibration.samples)  # fail fast, before the import
+    on_cpu = device == "cpu" or (device == "auto" and not nvidia_gpus())
+    threads_env = os.environ.get(THREADS_ENV)
+    if threads_env is not None and not (threads_env.isdigit() and int(threads_env) >= 1):
+        raise QuantiseError(f"{THREADS_ENV} must be a whole number >= 1 (got {threads_env!r})")
     out.parent.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
@@ -231,6 +282,10 @@ def quantise_model(
         "samples": q.calibration.samples if q.calibration else 0,
         "max_seq_length": q.calibration.max_seq_length if q.calibration else 0,
         "device": device,
+        "weight_recipe": q.weight_recipe(),
+        "pinned": on_cpu,
+        "threads": int(threads_env) if threads_env else (1 if on_cpu else min(4, _cpus())),
+        "threads_from": THREADS_ENV if threads_env else ("pinned" if on_cpu else "default"),
     }
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
     try:
@@ -246,6 +301,8 @@ def quantise_model(
                 f"llm-compressor failed: {data['error']} (log: {log_path})\n{tail(log_path)}"
             )
         result = QuantiseResult.model_validate(data)
+        if result.float_paths is not None:  # CPU weights depend on the host kind
+            result.made_on = measure_host(gpus=[]).model_copy(update={"load_start": None})
         with deferred_signals():  # never leave a half-replaced model folder
             if out.exists():
                 shutil.rmtree(out)
@@ -259,9 +316,13 @@ def quantise_model(
 def _run_worker(python: Path, spec: Path, log_path: Path, progress: Progress | None) -> None:
     """Run the quantisation child; stream its log to `log_path` and its progress markers to
     `progress`. The child dies with us (Ctrl-C, SIGTERM, or our death)."""
-    cpu_only = json.loads(spec.read_text()).get("device") == "cpu"
+    spec_data = json.loads(spec.read_text())
+    cpu_only = spec_data.get("device") == "cpu"
+    base = dict(os.environ)
+    if spec_data.get("pinned"):  # the pins win over the caller's environment
+        base = pinned_env(base, int(spec_data["threads"]))
     env = {
-        **os.environ,
+        **base,
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -333,9 +394,17 @@ def _copy_side_files(src: Path, out: Path) -> None:
         shutil.copyfile(f, dst)
 
 
+def _cpus() -> int:
+    return os.cpu_count() or 1
+
+
 def _child(spec_path: Path) -> int:  # pragma: no cover - runs in the worker process
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     result_path = Path(spec["result"])
+    if spec.get("pinned") and os.environ.get("MKL_CBWR", "").startswith("AVX2"):
+        # Before torch: MKL keeps to its AVX2 branch only on processors it takes for Intel's.
+        spec["mkl_vendor_check"] = load_mkl_intel_branch()
+        print(f"quantise: {spec['mkl_vendor_check']}", flush=True)
     try:
         result = _quantise_in_process(spec)
     except Exception as exc:
@@ -369,8 +438,7 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     device = _device_used(torch)
     if spec.get("device") == "cuda" and device == "cpu":
         raise QuantiseError(f"{DEVICE_ENV}=cuda but torch {torch.__version__} sees no GPU")
-    threads = int(os.environ.get(THREADS_ENV) or min(4, os.cpu_count() or 1))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(int(spec["seed"]))
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
@@ -380,18 +448,20 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype.get(spec["dtype"], "auto"))
     tokenizer = AutoTokenizer.from_pretrained(src)
+    # The preset by name, as always, unless the recipe sets weight fields: then the preset's
+    # groups with those fields laid over (spec.quantrecipe).
+    weight_recipe = spec.get("weight_recipe") or {}
+    what: dict[str, Any] = {"targets": "Linear", "scheme": spec["scheme"]}
+    if weight_recipe:
+        q = Quantisation(scheme=spec["scheme"], method="rtn", **weight_recipe)
+        what = {"config_groups": config_groups(q, ["Linear"])}
     modifier: Any
     if spec["method"] == "gptq":
         modifier = GPTQModifier(
-            targets="Linear",
-            scheme=spec["scheme"],
-            ignore=spec["ignore"],
-            dampening_frac=spec["dampening_frac"],
+            **what, ignore=spec["ignore"], dampening_frac=spec["dampening_frac"]
         )
     else:
-        modifier = QuantizationModifier(
-            targets="Linear", scheme=spec["scheme"], ignore=spec["ignore"]
-        )
+        modifier = QuantizationModifier(**what, ignore=spec["ignore"])
     kwargs: dict[str, Any] = {}
     used: int | None = None
     if spec["calibration"]:
@@ -420,6 +490,22 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
     emit_marker("quantise: calibrate", 1, 4)
     torch.manual_seed(int(spec["seed"]))
     oneshot(model=model, tokenizer=tokenizer, recipe=modifier, **kwargs)
+    float_paths = None
+    if device == "cpu":
+        ran = float_paths_ran()
+        float_paths = FloatPaths(
+            pinned=bool(spec.get("pinned"))
+            and spec.get("threads_from") == "pinned"
+            and ran["threads"] == 1
+            and ran["mkl"] == CPU_PINS["MKL_CBWR"]
+            and ran["aten"] == CPU_PINS["ATEN_CPU_CAPABILITY"],
+            threads=int(ran["threads"]),
+            threads_from=spec.get("threads_from", "pinned"),
+            mkl=str(ran["mkl"]),
+            aten=str(ran["aten"]),
+            onednn=str(ran["onednn"]),
+            mkl_vendor_check=spec.get("mkl_vendor_check"),
+        )
     emit_marker("quantise: save", 2, 4)
     model.save_pretrained(out, save_compressed=True)
     _copy_side_files(src, out)
@@ -444,6 +530,8 @@ def _quantise_in_process(spec: dict[str, Any]) -> QuantiseResult:
         calibration_samples=used,
         versions=_versions(),
         device=device,
+        weight_recipe=weight_recipe,
+        float_paths=float_paths,
     )
     emit_marker("quantise: done", 4, 4)
     return result

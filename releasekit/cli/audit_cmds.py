@@ -415,6 +415,19 @@ def show_cmd(
                 ("model url", r.model_url),
             ],
         )
+    if d.weights:
+        w = d.weights
+        quantised = w.scheme not in (None, "none")
+        made = w.made_on.label if w.made_on else ("not recorded" if quantised else None)
+        _kv(
+            "served weights (--json for the full digest)",
+            [
+                ("sha256", w.short),
+                ("scheme", w.scheme),
+                ("made on", made),
+                ("signed", f"register event #{w.signed_seq}" if w.signed_seq else "no"),
+            ],
+        )
     if d.inputs:
         table("lock digests", ["input", "sha256"], sorted(d.inputs.items()))
     if d.metrics:

@@ -59,9 +59,7 @@ def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
                 ev.eval_problems.append(f"suite {s.name} was not evaluated")
                 continue
             locked = info.lock.inputs.get(f"eval/{s.name}")
-            made = digest_obj(
-                {"file": got.digest, "suite": s.model_dump(mode="json", exclude={"path"})}
-            )
+            made = digest_obj({"file": got.digest, "suite": s.locked_fields()})
             if not got.digest or locked != made:
                 ev.eval_problems.append(
                     f"suite {s.name} was evaluated on a file or config other than the locked one"
@@ -122,28 +120,69 @@ def _registered_gates(cand: Evidence) -> list[GateResult]:
     return gates
 
 
+def _weights_maker(side: str, ev: Evidence) -> tuple[str | None, str | None]:
+    """Who made a release's quantised weights, in words (None when it is not quantised),
+    and why that counts as another host than its own load test's (None: it does not, or
+    its register event does not record the maker)."""
+    info = ev.info
+    if info.lm.manifest.quantisation.scheme == "none":
+        return None, None
+    made = info.evidence.weights_made_on if info.evidence is not None else None
+    if made is None:
+        return f"{side}: not recorded", None
+    host = ev.bench.host if ev.bench is not None else None
+    diff = made.differs_from(host) if host is not None else None
+    why = (
+        f"the {side}'s weights were quantised on another host kind than its load test ran on "
+        f"({diff} differ)"
+        if diff
+        else None
+    )
+    return f"{side}: {made.label}", why
+
+
 def _host_gate(cand: Evidence, live: Evidence) -> GateResult | None:
     """A failed evidence gate when the two releases were benched on different host kinds or
-    core counts (or either bench records no host): their perf cannot be compared."""
+    core counts (or either bench records no host), or when a release's quantised weights
+    were made on another host kind than its own load test ran on (as its register event
+    signed the maker): their perf cannot be compared. The detail names where each load test
+    ran and where each release's quantised weights were made."""
     assert cand.bench is not None and live.bench is not None
     ch, lh = cand.bench.host, live.bench.host
     why = same_host(ch, lh)
-    if why is None:
+    makers = [_weights_maker("candidate", cand), _weights_maker("live", live)]
+    made_whys = [w for _, w in makers if w is not None]
+    if why is None and not made_whys:
         return None
     where = "; ".join(
         f"{side}: {h.label if h is not None else 'no host recorded'}"
         for side, h in (("candidate", ch), ("live", lh))
     )
+    labels = [label for label, _ in makers if label is not None]
+    if labels:
+        where += f"; weights quantised on {'; '.join(labels)}"
+    if why is not None:
+        reasons = "; ".join([why, *made_whys])
+        detail = (
+            f"benched on another host ({reasons}; {where}): rebench live beside it, on the "
+            "candidate's host kind and core count, or let a canary judge performance against "
+            "live traffic"
+        )
+    else:
+        detail = (
+            f"weights made on another host ({'; '.join(made_whys)}; {where}): quantise the "
+            "release on the host kind its load test runs on, or let a canary judge "
+            "performance against live traffic"
+        )
     return GateResult(
         name="benched on the same host kind as live",
         kind="evidence",
         against_live=True,
         passed=False,
         rule="a perf comparison is made only between load tests of one host kind (CPU "
-        "vendor, model and instruction-set level, GPUs) and core count",
-        detail=f"benched on another host ({why}; {where}): rebench live beside it, on "
-        "the candidate's host kind and core count, or let a canary judge performance "
-        "against live traffic",
+        "vendor, model and instruction-set level, GPUs) and core count, of quantised weights "
+        "made on the host kind that measured them",
+        detail=detail,
     )
 
 

@@ -26,6 +26,7 @@ from releasekit.stores.evidence import (
     BenchPoint,
     CompareSummary,
     EvalSummary,
+    MadeOn,
     QuantiseSummary,
     read_evidence,
 )
@@ -237,6 +238,55 @@ class RegistryLinks(BaseModel):
     model_url: str | None = None
 
 
+class ServedWeights(BaseModel):
+    """The weights a release serves: their digest (as its register event signed it, else
+    as quantise.json records it), the quantisation scheme and the host kind that made them."""
+
+    digest: str | None = Field(None, description="sha256 over the served weight files")
+    scheme: str | None = None
+    made_on: MadeOn | None = Field(
+        None, description="the host kind that quantised them (None: not quantised, or unrecorded)"
+    )
+    signed_seq: int | None = Field(
+        None, description="seq of the verified register event that signed the digest"
+    )
+
+    @property
+    def short(self) -> str:
+        """The digest's first 12 hex digits ('' when unknown)."""
+        return (self.digest or "")[:SHORT]
+
+
+def _served_weights(ctx: _Context) -> tuple[ServedWeights | None, list[str]]:
+    """The release's served weights and what a reader must know about them (notes)."""
+    notes: list[str] = []
+    signed = ctx.signed
+    bad_file = signed.file_problem("quantise") if signed is not None else None
+    q = ctx.evidence.quantise if bad_file is None else None
+    if bad_file is not None:
+        notes.append(f"weights not read from quantise.json: {bad_file}")
+    scheme = q.scheme if q is not None else None
+    if scheme is None and ctx.manifest is not None:
+        scheme = ctx.manifest.quantisation.scheme
+    if signed is not None and signed.registered and signed.weights_digest is not None:
+        w = ServedWeights(
+            digest=signed.weights_digest,
+            scheme=scheme,
+            made_on=signed.weights_made_on,
+            signed_seq=signed.register_seq,
+        )
+        if q is not None and q.weights_digest not in (None, w.digest):
+            notes.append(
+                f"quantise.json's weights digest {str(q.weights_digest)[:SHORT]} is not the "
+                f"{w.short} register event #{w.signed_seq} signed"
+            )
+        return w, notes
+    if q is None:
+        return None, notes
+    made_on = q.made_on if q.quantised else None
+    return ServedWeights(digest=q.weights_digest, scheme=scheme, made_on=made_on), notes
+
+
 class ReleaseDetail(BaseModel):
     """One release in full: manifest, lock digests, provenance, MLflow links, eval and bench
     summaries, where it is live, and its whole event trail."""
@@ -254,6 +304,7 @@ class ReleaseDetail(BaseModel):
     bench_knee: BenchPoint | None = None
     bench_points: int = 0
     quantise: QuantiseSummary | None = None
+    weights: ServedWeights | None = None
     compare: CompareSummary | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict, description="build output -> sha256")
@@ -293,7 +344,8 @@ def show(settings: Settings, ref: str, *, ledger: Ledger | None = None) -> Relea
     ctx = _context(settings, rid, led)
     ev = ctx.evidence
     live_in = sorted(r.environment or "" for r in led.current() if r.to_release == rid)
-    notes = list(ctx.notes) + list(ev.problems)
+    weights, weight_notes = _served_weights(ctx)
+    notes = list(ctx.notes) + list(ev.problems) + weight_notes
     return ReleaseDetail(
         release_id=rid,
         short_id=rid[:SHORT],
@@ -308,6 +360,7 @@ def show(settings: Settings, ref: str, *, ledger: Ledger | None = None) -> Relea
         bench_knee=ev.bench.knee if ev.bench else None,
         bench_points=len(ev.bench.points) if ev.bench else 0,
         quantise=ev.quantise,
+        weights=weights,
         compare=ev.compare,
         metrics=ev.metrics,
         files=ev.digests,

@@ -20,7 +20,13 @@ from releasekit.spec.lock import Lock, lock_path_for, read_lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.spec.prompts import read_template, render
 from releasekit.spec.provenance import actor as provenance_actor
-from releasekit.stores.evidence import FILES, Evidence, read_evidence, sweep_series
+from releasekit.stores.evidence import (
+    FILES,
+    Evidence,
+    QuantiseSummary,
+    read_evidence,
+    sweep_series,
+)
 from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
 from releasekit.stores.mlflow import (
     _MAX_KEY,
@@ -251,7 +257,7 @@ def _register_locked(
             # A crash between creating the version and recording it: record it now, with
             # the digests of its evidence as the first attempt would have signed them.
             ev = _evidence_to_sign(settings, lk)
-            rec = led.append(_register_event(result, lk, ev.digests, builder))
+            rec = led.append(_register_event(result, lk, ev, builder))
             result = result.model_copy(update={"ledger_seq": rec.seq})
         return result
 
@@ -321,7 +327,7 @@ def _register_locked(
         prompt_uri=tags[TAG_PROMPT],
         tracking_uri=redact_url(uri),
     )
-    rec = led.append(_register_event(result, lk, ev.digests, builder))
+    rec = led.append(_register_event(result, lk, ev, builder))
     return result.model_copy(update={"ledger_seq": rec.seq})
 
 
@@ -348,9 +354,42 @@ def _evidence_to_sign(settings: Settings, lk: Lock) -> Evidence:
     return ev
 
 
-def _register_event(
-    result: RegisterResult, lk: Lock, digests: dict[str, str], builder: str
-) -> Event:
+def signed_weights(ev: Evidence) -> dict[str, Any]:
+    """The served weights as a register event signs them: `weights_digest` (sha256 over the
+    served weight files, from quantise.json) and `weights_made_on` (the host kind that
+    quantised them; None for `scheme: none` or where quantise.json does not record it).
+
+    Read from the very bytes whose digest the event signs (`ev.digests`): quantise.json is
+    read once, checked against that digest, and parsed. Empty when the release has no
+    quantise.json; RegistryError when the file changed since its digest was taken."""
+    path = ev.path("quantise")
+    signed = ev.digests.get(FILES["quantise"])
+    if path is None or signed is None:
+        return {}
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RegistryError(f"cannot register release {ev.release_id[:12]}: {path}: {exc}") from exc
+    if sha256_bytes(data) != signed:
+        raise RegistryError(
+            f"cannot register release {ev.release_id[:12]}: {path} changed while it was "
+            f"being registered (sha256 {sha256_bytes(data)[:12]} now, {signed[:12]} before)",
+            remedy="register again once nothing writes the release's results",
+        )
+    try:
+        q = QuantiseSummary.model_validate_json(data)
+    except ValueError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise RegistryError(
+            f"cannot register release {ev.release_id[:12]}: {path}: {first}",
+            remedy="rebuild the release (`dvc repro`) so its results are complete",
+        ) from exc
+    made_on = q.made_on.record() if q.quantised and q.made_on is not None else None
+    return {"weights_digest": q.weights_digest, "weights_made_on": made_on or None}
+
+
+def _register_event(result: RegisterResult, lk: Lock, ev: Evidence, builder: str) -> Event:
+    digests = ev.digests
     evidence: dict[str, Any] = {
         "mlflow_run_id": result.run_id,
         "model_name": result.model_name,
@@ -372,6 +411,9 @@ def _register_event(
     # The manifest's deciding sections (gates, environments, promotion, watch) are not in
     # the release id: the digest of the copy they are read from is signed here.
     evidence["manifest_digest"] = digests.get(FILES["manifest"], lk.manifest_digest)
+    # The served weights: the digest a server of this release must load, and the host kind
+    # that quantised them (taken from quantise.json as signed above, in `reports`).
+    evidence.update(signed_weights(ev))
     return Event(
         type=EventType.REGISTER,
         to_release=lk.release_id,

@@ -13,7 +13,13 @@ from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
 from releasekit._support.files import write_atomic
 from releasekit.errors import InputMissingError, LockError, LockMismatchError, ManifestError
 from releasekit.spec.loadprofile import load_profile
-from releasekit.spec.manifest import LoadedManifest, Manifest, check_files, load_manifest
+from releasekit.spec.manifest import (
+    WEIGHT_RECIPE_FIELDS,
+    LoadedManifest,
+    Manifest,
+    check_files,
+    load_manifest,
+)
 from releasekit.spec.prompts import read_template, render
 from releasekit.spec.provenance import Provenance, read_provenance
 
@@ -58,8 +64,15 @@ def serving_args(m: Manifest) -> dict[str, str]:
 
 
 def quantisation_recipe(m: Manifest) -> dict[str, Any]:
-    """The recipe that drives llm-compressor, without file paths (their bytes are inputs)."""
+    """The recipe that drives llm-compressor, without file paths (their bytes are inputs).
+
+    The weight recipe fields (strategy, symmetric, group_size) appear only when set: a
+    manifest that leaves them to the scheme's preset keeps the recipe, and the release id,
+    it had before they existed."""
     q = m.quantisation.model_dump(mode="json")
+    for key in WEIGHT_RECIPE_FIELDS:
+        if q.get(key) is None:
+            q.pop(key, None)
     if q.get("calibration"):
         q["calibration"].pop("dataset", None)
     return q
@@ -89,6 +102,11 @@ def compute_inputs(lm: LoadedManifest) -> dict[str, str]:
     missing = check_files(lm)
     if missing:
         raise ManifestError(lm.path, missing)
+    from releasekit.spec.quantrecipe import check_manifest_recipe
+
+    bad_recipe = check_manifest_recipe(lm)  # group size vs the model, an empty calibration set
+    if bad_recipe:
+        raise ManifestError(lm.path, bad_recipe)
     m = lm.manifest
     inputs: dict[str, str] = {}
     src = lm.resolve(m.model.source)
@@ -118,7 +136,7 @@ def compute_inputs(lm: LoadedManifest) -> dict[str, str]:
         inputs[f"eval/{s.name}"] = digest_obj(
             {
                 "file": sha256_file(lm.resolve(s.path)),
-                "suite": s.model_dump(mode="json", exclude={"path"}),
+                "suite": s.locked_fields(),
             }
         )
     eval_cfg = m.eval.model_dump(mode="json", exclude={"suites", "judge", "baseline"})

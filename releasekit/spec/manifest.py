@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from releasekit.config import WatchRule
 from releasekit.errors import ManifestError
@@ -50,6 +58,10 @@ class Calibration(_Strict):
 #: weights, FP8 weights with per-token dynamic activations, FP8 with static (calibrated)
 #: per-tensor activation scales.
 Scheme = Literal["none", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8"]
+#: The schemes whose weight recipe (strategy, symmetric, group_size) a manifest may set.
+RECIPE_SCHEMES = ("W4A16", "W8A8")
+#: The weight recipe fields of `Quantisation` (None: the scheme's preset value).
+WEIGHT_RECIPE_FIELDS = ("strategy", "symmetric", "group_size")
 
 
 class Quantisation(_Strict):
@@ -63,6 +75,52 @@ class Quantisation(_Strict):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     seed: int = 0
     dampening_frac: float = Field(0.01, gt=0, lt=1)
+    # The weight recipe, over the scheme's preset (None keeps the preset's value); left out of
+    # the lock's recipe dict while None, so manifests without them keep their release ids.
+    strategy: Literal["group", "channel"] | None = Field(
+        None,
+        description="weight scales per group of `group_size` input columns, or one per output "
+        "channel (no groups); default: the scheme's preset (W4A16 group, W8A8 channel)",
+    )
+    symmetric: bool | None = Field(
+        None, description="symmetric weight scales (no zero points); default: the preset's"
+    )
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        description="input columns per weight scale (strategy group); default: the preset's "
+        "(128 for W4A16); must divide the in-features of every quantised Linear layer",
+    )
+
+    @field_validator("strategy", "symmetric", "group_size")
+    @classmethod
+    def _int_schemes_only(cls, v: Any, info: ValidationInfo) -> Any:
+        if "scheme" not in info.data:  # the scheme itself is wrong: reported on its own
+            return v
+        scheme = info.data["scheme"]
+        if v is not None and scheme not in RECIPE_SCHEMES:
+            raise ValueError(
+                f"applies to the int schemes {' and '.join(RECIPE_SCHEMES)} only "
+                f"(scheme {scheme} keeps llm-compressor's preset)"
+            )
+        if scheme == "W8A8" and (v == "group" or (info.field_name == "group_size" and v)):
+            raise ValueError(
+                "W8A8 takes per-channel weight scales (vLLM's int8 W8A8 kernels have no "
+                "groups): leave group_size and strategy unset, or use W4A16"
+            )
+        if scheme == "W8A8" and info.field_name == "symmetric" and v is False:
+            raise ValueError("W8A8 takes symmetric weight scales (vLLM's int8 W8A8 kernels)")
+        strategy = info.data.get("strategy")
+        if info.field_name == "group_size" and v is not None and strategy == "channel":
+            raise ValueError(
+                f"{v} with strategy channel: per-channel scales have no groups (drop one)"
+            )
+        return v
+
+    def weight_recipe(self) -> dict[str, Any]:
+        """The weight fields this recipe sets over the scheme's preset ({} for the preset)."""
+        fields = {k: getattr(self, k) for k in WEIGHT_RECIPE_FIELDS}
+        return {k: v for k, v in fields.items() if v is not None}
 
     @model_validator(mode="after")
     def _needs_calibration(self) -> Quantisation:
@@ -134,6 +192,16 @@ class Suite(_Strict):
         le=1,
         description="non-inferiority margin: candidate may be at most this much worse",
     )
+    critical: bool = Field(
+        False,
+        description="a suite the business cannot lose on: the quantisation ladder stops at "
+        "the first recipe inferior on it (decides, changes no evidence: not in the release id)",
+    )
+
+    def locked_fields(self) -> dict[str, Any]:
+        """The fields that shape the suite's evidence, as the lock digests them (its path is
+        digested as file bytes; `critical` decides and changes no evidence)."""
+        return self.model_dump(mode="json", exclude={"path", "critical"})
 
 
 class Judge(_Strict):

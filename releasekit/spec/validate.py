@@ -12,6 +12,7 @@ from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import check_files, check_gates, load_manifest
+from releasekit.spec.quantrecipe import check_manifest_recipe
 
 
 class ValidationResult(BaseModel):
@@ -28,7 +29,8 @@ def validate_one(
     path: Path, *, check_files_exist: bool = True, settings: Settings | None = None
 ) -> ValidationResult:
     """Validate one manifest: schema, gate lines that decide nothing (`check_gates`), then
-    referenced files, then the load profile, then `serving.args` against vLLM's own parser
+    referenced files, then the load profile and the quantisation recipe against the model
+    folder and calibration set (spec.quantrecipe), then `serving.args` against vLLM's own parser
     (`settings.python`; see spec.engine_args), then `quantisation.scheme` against what that
     vLLM can serve on this host (spec.hostcaps)."""
     try:
@@ -46,6 +48,7 @@ def validate_one(
                 problems += [
                     f"load.profile ({lm.manifest.load.profile}): {p}" for p in exc.problems
                 ]
+        problems += check_manifest_recipe(lm)
     engine = check_serving_args(lm, settings=settings)
     problems += engine.problems
     notes = [engine.not_checked] if engine.not_checked else []

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from releasekit._support.digests import sha256_file
 from releasekit.config import Settings
 from releasekit.spec.lock import Lock
+from releasekit.spec.measured import MeasuredOn
 from releasekit.stores.results import FILES, ReleasePaths
 
 M = TypeVar("M", bound=BaseModel)
@@ -86,8 +87,45 @@ class BenchSummary(_Lenient):
     knee: BenchPoint | None = None
 
 
+class MadeOn(_Lenient):
+    """The host kind that produced a release's quantised weights (quantise.json `made_on`,
+    the register event's `weights_made_on`): vendor, CPU model, instruction-set level and,
+    where recorded, GPUs. None of it is required: older files record none of it."""
+
+    cpu_vendor: str | None = None
+    cpu_model: str | None = None
+    isa: str | None = None
+    gpus: list[str] | None = Field(None, description="None: not recorded (not: no GPUs)")
+
+    @property
+    def label(self) -> str:
+        """The host kind in words: `AMD EPYC 9B14 (avx512_bf16)`."""
+        cpu = self.cpu_model or self.cpu_vendor or "unknown CPU"
+        gpus = f", {', '.join(self.gpus)}" if self.gpus else ""
+        return f"{cpu} ({self.isa or 'unknown'}){gpus}"
+
+    def record(self) -> dict[str, Any]:
+        """The fields as signed in a register event (those recorded)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def differs_from(self, host: MeasuredOn) -> str | None:
+        """How this host kind differs from where a measurement was made (None: it does not):
+        vendor, CPU model and instruction-set level, and GPUs when the weights were made
+        with some (weights quantised on the CPU do not depend on the host's GPUs)."""
+        pairs = [
+            ("CPU vendor", self.cpu_vendor, host.cpu_vendor),
+            ("CPU model", self.cpu_model, host.cpu_model),
+            ("instruction-set level", self.isa, host.isa),
+        ]
+        if self.gpus:
+            pairs.append(("GPUs", ", ".join(self.gpus), ", ".join(host.gpus)))
+        diff = [what for what, a, b in pairs if a != b]
+        return ", ".join(diff) if diff else None
+
+
 class QuantiseSummary(_Lenient):
-    """quantise.json: what quantisation did and what it produced."""
+    """quantise.json: what quantisation did and what it produced, where the weights were
+    made (`made_on`) and the float code paths quantisation ran with (`float_paths`)."""
 
     scheme: str | None = None
     method: str | None = None
@@ -97,6 +135,13 @@ class QuantiseSummary(_Lenient):
     recipe_digest: str | None = None
     model_dir: str | None = None
     weights_digest: str | None = None
+    made_on: MadeOn | None = None
+    float_paths: dict[str, Any] | None = None
+
+    @property
+    def quantised(self) -> bool:
+        """The served weights were produced by quantisation (not `scheme: none`)."""
+        return self.scheme not in (None, "none")
 
 
 class CompareSuite(_Lenient):

@@ -1,14 +1,17 @@
 """A release's evidence as its signed record vouches for it.
 
-The `register` ledger event of a release signs the sha256 of every build output the
-release had when it was registered (`evidence["reports"]`, relative path -> digest) and the
-digest of its manifest copy (`evidence["manifest_digest"]`). Everything that decides from a
-release's files (the gates' eval, bench and comparison, the knee autoscaling derives its
-target from, the manifest copy whose gates, environments, promotion, canary, shadow and
-watch sections decide) reads them through `verify_release_evidence`: each file is compared
-with the digest the verified register event signed, and the manifest copy with the lock's
-`manifest_digest`. A file that differs, one the event does not list, a listed one that is
-gone, or no register event at all is a problem that names the file; nothing is rebuilt.
+The `register` ledger event of a release signs the sha256 of every build output the release
+had when it was registered (`evidence["reports"]`, relative path -> digest) and the digest
+of its manifest copy (`evidence["manifest_digest"]`), and, from quantise.json as signed, the
+served weights' digest and the host kind that quantised them (`weights_digest`,
+`weights_made_on`; absent from events written before they were signed). Everything that
+decides from a release's files (the gates' eval, bench and comparison, the knee autoscaling
+derives its target from, the manifest copy whose gates, environments, promotion, canary,
+shadow and watch sections decide) reads them through `verify_release_evidence`: each file is
+compared with the digest the verified register event signed, and the manifest copy with the
+lock's `manifest_digest`. A file that differs, one the event does not list, a listed one
+that is gone, or no register event at all is a problem that names the file; nothing is
+rebuilt.
 
     ve = verify_release_evidence(settings, release_id, ledger)
     ve.problems_for("eval", "eval_items")   # [] when eval.json and items.jsonl are as signed
@@ -19,11 +22,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.digests import sha256_bytes, sha256_file
 from releasekit.config import Settings
 from releasekit.errors import LedgerIntegrityError, ReleasekitError, SignatureError
+from releasekit.stores.evidence import MadeOn
 from releasekit.stores.ledger import EventType, Ledger, LedgerRecord, format_time, record_hash
 from releasekit.stores.ledger.schema import _evidence_text
 from releasekit.stores.results import FILES, ReleasePaths
@@ -71,6 +75,14 @@ class SignedEvidence(BaseModel):
     )
     problem: str | None = Field(None, description="what makes every file unverified")
     files: dict[str, FileCheck] = Field(default_factory=dict)
+    weights_digest: str | None = Field(
+        None, description="the served weights' digest the register event signed (None: none)"
+    )
+    weights_made_on: MadeOn | None = Field(
+        None,
+        description="the host kind that quantised the served weights, as the register event "
+        "signed it (None: not quantised, or an event that does not record it)",
+    )
 
     @property
     def ok(self) -> bool:
@@ -215,6 +227,7 @@ def verify_release_evidence(
         if isinstance(reports, dict):
             signed = {str(k): str(v) for k, v in reports.items()}
         md = rec.evidence.get("manifest_digest") or signed.get(FILES["manifest"])
+        _read_weights(ve, rec)
         ve.manifest_digest = str(md) if md else None
         ve.registered = ve.problem is None
         if not signed and ve.problem is None:
@@ -242,6 +255,19 @@ def verify_release_evidence(
             ve.files[key] = check
     _check_manifest_against_lock(ve)
     return ve
+
+
+def _read_weights(ve: SignedEvidence, rec: LedgerRecord) -> None:
+    """The served weights' digest and maker as the register event signed them (events
+    written before they were signed carry neither: both stay None)."""
+    wd = rec.evidence.get("weights_digest")
+    ve.weights_digest = wd if isinstance(wd, str) else None
+    made = rec.evidence.get("weights_made_on")
+    if isinstance(made, dict):
+        try:
+            ve.weights_made_on = MadeOn.model_validate(made)
+        except ValidationError:
+            ve.weights_made_on = None
 
 
 def _check_manifest_against_lock(ve: SignedEvidence) -> None:
