@@ -175,6 +175,13 @@ class BuildError(ReleasekitError):
     remedy = "read the stage's output above, fix the cause and rerun `releasekit build`"
 
 
+class LadderError(ReleasekitError):
+    """Raised when a quantisation ladder cannot run: a base that is already quantised, a
+    rung manifest that differs from the base in more than its recipe."""
+
+    remedy = "fix the ladder file or the manifest it names, then rerun `releasekit quantise ladder`"
+
+
 class QuantiseError(BuildError):
     """Raised when llm-compressor fails or writes an unusable model."""
 

@@ -185,22 +185,27 @@ step "promote bf16 on to production (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
 expect promoted production manifests/demo-bf16.yaml
 
-step "promote W8A8 over bf16: staging, then production (compared with what is live)"
-promote_or_stop manifests/demo-w8a8.yaml --to staging --reason "demo: 8-bit weights"
-expect promoted staging manifests/demo-w8a8.yaml
-promote_or_stop manifests/demo-w8a8.yaml --to production --reason "demo: 8-bit weights"
-expect promoted production manifests/demo-w8a8.yaml
-
-if [[ $W4 == yes ]]; then
-  step "W4A16 against W8A8 live, as a dry run: what 4-bit weights do to each suite (the gate report)"
-  # On the shipped weights 4-bit flips facts both ways (7 lost, 4 gained, p = 0.55): no loss a
-  # gate can see (docs/concepts/releases.md, "The quantisation lesson"). A dry run changes nothing.
-  if releasekit promote manifests/demo-w4a16.yaml --to staging --dry-run --reason "demo: 4-bit weights"; then
-    note "dry run in staging: demo-w4a16 would pass"
-  else
-    note "dry run in staging: demo-w4a16 would be blocked" --by "the gate report above"
-  fi
+step "quantisation ladder: W8A8, W4A16, then W4A16 rounded to nearest with its head quantised, each against bf16 item by item"
+# manifests/ladder/demo.yaml lists the recipes, most faithful first; each rung is a release
+# (built, or reused as built above), compared with bf16 on every suite, priced from its own
+# knee. The ladder stops at the first rung inferior on `facts` (critical in demo-bf16) and
+# recommends the cheapest rung above it. A rung this CPU cannot serve says so and is skipped.
+releasekit quantise ladder manifests/demo-bf16.yaml --recipes manifests/ladder/demo.yaml
+PICK=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recommended_manifest"] or "")' .releasekit/ladder/demo/ladder.json)
+STOP=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["stop_reason"] or "")' .releasekit/ladder/demo/ladder.json)
+if [ -n "$STOP" ]; then note "ladder ${STOP%%:*}" --by "${STOP#*: }"; fi
+if [ -z "$PICK" ] || [ "$PICK" = manifests/demo-bf16.yaml ]; then
+  echo "demo: stopped, the ladder recommends no quantised rung on this host (table above)." >&2
+  exit 1
 fi
+note "ladder recommends $(basename "$PICK" .yaml)" --by "the ladder's rule (cheapest rung that passes every suite)"
+
+step "promote the ladder's pick ($(basename "$PICK" .yaml)) over bf16: staging, then production (through every gate)"
+releasekit approve "$PICK" --env staging --key "$APPROVER_KEY" --reason "demo: the ladder's pick" >/dev/null
+promote_or_stop "$PICK" --to staging --reason "demo: the quantisation ladder's pick"
+expect promoted staging "$PICK"
+promote_or_stop "$PICK" --to production --reason "demo: the quantisation ladder's pick"
+expect promoted production "$PICK"
 
 step "roll staging back to the release live before (the one rolled back from is marked bad)"
 releasekit rollback staging --reason "demo: roll back to the previous release"

@@ -389,8 +389,9 @@ def _model_section(
 
 def settings_markdown(up: str = "") -> str:
     """The settings reference: `Settings` (releasekit.toml and RELEASEKIT_*), the deployment
-    manifest and the load profile, with every model they nest."""
+    manifest, the load profile and the quantisation ladder file, with every model they nest."""
     from releasekit.config import Settings
+    from releasekit.spec.ladder import Ladder
     from releasekit.spec.loadprofile import LoadProfile
     from releasekit.spec.manifest import Manifest
 
@@ -399,6 +400,7 @@ def settings_markdown(up: str = "") -> str:
             ("releasekit.toml and RELEASEKIT_* variables", Settings, "releasekit.toml"),
             ("The deployment manifest", Manifest, "a manifest"),
             ("The load profile", LoadProfile, "a load profile"),
+            ("The quantisation ladder file", Ladder, "a ladder file"),
         ],
         env_prefix="RELEASEKIT_",
     )

@@ -118,6 +118,24 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def group_memory_bytes(pgid: int) -> int | None:
+    """The memory process group `pgid` holds: the sum of its processes' proportional set
+    sizes (`Pss` of /proc/PID/smaps_rollup: a page shared by N processes counts 1/N in each,
+    so shared weights and libraries are counted once). None where /proc does not say."""
+    total, seen = 0, False
+    for pid in group_members(pgid):
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024  # kB
+                seen = True
+                break
+    return total if seen else None
+
+
 def group_alive(pgid: int) -> bool:
     """True while any live (non-zombie) process of process group `pgid` exists."""
     return bool(group_members(pgid))

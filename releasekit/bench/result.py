@@ -58,4 +58,12 @@ class BenchResult(BaseModel):
         description="where it was measured: host kind, cores, load (None: not recorded, an "
         "unknown host that no perf comparison accepts)",
     )
+    server_memory_bytes: int | None = Field(
+        None,
+        description="memory the server's processes held once the model was loaded, before "
+        "the load test (proportional set size, shared pages once; None: not measured)",
+    )
+    server_memory_peak_bytes: int | None = Field(
+        None, description="the same, after the load test (weights plus the KV cache in use)"
+    )
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)

@@ -124,6 +124,7 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     say("starting vLLM", 0, 0)
     with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as server:
         say("starting vLLM", 1, 1)
+        loaded_bytes = server.memory_bytes()
         bench = run_bench(
             server.base_url,
             m.served_name,
@@ -135,6 +136,8 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
             max_num_seqs=int(seqs) if seqs and seqs.isdigit() else None,
         )
         server.check_alive()
+        bench.server_memory_bytes = loaded_bytes
+        bench.server_memory_peak_bytes = server.memory_bytes()
         evaluation = run_eval(
             server.base_url, m.served_name, lm, release_id=lk.release_id, progress=say
         )

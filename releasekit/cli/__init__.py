@@ -20,6 +20,7 @@ from releasekit.cli import (
     doctor_cmds,
     eval_cmds,
     export_cmds,
+    ladder_cmds,
     manifest_cmds,
     replay_cmds,
     rollout_cmds,
@@ -58,6 +59,7 @@ def _root(
 for _group in (
     manifest_cmds,
     build_cmds,
+    ladder_cmds,
     bench_cmds,
     eval_cmds,
     audit_cmds,

@@ -23,6 +23,7 @@ from releasekit._support.http import http_client
 from releasekit._support.procs import (
     deferred_signals,
     die_with_parent_hook,
+    group_memory_bytes,
     last_error_line,
     sigterm_as_interrupt,
     stop_process_group,
@@ -300,6 +301,13 @@ class VLLMServer:
         rc = self.proc.poll()
         if rc is not None:
             raise self._died(rc, "while serving")
+
+    def memory_bytes(self) -> int | None:
+        """The memory the server's processes hold now (API server, engine and workers, shared
+        pages counted once: `group_memory_bytes`); None when not running or not measurable."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        return group_memory_bytes(self.proc.pid)
 
     def wait(self, *, poll_s: float = 0.5) -> None:
         """Block while the server runs (foreground serving); raise ServerStartError quoting

@@ -408,9 +408,18 @@ class SchemeCheck(BaseModel):
 def check_scheme(lm: LoadedManifest, *, python: Path | str) -> SchemeCheck:
     """The manifest's `quantisation.scheme` against what the vLLM of `python` can serve on
     this host. Schemes that need no kernel (`none`) are not probed."""
-    scheme = lm.manifest.quantisation.scheme
+    q = lm.manifest.quantisation
+    scheme = q.scheme
     if scheme == "none":
         return SchemeCheck()
+    if scheme == "W4A16" and "lm_head" not in q.ignore:
+        return SchemeCheck(
+            problems=[
+                "quantisation.ignore: vLLM cannot load a 4-bit lm_head (its output layer takes "
+                "no packed weights: 'no module or parameter named lm_head.weight_packed'); keep "
+                "lm_head in ignore"
+            ]
+        )
     support = scheme_support(scheme, host_facts(python, with_torch=needs_torch(scheme)))
     if support.status == "not verified":
         return SchemeCheck(notes=[f"quantisation.scheme {scheme}: not verified: {support.how}"])

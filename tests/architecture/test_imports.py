@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"stores", "serving"},
     {"releases", "deploy", "bench", "evaluate"},
     {"promote", "build", "capacity"},
-    {"watch"},
+    {"watch", "ladder"},
     {"rollout"},
     {"audit"},
     {"cli", "__main__"},
