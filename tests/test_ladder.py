@@ -324,9 +324,10 @@ def test_the_tables_say_each_rungs_cost_and_loss_in_short_cells() -> None:
     assert rows[1][:3] == ["w8", "passes, recommended", "1.00 MB"]
     assert rows[0][3] == "900.00 MB"
     q_cols, q_rows = quality_table(result)
-    assert q_cols == ["rung", "facts!", "core"]
-    assert q_rows[1][1] == "-0.5 [-1.0,+0.2] LOSS"
-    assert q_rows[2] == ["w2", "-", "-"]
+    assert q_cols[:4] == ["rung", "suite", "delta [95% CI], pts", "verdict"]
+    assert q_rows[0] == ["w8", "facts!", "-0.5 [-1.0, +0.2]", "ok", "0", "0"]
+    assert q_rows[2] == ["w4-bad", "facts!", "-0.5 [-1.0, +0.2]", "LOSS", "3", "0"]
+    assert len(q_rows) == 3  # the base and the rung not tried have no suites
     assert tag_rows(result) == [["w4-bad", "facts", "fact/number", "470/480", "467/480", "-3 +0"]]
 
 

@@ -76,7 +76,7 @@ def ladder(
     out.print("")
     cols, rows = report.quality_table(result)
     short_table(cols, rows)
-    tags = report.tag_rows(result)
+    tags = report.tag_rows(result, critical_only=True)
     if tags:
         out.print("")
         short_table(report.TAG_COLUMNS, tags)

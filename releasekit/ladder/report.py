@@ -79,7 +79,7 @@ def cost_table(result: LadderResult) -> tuple[list[str], list[list[str]]]:
             _mb(r.memory_bytes),
             _num(r.knee_load, "g"),
             _num(r.knee_tokens_per_s, ".0f"),
-            _num(r.cost_per_1k_good, ".4f"),
+            _num(r.cost_per_1k_good, ".3g"),
         ]
         for r in result.rows
     ]
@@ -87,41 +87,58 @@ def cost_table(result: LadderResult) -> tuple[list[str], list[list[str]]]:
 
 
 def quality_table(result: LadderResult) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the quality side: per suite, the delta against the base (points),
-    its interval and the verdict; critical suites marked with `!`."""
-    names = suite_names(result)
-    critical = set(result.critical_suites)
-    cols = ["rung", *(f"{n}!" if n in critical else n for n in names)]
+    """Columns and rows of the quality side, one row a rung and suite: the delta against the
+    base in points with its 95% interval, the verdict, the items lost and gained; a critical
+    suite is marked `!`."""
+    cols = ["rung", "suite", "delta [95% CI], pts", "verdict", "lost", "gained"]
     rows = []
     for r in result.rows:
-        if r.status == "base":
-            continue
-        by = {s.suite: s for s in r.suites}
-        rows.append([r.name, *(suite_cell(by[n]) if n in by else "-" for n in names)])
+        for s in r.suites:
+            interval = (
+                "-"
+                if s.delta is None or s.ci_low is None or s.ci_high is None
+                else f"{100 * s.delta:+.1f} [{100 * s.ci_low:+.1f}, {100 * s.ci_high:+.1f}]"
+            )
+            rows.append(
+                [
+                    r.name,
+                    s.suite + ("!" if s.critical else ""),
+                    interval,
+                    VERDICT_WORD.get(s.verdict, s.verdict),
+                    str(len(s.lost)),
+                    str(len(s.gained)),
+                ]
+            )
     return cols, rows
 
 
-def tag_rows(result: LadderResult) -> list[list[str]]:
-    """Per-tag losses of every rung that lost an item: rung, suite, tag, passed on the base
-    and on the rung, lost and gained."""
+def tag_rows(result: LadderResult, *, critical_only: bool = False) -> list[list[str]]:
+    """Per-tag moves of every rung that moved an item: rung, suite, tag, passed on the base
+    and on the rung, lost and gained. A tag every item of its suite carries says nothing the
+    suite's row does not, and is left out; `critical_only` keeps the critical suites."""
+    sizes = {(r.name, s.suite): s.n for r in result.rows for s in r.suites}
+    critical = set(result.critical_suites)
     out = []
     for r in result.rows:
         for t in r.tags:
-            if t.lost or t.gained:
-                out.append(
-                    [
-                        r.name,
-                        t.suite,
-                        t.tag,
-                        f"{t.base_passed}/{t.n}",
-                        f"{t.passed}/{t.n}",
-                        f"-{t.lost} +{t.gained}",
-                    ]
-                )
+            if not (t.lost or t.gained) or t.n == sizes.get((r.name, t.suite)):
+                continue
+            if critical_only and t.suite not in critical:
+                continue
+            out.append(
+                [
+                    r.name,
+                    t.suite,
+                    t.tag,
+                    f"{t.base_passed}/{t.n}",
+                    f"{t.passed}/{t.n}",
+                    f"-{t.lost} +{t.gained}",
+                ]
+            )
     return out
 
 
-TAG_COLUMNS = ["rung", "suite", "tag", "base", "rung passed", "lost, gained"]
+TAG_COLUMNS = ["rung", "suite", "tag", "base", "rung", "lost, gained"]
 
 
 def plot(result: LadderResult) -> bytes:

@@ -216,14 +216,11 @@ def run_ladder(
     progress: Progress | None = None,
 ) -> LadderResult:
     """Build and judge every rung down to the first critical loss (see the module)."""
-    say = progress or (lambda label, done, total: None)
     started = time.monotonic()
     base, ladder, rungs = prepare(settings, base_path, ladder_path)
     critical = {s.name for s in base.manifest.eval.suites if s.critical}
     if not critical:  # nothing marked: every suite is one the business needs
         critical = {s.name for s in base.manifest.eval.suites}
-    total = len(rungs) + 1
-    say("ladder: base", 0, total)
     base_row = RungRow(
         name=base.manifest.name,
         manifest=_rel(settings, base.path),
@@ -244,8 +241,7 @@ def run_ladder(
         )
     rows = [base_row]
     stopped: RungRow | None = None
-    for i, (rung, lm) in enumerate(rungs, 1):
-        say(f"ladder: {rung.name}", i, total)
+    for rung, lm in rungs:
         row = RungRow(
             name=rung.name,
             manifest=_rel(settings, lm.path),
@@ -277,7 +273,6 @@ def run_ladder(
         _compare(row, cand_eval, base_eval, cand_lm, critical)
         if stops_ladder(row):
             stopped = row
-    say("ladder: done", total, total)
     pick, why = recommend([r for r in rows], tolerance=ladder.cost_tolerance)
     return LadderResult(
         ladder=_rel(settings, ladder_path),
