@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from _results import REPO, write_result
 
 
 def record(project: Path, ladder_stem: str) -> dict[str, Any]:
-    """The ladder's result and, per built rung, what its quantise.json says made it."""
+    """The ladder's result, the commit the project was at, and, per built rung, what its
+    quantise.json says made it."""
     ladder = json.loads(
         (project / ".releasekit" / "ladder" / ladder_stem / "ladder.json").read_text()
     )
@@ -42,7 +44,11 @@ def record(project: Path, ladder_stem: str) -> dict[str, Any]:
             "float_paths": q.get("float_paths"),
             "made_on": q.get("made_on"),
         }
-    return {"ladder": ladder, "weights": weights}
+    head = subprocess.run(
+        ["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    commit = head.stdout.strip() if head.returncode == 0 else "unknown"
+    return {"ladder_commit": commit, "ladder": ladder, "weights": weights}
 
 
 def main(argv: list[str] | None = None) -> int:

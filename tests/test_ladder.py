@@ -321,8 +321,9 @@ def test_the_tables_say_each_rungs_cost_and_loss_in_short_cells() -> None:
     result = _result()
     cols, rows = cost_table(result)
     assert cols[:3] == ["rung", "status", "weights"]
-    assert rows[1][:3] == ["w8", "passes, recommended", "1.00 MB"]
-    assert rows[0][3] == "900.00 MB"
+    assert rows[1][:3] == ["w8", "recommended", "1.00 MB"]
+    assert rows[2][1] == "inferior"
+    assert rows[0][3] == "900 MB"
     q_cols, q_rows = quality_table(result)
     assert q_cols[:4] == ["rung", "suite", "delta [95% CI], pts", "verdict"]
     assert q_rows[0] == ["w8", "facts!", "-0.5 [-1.0, +0.2]", "ok", "0", "0"]

@@ -25,7 +25,10 @@ VERDICT_WORD = {
 
 
 def _mb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f} MB"
+    """Bytes in MB: two decimals below 10 MB (a small model's weights), none above."""
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f} MB" if n < 10e6 else f"{n / 1e6:.0f} MB"
 
 
 def _num(x: float | None, spec: str = ".3g") -> str:
@@ -42,8 +45,7 @@ def suite_cell(s: SuiteDelta) -> str:
 
 def status_cell(r: RungRow, result: LadderResult) -> str:
     """The rung's outcome in a word or two (`recommended` marks the pick)."""
-    word = {"passes": "passes", "base": "base"}.get(r.status, r.status)
-    return f"{word}, recommended" if r.name == result.recommended else word
+    return "recommended" if r.name == result.recommended else r.status
 
 
 def outcome_line(result: LadderResult) -> str:
@@ -162,10 +164,12 @@ def plot(result: LadderResult) -> bytes:
             continue
         for s in crit:
             lo, hi, d = 100 * (s.ci_low or 0), 100 * (s.ci_high or 0), 100 * (s.delta or 0)
-            colour = "tab:red" if s.verdict == "inferior" else "tab:blue"
+            picked = r.name == result.recommended
+            colour = "tab:red" if s.verdict == "inferior" else "tab:green" if picked else "tab:blue"
             ax.errorbar([x], [d], yerr=[[d - lo], [hi - d]], fmt="o", color=colour, capsize=3)
+            label = r.name + (f" ({s.suite})" if len(crit) > 1 else "")
             ax.annotate(
-                f"{r.name} ({s.suite})",
+                label + (", recommended" if picked else ""),
                 (x, d),
                 textcoords="offset points",
                 xytext=(5, 5),
@@ -175,6 +179,7 @@ def plot(result: LadderResult) -> bytes:
     for m in sorted(margins):
         ax.axhline(-100 * m, linestyle="--", color="grey", linewidth=1)
     ax.axhline(0, color="black", linewidth=0.5)
+    ax.margins(x=0.3, y=0.15)  # room for the labels right of the points
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pass rate vs base (points)")
     title(ax, "quality against cost (critical suites; dashed: the margin)", fontsize=10)
