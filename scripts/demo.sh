@@ -185,7 +185,7 @@ step "promote bf16 on to production (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to production --reason "demo: baseline"
 expect promoted production manifests/demo-bf16.yaml
 
-step "quantisation ladder: W8A8, W4A16, then W4A16 rounded to nearest with its head quantised, each against bf16 item by item"
+step "quantisation ladder: W8A8, W4A16, a 4-bit head, then short calibration rows; each against bf16 item by item, down to the first loss on facts"
 # manifests/ladder/demo.yaml lists the recipes, most faithful first; each rung is a release
 # (built, or reused as built above), compared with bf16 on every suite, priced from its own
 # knee. The ladder stops at the first rung inferior on `facts` (critical in demo-bf16) and

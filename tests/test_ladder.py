@@ -356,3 +356,20 @@ def test_a_4bit_lm_head_is_refused_as_not_servable(project: Path) -> None:
     problems = check_scheme(head, python=settings.python).problems
     assert problems and problems[0].startswith("quantisation.ignore:")
     assert "lm_head" in problems[0]
+
+
+def test_calibration_rows_that_collapse_under_the_cut_are_noted() -> None:
+    """Cut at 48 tokens, the demo's calibration rows are all the 49-token system prompt: the
+    ladder's short-calibration rung says so (validate too); the shipped recipes say nothing."""
+    from releasekit.spec.quantrecipe import calibration_notes
+
+    short = load_manifest(
+        REPO / "manifests" / "ladder" / "demo" / "demo-w4a16-short-calib.yaml", root=REPO
+    )
+    (note,) = calibration_notes(short)
+    assert note.startswith("quantisation.calibration.max_seq_length: cut at 48 tokens")
+    assert "256 calibration rows are 1 distinct sequence" in note
+    for name in ("demo-w4a16", "demo-w8a8"):
+        assert (
+            calibration_notes(load_manifest(REPO / "manifests" / f"{name}.yaml", root=REPO)) == []
+        )

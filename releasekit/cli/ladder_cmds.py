@@ -81,6 +81,8 @@ def ladder(
         out.print("")
         short_table(report.TAG_COLUMNS, tags)
     out.print("")
+    for line in report.note_lines(result):
+        out.print(line, markup=False, highlight=False)
     out.print(report.outcome_line(result), markup=False, highlight=False)
     pick = result.recommended or "none"
     out.print(f"recommended: {pick}. {result.recommendation}", markup=False, highlight=False)

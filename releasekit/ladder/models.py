@@ -54,6 +54,9 @@ class RungRow(BaseModel):
     scheme: str
     status: RungStatus
     note: str | None = Field(None, description="why not servable, why the build failed, ...")
+    recipe_notes: list[str] = Field(
+        default_factory=list, description="what validation noticed about the recipe"
+    )
     release_id: str | None = None
     reused: bool | None = Field(
         None, description="its build was up to date: nothing was rebuilt for the ladder"

@@ -61,6 +61,11 @@ def outcome_line(result: LadderResult) -> str:
     return text + (f"; not measured here: {', '.join(skipped)}" if skipped else "")
 
 
+def note_lines(result: LadderResult) -> list[str]:
+    """What validation noticed about a rung's recipe, one line each (`rung: note`)."""
+    return [f"{r.name}: {n}" for r in result.rows for n in r.recipe_notes]
+
+
 def suite_names(result: LadderResult) -> list[str]:
     """Every suite a row judged, in first-seen order."""
     names: dict[str, None] = {}

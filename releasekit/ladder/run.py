@@ -43,6 +43,7 @@ from releasekit.spec.ladder import (
 )
 from releasekit.spec.lock import build_lock, serving_args
 from releasekit.spec.manifest import LoadedManifest, load_manifest, parse_manifest
+from releasekit.spec.quantrecipe import calibration_notes
 from releasekit.stores.evidence import QuantiseSummary
 from releasekit.stores.ledger import open_ledger
 
@@ -257,12 +258,14 @@ def run_ladder(
         if check.problems:
             row.status, row.note = "not servable here", check.problems[0]
             continue
+        notes = calibration_notes(lm)
         try:
             result = builder(settings, lm.path, progress=progress)
         except ReleasekitError as exc:
             row.status, row.note = "failed", exc.message.splitlines()[0]
             continue
         row.reused = bool(result.up_to_date)
+        row.recipe_notes = notes
         ledger = open_ledger(settings, read_only=True)
         row, cand_eval, cand_lm = _measure(
             settings, row, result.release_id, ledger, ladder.unit_cost_per_hour

@@ -146,3 +146,45 @@ def check_manifest_recipe(lm: LoadedManifest) -> list[str]:
     q = lm.manifest.quantisation
     calibration = lm.resolve(q.calibration.dataset) if q.calibration else None
     return check_recipe(q, lm.resolve(lm.manifest.model.source), calibration)
+
+
+def calibration_notes(lm: LoadedManifest) -> list[str]:
+    """What a calibration set gives the quantiser once its rows are cut at `max_seq_length`:
+    a note when they collapse into a few distinct sequences (rows that share a prefix longer
+    than the cut, such as a system prompt, all become that prefix: the calibration then sees
+    no question). Tokenised with the model's own `tokenizer.json`; no note where there is
+    none to read. A note, not a problem: the recipe is valid, and a ladder shows what it
+    costs."""
+    q = lm.manifest.quantisation
+    if not needs_calibration(q) or q.calibration is None:
+        return []
+    tok_path = lm.resolve(lm.manifest.model.source) / "tokenizer.json"
+    data = lm.resolve(q.calibration.dataset)
+    if not tok_path.is_file() or not data.is_file():
+        return []
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    cut = q.calibration.max_seq_length
+    seen: set[tuple[int, ...]] = set()
+    rows = 0
+    with data.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if rows >= q.calibration.samples:
+                break
+            try:
+                text = json.loads(line).get("text") if line.strip() else None
+            except (ValueError, AttributeError):
+                text = None
+            if not isinstance(text, str):
+                continue
+            rows += 1
+            seen.add(tuple(tokenizer.encode(text).ids[:cut]))
+    if rows >= 10 and len(seen) * 10 <= rows:
+        return [
+            f"quantisation.calibration.max_seq_length: cut at {cut} tokens, the {rows} "
+            f"calibration rows are {len(seen)} distinct sequence{'s' if len(seen) != 1 else ''} "
+            "(they share a longer prefix, such as the system prompt): the quantiser calibrates "
+            "on that prefix alone"
+        ]
+    return []

@@ -12,7 +12,7 @@ from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import check_files, check_gates, load_manifest
-from releasekit.spec.quantrecipe import check_manifest_recipe
+from releasekit.spec.quantrecipe import calibration_notes, check_manifest_recipe
 
 
 class ValidationResult(BaseModel):
@@ -55,6 +55,8 @@ def validate_one(
     scheme = check_scheme(lm, python=(settings or load_settings()).python)
     problems += scheme.problems
     notes += scheme.notes
+    if check_files_exist and not problems:
+        notes += calibration_notes(lm)
     return ValidationResult(path=str(path), ok=not problems, problems=problems, notes=notes)
 
 
