@@ -64,7 +64,8 @@ def ladder(
     suites; every suite when none is marked) and recommends the cheapest rung above it.
     Every row is a registered release, promotable as it stands."""
     settings = State.settings()
-    with sigterm_as_interrupt(), progress_reporter(enabled=not json_) as progress:
+    # Steps under 5 s (a cached rung's check) are not written: the builds' own stages are.
+    with sigterm_as_interrupt(), progress_reporter(enabled=not json_, min_s=5.0) as progress:
         result = run_ladder(settings, manifest, recipes, builder=pipeline.build, progress=progress)
     folder = out_dir or settings.state_dir / "ladder" / recipes.stem
     paths = report.write_outputs(result, folder)
