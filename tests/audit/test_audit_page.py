@@ -6,10 +6,12 @@ data; the command only reads (nothing but the page is written)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -118,13 +120,20 @@ def _decision_seq(k: Kit, rid: str) -> int:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    """Every file under `root` with its bytes, but the processes' logs and SQLite's
-    shared-memory index (which any reader of a WAL database updates)."""
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and "logs" not in p.parts and not p.name.endswith("-shm")
-    }
+    """Every file under `root` with its bytes, but the processes' logs and SQLite's own
+    bookkeeping: a database counts by its rows (its dump), not its pages, and its
+    write-ahead log and shared-memory index are left out (a reader's connection may
+    checkpoint the log into the database on close: the same rows, other bytes)."""
+    out: dict[str, bytes] = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or "logs" in p.parts or p.name.endswith(("-shm", "-wal", "-journal")):
+            continue
+        data = p.read_bytes()
+        if data.startswith(b"SQLite format 3\x00"):
+            with contextlib.closing(sqlite3.connect(f"file:{p}?mode=ro", uri=True)) as db:
+                data = "\n".join(db.iterdump()).encode()
+        out[str(p.relative_to(root))] = data
+    return out
 
 
 def test_the_page_shows_the_timeline_and_a_decisions_gates_in_a_browser(
