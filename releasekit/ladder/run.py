@@ -17,6 +17,7 @@ import yaml
 
 from releasekit._support.files import write_atomic
 from releasekit._support.progress import Progress
+from releasekit.build.dvc import project_relative
 from releasekit.config import Settings
 from releasekit.errors import LadderError, ReleasekitError
 from releasekit.evaluate.compare import compare, counts_as_pass
@@ -51,13 +52,6 @@ Builder = Callable[..., Any]
 """`releasekit.build.pipeline.build` (a stand-in in tests that cannot start vLLM)."""
 
 
-def _rel(settings: Settings, p: Path) -> str:
-    try:
-        return p.resolve().relative_to(settings.root.resolve()).as_posix()
-    except ValueError:
-        return p.resolve().as_posix()
-
-
 def _serving(lm: LoadedManifest) -> tuple[dict[str, Any], dict[str, str]]:
     """What a server of the manifest runs with, but for the KV cache's dtype (part of the
     recipe: `quantisation.kv_cache_dtype`)."""
@@ -74,8 +68,9 @@ def prepare(
     base = load_manifest(base_path, root=settings.root)
     if base.manifest.quantisation.scheme != "none":
         raise LadderError(
-            f"{_rel(settings, base.path)}: the ladder's base must be unquantised (scheme none), "
-            f"not {base.manifest.quantisation.scheme}: every rung is compared with it"
+            f"{project_relative(base.path, settings.root)}: the ladder's base must be "
+            f"unquantised (scheme none), not {base.manifest.quantisation.scheme}: every rung "
+            "is compared with it"
         )
     ladder = load_ladder(ladder_path)
     base_data = yaml.safe_load(base.path.read_text(encoding="utf-8"))
@@ -88,8 +83,8 @@ def prepare(
             text = derive_manifest(
                 base_data,
                 rung,
-                base_path=_rel(settings, base.path),
-                ladder_path=_rel(settings, ladder_path),
+                base_path=project_relative(base.path, settings.root),
+                ladder_path=project_relative(ladder_path, settings.root),
             )
             parse_manifest(yaml.safe_load(text), path=path)  # valid before it is written
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
@@ -98,11 +93,13 @@ def prepare(
         lm = load_manifest(path, root=settings.root)
         if lm.manifest.name != rung.name:
             raise LadderError(
-                f"rung {rung.name}: its manifest {_rel(settings, path)} is named "
+                f"rung {rung.name}: its manifest {project_relative(path, settings.root)} is named "
                 f"{lm.manifest.name}; give the rung the manifest's name"
             )
         if lm.manifest.quantisation.scheme == "none":
-            raise LadderError(f"rung {rung.name}: {_rel(settings, path)} is not quantised")
+            raise LadderError(
+                f"rung {rung.name}: {project_relative(path, settings.root)} is not quantised"
+            )
         inputs = build_lock(lm).inputs
         differ = sorted(
             k
@@ -115,8 +112,9 @@ def prepare(
             differ.append("serving")
         if differ:
             raise LadderError(
-                f"rung {rung.name}: {_rel(settings, path)} differs from the base in more than "
-                f"its recipe ({', '.join(differ[:6])}): a ladder compares recipes alone"
+                f"rung {rung.name}: {project_relative(path, settings.root)} differs from the "
+                f"base in more than its recipe ({', '.join(differ[:6])}): a ladder compares "
+                "recipes alone"
             )
         rungs.append((rung, lm))
     return base, ladder, rungs
@@ -224,7 +222,7 @@ def run_ladder(
         critical = {s.name for s in base.manifest.eval.suites}
     base_row = RungRow(
         name=base.manifest.name,
-        manifest=_rel(settings, base.path),
+        manifest=project_relative(base.path, settings.root),
         recipe="unquantised",
         scheme="none",
         status="base",
@@ -245,7 +243,7 @@ def run_ladder(
     for rung, lm in rungs:
         row = RungRow(
             name=rung.name,
-            manifest=_rel(settings, lm.path),
+            manifest=project_relative(lm.path, settings.root),
             recipe=recipe_label(lm.manifest.quantisation),
             scheme=lm.manifest.quantisation.scheme,
             status="not tried",
@@ -278,8 +276,8 @@ def run_ladder(
             stopped = row
     pick, why = recommend([r for r in rows], tolerance=ladder.cost_tolerance)
     return LadderResult(
-        ladder=_rel(settings, ladder_path),
-        base=_rel(settings, base.path),
+        ladder=project_relative(ladder_path, settings.root),
+        base=project_relative(base.path, settings.root),
         host=base_row.measured_on,
         unit_cost_per_hour=ladder.unit_cost_per_hour,
         cost_tolerance=ladder.cost_tolerance,
