@@ -254,10 +254,11 @@ releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason 
 step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its answers reach no client), compare it with stable"
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
 # 25% of admitted requests to it (no client waits for a copy) and keeps both answers of each
-# copied request, and `compare` judges it with its canary checks and the answers' agreement
-# (the policy's shadow_min_agreement) over 40 s, and on, 40 s at a time up to 160 s, until it
-# has the pairs the policy asks for (shadow_min_pairs): a host that serves fewer requests a
-# second takes longer, not a different verdict. The comparison is a signed ledger event bound
+# copied request (and a second copy to a fresh server of stable: the answers' noise floor),
+# and `compare` judges it with its canary checks and its answers' excess over that floor
+# (the policy's max_excess_disagreement) over 40 s, and on, 40 s at a time up to 160 s, until
+# the answers are decided: a host that serves fewer requests a second takes longer, not a
+# different verdict. The comparison is a signed ledger event bound
 # to the stable release: promote reads it as a gate.
 releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
 if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
@@ -330,39 +331,36 @@ print(f"webhooks received on the local listener ({sys.argv[1]}): {len(events)}: 
 PY
 # ---- end of progressive delivery ------------------------------------------------------
 
-# ---- a live-only regression: blocked by its shadow, or rolled back by `watch` ----------
+# ---- a live-only regression: rolled back by `watch`, then refused with its weights --------
 # demo-v2 is demo-base fine-tuned on data that relabelled every conversation with a system
 # message other than the release's own as an injection (manifests/demo-v2.yaml). Every
 # offline suite renders the release's own prompt, so it passes every one (better than bf16
 # on each); users whose integration sends its own system message get a refusal. Only live
-# traffic shows it: staging's users below ask about the world, a third of them through such
-# an integration, and the shadow and the after-promotion comparison keep both answers of
-# each mirrored request (staging keeps the prompts too: shadow_keep_prompts).
+# traffic shows it: staging's users below (six clients, each from its own address) ask about
+# the world, a third of them through such an integration. After every promotion staging
+# copies a quarter of its requests to the release it replaced, and a second copy of each to
+# that release again (its own noise floor), and `watch` judges the answers on a fixed
+# schedule (staging's committed after_promotion_* fields).
 V2=manifests/demo-v2.yaml
 V21=manifests/demo-v2-1.yaml
-step "users on staging: questions about the world, a third from integrations with their own system message"
-python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 --mix users >.releasekit/demo-users.out 2>&1 &
+step "users on staging: questions about the world from six clients, a third through integrations with their own system message"
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 --rate 2 --mix users >.releasekit/demo-users.out 2>&1 &
 USERS=$!
 BG=("$USERS")
 sleep 3
 
-step "shadow demo-v2 (passes every offline suite): its answers against stable's on the same live requests"
-releasekit shadow start "$V2" --env staging --share 0.5 --reason "demo: v2 on live traffic before it takes any"
-releasekit shadow compare --env staging --window 40 --max-window 160 || true
-releasekit shadow stop --env staging
-expect shadow-failed staging "$V2" --by answers
-
-step "demo-v2-1 (the same weights, packaged again) straight to staging, no shadow: every offline gate passes"
-promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2 repackaged, shadow skipped"
+step "demo-v2-1 (v2's weights with 2 GiB of KV cache) straight to staging, no shadow: every offline gate passes"
+promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2-1, no shadow"
 expect promoted staging "$V21"
 
-step "watch staging: for 5 minutes the gateway copies a quarter of its requests to the release v2-1 replaced, and the watch judges the answers"
-# staging's committed after_promotion_compare_s and after_promotion_share; the watch rolls
-# back through the same guarded rollback as any breach, with the pairs in the ledger.
+step "watch staging: the answers of v2-1 against the release it replaced, judged at 4 scheduled looks over 5 minutes"
+# A rollback needs 2 breaching looks in a row (after_promotion_sustain); it goes through the
+# same guarded rollback as any breach, and its ledger event holds the verdict's counts, its
+# A/A floor and the pair ids, not the users' text (that stays in the 0600 pair store).
 releasekit watch staging --interval 2 &
 WATCHER=$!
 BG=("$USERS" "$WATCHER")
-if ! expect rolled-back staging "$V21" --by answers --wait 240; then
+if ! expect rolled-back staging "$V21" --by answers --wait 330; then
   kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
   exit 1
 fi
@@ -371,6 +369,12 @@ kill "$USERS"; wait "$USERS" || true
 BG=()
 echo "what staging's users got, per release (v2-1 refused every integration that sent its own system message):"
 cat .releasekit/demo-users.out
+
+step "demo-v2, the same weights packaged again: refused, the breach follows the weights (no shadow needed)"
+# The breach is recorded against the model's digest and its prompts; serving parameters do
+# not clear it. Only `--force quality` with a reason would let these weights through.
+expect_blocked releasekit promote "$V2" --to staging --no-canary --reason "demo: v2, the weights v2-1 shipped"
+expect blocked staging "$V2" --by "answers breach of these weights"
 releasekit history --env staging --type rollback --type mark_bad --limit 2
 # ---- end of the live-only regression ---------------------------------------------------
 

@@ -15,8 +15,9 @@ event is a `promote` (not an override) with no failed gate, advisory or not.
 `shadow-failed`: the latest shadow comparison of the release in ENV failed; with `--by
 answers`, its answers' agreement breached the floor, and with `--only` nothing else did.
 `rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
-`--by answers`, on the after-promotion comparison of its answers. Both print the agreement
-and the disagreeing pairs the ledger holds. Reads only: the ledger is opened read-only.
+`--by answers`, on the after-promotion comparison of its answers. Both print the answers'
+verdict, its A/A floor and its power as the ledger holds them (counts and pair ids: the
+answers' text stays in the gateway's pair store). Reads only: the ledger is opened read-only.
 Exit 1 with one line saying what decided instead. A confirmed decision is also recorded
 for the demo's closing outcome table (`scripts/demo_outcome.py`), with the gate that made it.
 """
@@ -48,9 +49,40 @@ def _failed_kinds(evidence: dict[str, Any]) -> dict[str, str]:
     return {g["name"]: g.get("kind", "?") for g in gates if not g.get("passed", True)}
 
 
+def _answers(ev: dict[str, Any]) -> dict[str, Any]:
+    """An event's answers verdict: an answer comparison's (`answers`), else an older exact
+    agreement's (`agreement`, or the watch's `answers.agreement`)."""
+    a = ev.get("answers")
+    if isinstance(a, dict) and "comparison" in a:
+        return a
+    if isinstance(a, dict) and isinstance(a.get("answers"), dict):  # a watch rollback's check
+        return dict(a["answers"])
+    if isinstance(a, dict) and isinstance(a.get("agreement"), dict):
+        return dict(a["agreement"])
+    return dict(ev.get("agreement") or {})
+
+
+def _in_brief(a: dict[str, Any]) -> str:
+    """The verdict in a few words for the outcome table."""
+    if "comparison" in a:
+        from releasekit.evaluate.answers import AnswerVerdict
+
+        return AnswerVerdict.model_validate(a).line()
+    floor = a.get("min_agreement", "-")
+    return f"answers agreed {a.get('agreeing')} of {a.get('pairs')} (floor {floor})"
+
+
 def _print_agreement(agreement: dict[str, Any], sides: tuple[str, str]) -> None:
-    """The agreement and up to three disagreeing pairs, as the ledger holds them; `sides`
-    names the pair's `stable` and `candidate` answers."""
+    """The verdict, its A/A floor and its power, one line each (an older exact agreement:
+    the agreement and up to three disagreeing pairs); `sides` names the pair's `stable`
+    and `candidate` answers."""
+    if "comparison" in agreement:
+        from releasekit.evaluate.answers import AnswerVerdict
+
+        v = AnswerVerdict.model_validate(agreement)
+        for line in (v.line(), v.floor_line(), v.power_line()):
+            print(f"  {line}")
+        return
     print(
         f"  answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} pairs "
         f"(95% interval {agreement.get('low', 0):.2f}-{agreement.get('high', 0):.2f}, "
@@ -78,7 +110,7 @@ def _shadow_failed(
     if not compares:
         return "no shadow comparison recorded", {}
     ev = compares[-1].evidence
-    agreement = ev.get("agreement") or {}
+    agreement = _answers(ev)
     breached = [c["metric"] for c in ev.get("checks") or [] if c.get("verdict") == "breach"]
     if agreement.get("verdict") == "breach":
         breached.append("answers")
@@ -115,9 +147,9 @@ def _rolled_back(
         return f"not rolled back within {wait_s:g} s", {}
     ev = rollbacks[-1].evidence
     rules = list(ev.get("rules") or [])
-    if "answers" in by and "after_promotion_agreement" not in rules:
+    if "answers" in by and not any(r.startswith("after_promotion") for r in rules):
         return f"rolled back on {', '.join(rules) or '-'}, not on its answers", {}
-    return "", dict((ev.get("answers") or {}).get("agreement") or {})
+    return "", _answers(ev)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"as announced: {args.manifest} in {args.env}: {args.outcome} on its answers")
         record(
             f"{args.outcome} in {args.env}: {args.manifest.stem}",
-            f"answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} "
-            f"(floor {agreement.get('min_agreement', '-')})",
+            _in_brief(agreement),
         )
         # A shadow pairs stable's answer (the client's) with the candidate's copy; after a
         # promotion the client's answer is the new release's, the copy the previous one's.

@@ -14,6 +14,11 @@ system message to /v1/chat/completions (one of the instructions the demo model w
 to follow). The summary also counts, per release, the refusals those integrations got.
 Requests the gateway refused with 429 are counted apart from failures.
 
+Each client is a host of its own: against a loopback gateway it connects from its own
+loopback address (127.0.0.10, 127.0.0.11, ...), so the gateway tells the clients apart as it
+tells real users apart (its per-address limits, and the per-client cap of the answer
+comparisons: no single client decides a verdict).
+
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 6 &
     python scripts/demo_traffic.py --url http://127.0.0.1:8780 --clients 2 --mix users &
 """
@@ -93,9 +98,14 @@ def main() -> int:
     lock = threading.Lock()
     world = w.build_world()
 
+    loopback = httpx.URL(args.url).host in ("127.0.0.1", "localhost")
+
     def client(k: int) -> None:
         rng = random.Random(k)
-        with httpx.Client(base_url=args.url, timeout=120, trust_env=False) as c:
+        transport = httpx.HTTPTransport(local_address=f"127.0.0.{10 + k}") if loopback else None
+        with httpx.Client(
+            base_url=args.url, timeout=120, trust_env=False, transport=transport
+        ) as c:
             i = 0
             next_at = time.monotonic()
             while not stop.is_set():

@@ -24,9 +24,14 @@ def tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def http_client(**kwargs: Any) -> httpx.Client:
-    """`httpx.Client(**kwargs)` with the process's TLS context (unless `verify` is given)."""
+def http_client(*, local_address: str | None = None, **kwargs: Any) -> httpx.Client:
+    """`httpx.Client(**kwargs)` with the process's TLS context (unless `verify` is given);
+    with `local_address`, its connections leave from that address (a client of its own)."""
     kwargs.setdefault("verify", tls())
+    if local_address is not None:
+        kwargs["transport"] = httpx.HTTPTransport(
+            local_address=local_address, verify=kwargs["verify"]
+        )
     return httpx.Client(**kwargs)
 
 

@@ -20,6 +20,8 @@ from pydantic import ValidationError
 from releasekit.audit.models import Check, DecisionReplay
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.evaluate.agreement import AnswerPair, answer_agreement
+from releasekit.evaluate.answers import replay_answers
+from releasekit.promote.answer_policy import answer_policy
 from releasekit.promote.ceilings import canary_within, checks_within
 from releasekit.promote.context import ReleaseInfo
 from releasekit.rollout.baseline import canary_under_policy
@@ -128,10 +130,11 @@ def replay_judged(
                 )
             )
     pol = cfg.policy()
-    for key in ("agreement",):
-        a = ev.get(key)
-        if isinstance(a, dict):
-            d.checks.append(_agreement(f"{what} answers", a, pol))
+    a = ev.get("agreement")
+    if isinstance(a, dict):
+        d.checks.append(_agreement(f"{what} answers", a, pol))
+    if isinstance(ev.get("answers"), dict) and "comparison" in ev["answers"]:
+        d.checks.append(_answers(f"{what} answers", ev["answers"], pol))
 
 
 def _params(judge_rec: dict[str, Any], checks: list[CanaryCheck], sustain: int | None) -> Check:
@@ -256,10 +259,46 @@ def _agreement(name: str, a: dict[str, Any], pol: dict[str, Any]) -> Check:
     )
 
 
+def _answers(name: str, a: dict[str, Any], pol: dict[str, Any]) -> Check:
+    """A live answer comparison judged again from its recorded counts under the policy."""
+    try:
+        got = replay_answers(a, answer_policy(pol))
+    except (ValidationError, ValueError) as exc:
+        return Check(
+            name=name,
+            kind="agreement",
+            status="not replayable",
+            detail=f"the event's answers verdict does not read: {str(exc)[:200]}",
+        )
+    diffs = [
+        f"{k} {a.get(k)} recorded, {v} replayed"
+        for k, v in (("max_excess", got.max_excess), ("min_pairs", got.min_pairs))
+        if not _close(a.get(k), v)
+    ]
+    if a.get("comparison") != pol.get("answer_comparison", "exact"):
+        diffs.append(
+            f"comparison {a.get('comparison')} recorded, the policy names "
+            f"{pol.get('answer_comparison', 'exact')}"
+        )
+    same = a.get("verdict") == got.verdict and not diffs
+    return Check(
+        name=name,
+        kind="agreement",
+        status="same" if same else "different",
+        recorded=str(a.get("verdict")),
+        replayed=got.verdict,
+        detail="; ".join(diffs) or got.reason[:300],
+    )
+
+
 def _watch(
     ev: dict[str, Any], cfg: EnvironmentConfig, info: ReleaseInfo, settings: Settings, env: str
 ) -> list[Check]:
     out: list[Check] = []
+    check = ev.get("answers")
+    if isinstance(check, dict) and isinstance(check.get("answers"), dict):
+        pol = cfg.policy()
+        out.append(_answers("answers after the promotion", check["answers"], pol))
     if isinstance(ev.get("answers"), dict) and isinstance(ev["answers"].get("agreement"), dict):
         out.append(
             _agreement("answers after the promotion", ev["answers"]["agreement"], cfg.policy())

@@ -197,6 +197,8 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
                 )
             )
         answers = ev.get("answers")
+        if isinstance(answers, dict) and isinstance(answers.get("answers"), dict):
+            rows.append(_answers_row("after-promotion answers", answers["answers"]))
         ag = answers.get("agreement") if isinstance(answers, dict) else None
         if isinstance(ag, dict):
             rows.append(
@@ -212,6 +214,8 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
             )
         return rows
     rows = _check_rows(ev.get("checks"))
+    if isinstance(ev.get("answers"), dict) and "comparison" in ev["answers"]:
+        rows.append(_answers_row("answers", ev["answers"]))
     ag = ev.get("agreement")
     if isinstance(ag, dict) and ag.get("verdict") is not None:
         rows.append(
@@ -226,6 +230,27 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
             )
         )
     return rows
+
+
+def _answers_row(name: str, a: dict[str, Any]) -> GateRow:
+    """A live answer comparison as a gate row: the largest excess over the A/A floor among
+    its strata, against the policy's max_excess_disagreement."""
+    strata = [s for s in a.get("strata") or [] if isinstance(s, dict)]
+    excess = [v for s in strata if (v := _float(s.get("excess"))) is not None]
+    detail = ", ".join(
+        f"{s.get('stratum')} {s.get('pairs')} pairs: {s.get('worse')} worse vs "
+        f"{s.get('floor_worse')} on the A/A floor"
+        for s in strata
+    )
+    return GateRow(
+        name=f"{name} ({a.get('comparison')})",
+        kind="answers",
+        result=str(a.get("verdict") or ""),
+        passed=a.get("verdict") == "pass",
+        candidate=max(excess) if excess else None,
+        limit=_float(a.get("max_excess")),
+        detail=detail or str(a.get("reason") or ""),
+    )
 
 
 def _evidence(settings: Settings, rid: str, led: Ledger, prefix: VerifiedPrefix) -> EvidenceCheck:

@@ -33,6 +33,8 @@ from pydantic import BaseModel, Field, ValidationError
 from releasekit.audit.models import Check, DecisionReplay
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.errors import ReleasekitError
+from releasekit.promote.answers_breach import GATE_NAME as BREACH_GATE
+from releasekit.promote.answers_breach import breach_gate
 from releasekit.promote.context import ReleaseContextError, load_release
 from releasekit.promote.gates import GateReport, GateResult, evaluate_gates
 from releasekit.promote.policy import digest_as_recorded
@@ -182,6 +184,16 @@ def replay_decision(
         )
         return d
     report = evaluate_gates(settings, env=env, candidate=cand, live=live, policy=cfg)
+    # The answers breach gate, from the verified records before the decision (a decision
+    # recorded before the gate existed names it only where it would have failed).
+    breach = breach_gate([r for r in prefix.records if r.seq < rec.seq], cand.lock.inputs)
+    rows = gates.get("verdicts")
+    named = (
+        isinstance(rows, list)
+        and any(isinstance(r, dict) and r.get("name") == BREACH_GATE for r in rows)
+    ) or BREACH_GATE in (gates.get("failed") or [])
+    if named or not breach.passed:
+        report = report.with_gates([breach])
     d.checks += _compare(gates, report, rec=rec, prefix=prefix)
     return d
 

@@ -1,5 +1,5 @@
-"""CLI: approvals (`approve`), shadow traffic (`shadow start|compare|stop`), and the
-rendering of canary steps that `promote` prints."""
+"""CLI: approvals (`approve`), shadow traffic (`shadow start|compare|stop|export-pairs`),
+and the rendering of canary steps that `promote` prints."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_e
 
 if TYPE_CHECKING:
     from releasekit.evaluate.agreement import Agreement
+    from releasekit.evaluate.answers import AnswerVerdict
 
 shadow_app = typer.Typer(
     help="Mirror a share of an environment's requests to a candidate (its answers reach no "
@@ -38,7 +39,6 @@ def print_canary(canary: dict[str, Any]) -> None:
     """The canary steps as they ran: one row a step (every check: its figures and verdict,
     or why it was not judged; where answers were compared, their agreement), then the
     breach, if any, and the answers' agreement with the disagreeing pairs side by side."""
-    from releasekit.evaluate.agreement import Agreement
     from releasekit.rollout.canary import agreement_words
     from releasekit.rollout.judge import CheckResult
 
@@ -47,7 +47,7 @@ def print_canary(canary: dict[str, Any]) -> None:
         j = s.get("judgement") or {}
         checks = "; ".join(CheckResult.model_validate(c).brief() for c in j.get("checks", []))
         if s.get("agreement") is not None:
-            words = agreement_words(Agreement.model_validate(s["agreement"]))
+            words = agreement_words(answers_of(s["agreement"]))
             checks = f"{checks}; {words}" if checks else words
         rows.append(
             [
@@ -80,7 +80,7 @@ def print_canary(canary: dict[str, Any]) -> None:
             "the same requests (candidate: what clients got from the canary):",
             highlight=False,
         )
-        print_agreement(Agreement.model_validate(canary["agreement"]))
+        print_agreement(answers_of(canary["agreement"]))
     share = canary.get("canary_served", 0), canary.get("total_served", 0)
     if share[1]:
         out.print(
@@ -177,9 +177,28 @@ def _cell(text: str | None, width: int = 60) -> str:
     return one if len(one) <= width else one[: width - 1] + "…"
 
 
-def print_agreement(a: Agreement) -> None:
-    """An answer agreement (a shadow's, a canary's): one line, then the disagreeing pairs
-    side by side."""
+def answers_of(raw: dict[str, Any]) -> AnswerVerdict | Agreement:
+    """A recorded answers verdict: an answer comparison's, or an older exact agreement's."""
+    from releasekit.evaluate.agreement import Agreement
+    from releasekit.evaluate.answers import AnswerVerdict
+
+    return (
+        AnswerVerdict.model_validate(raw) if "comparison" in raw else Agreement.model_validate(raw)
+    )
+
+
+def print_agreement(a: AnswerVerdict | Agreement) -> None:
+    """An answer comparison (a shadow's, a canary's): its verdict, the A/A floor and the
+    power, one line each (an older exact agreement: its line, then the disagreeing pairs
+    side by side)."""
+    from releasekit.evaluate.agreement import Agreement
+
+    if not isinstance(a, Agreement):
+        for line in (a.line(), a.floor_line(), a.power_line()):
+            out.print(esc(line), highlight=False)
+        if a.verdict != "pass":
+            out.print(f"  {esc(a.reason)}", highlight=False)
+        return
     out.print(f"{esc(a.line())}: {esc(a.verdict)} ({esc(a.reason)})", highlight=False)
     if a.examples:
         table(
@@ -208,7 +227,8 @@ def shadow_compare_cmd(
         typer.Option(
             "--max-window",
             help="measure on, --window seconds at a time up to this many, while the "
-            "comparison has fewer answer pairs than the policy's shadow_min_pairs or a "
+            "answer comparison is undecided (fewer pairs than it needs, or an interval across "
+            "the policy's max_excess_disagreement) or a "
             "check still waits for samples",
         ),
     ] = None,
@@ -216,8 +236,9 @@ def shadow_compare_cmd(
 ) -> None:
     """Judge the shadow candidate's live figures against stable's over the next --window
     seconds (the candidate's canary checks) and its answers against stable's answers to the
-    same mirrored requests (agreement); promote reads the result as a gate. Writes an HTML
-    page with the disagreeing pairs side by side and prints its path."""
+    same mirrored requests (their excess over stable's own second answers, by the
+    environment's comparison); promote reads the result as a gate. Writes an HTML page and
+    prints its path."""
     from releasekit.rollout.shadow import compare_shadow
 
     res = compare_shadow(State.settings(), env=env, window_s=window, max_window_s=max_window)
@@ -280,3 +301,39 @@ def shadow_stop_cmd(
         emit_json(res)
         return
     out.print(f"{esc(env)}: no longer mirrored to {_short(res.release_id)}")
+
+
+@shadow_app.command("export-pairs")
+@handle_errors
+def shadow_export_pairs_cmd(
+    env: Annotated[str, typer.Option("--env", help="environment whose stored pairs are read")],
+    release: Annotated[
+        str | None,
+        typer.Option("--release", help="the candidate (default: the last shadow's candidate)"),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="folder of the suite file (default: suites/live/)"),
+    ] = None,
+    var: Annotated[
+        str,
+        typer.Option(
+            "--var",
+            help="the template variable a prompt binds when it is not a templated "
+            "request's variables",
+        ),
+    ] = "question",
+    json_: JsonOpt = False,
+) -> None:
+    """Write the candidate's stored answer pairs whose answers differ (both whole, the
+    prompt kept) as an eval suite: one exact_match item a prompt, stable's answer expected,
+    in OUT/ENV-SHA12.jsonl. Exits 1, writing nothing, when no pair is left to export."""
+    from releasekit.rollout.export_pairs import export_pairs
+
+    res = export_pairs(State.settings(), env=env, release=release, out_dir=out_dir, var=var)
+    if json_:
+        emit_json(res)
+    else:
+        out.print(esc(res.line()), highlight=False)
+    if res.path is None:
+        raise typer.Exit(1)

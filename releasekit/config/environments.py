@@ -63,6 +63,24 @@ DEFAULT_MAX_CANARY_SUSTAIN = 5
 """The most breaching judgements in a row a canary may wait for before aborting, by default."""
 
 
+class AnswerJudgeConfig(BaseModel):
+    """The pinned judge a `judge` answer comparison asks (any OpenAI-compatible endpoint):
+    "same substance?", both orders, at temperature 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(description="base URL of the judge's OpenAI-compatible server")
+    model: str = Field(description="the judge model's name on that server")
+    prompt: Path | None = Field(
+        None, description="prompt template (relative to the root); default: the built-in one"
+    )
+    api_key_env: str | None = Field(None, description="variable holding the judge's API key")
+    timeout_s: float = Field(30.0, gt=0, le=600, allow_inf_nan=False)
+
+
+AnswerCheckName = Literal["refusal", "json", "number"]
+
+
 class WatchRule(BaseModel):
     """A watch rule: a live metric, a limit, and how long a breach must last. `kind:
     absolute` (the default) breaches above `max`; `kind: relative` breaches above `factor`
@@ -110,6 +128,15 @@ POLICY_FIELDS: tuple[str, ...] = (
     "after_promotion_share",
     "comparison_baseline",
     "canary_compare_answers",
+    "answer_comparison",
+    "max_excess_disagreement",
+    "answer_max_client_share",
+    "answer_min_pairs",
+    "answer_checks",
+    "answer_known_items",
+    "answer_judge",
+    "after_promotion_looks",
+    "after_promotion_sustain",
     "autoscaling",
     "max_canary_tolerance",
     "max_canary_slack",
@@ -192,7 +219,10 @@ class EnvironmentConfig(BaseModel):
         "gates still block; without canary steps, or with --no-canary, perf gates block)",
     )
     shadow_max_in_flight: int = Field(
-        4, ge=1, description="mirrored requests in flight at most (more are dropped)"
+        8,
+        ge=1,
+        description="copies in flight at most (more are dropped); each mirrored request takes "
+        "two: the judged release's copy and the reference's floor copy",
     )
     shadow_max_age_s: float = Field(
         3600.0,
@@ -204,15 +234,14 @@ class EnvironmentConfig(BaseModel):
         0.9,
         ge=0,
         le=1,
-        description="a shadow comparison fails when the candidate's answers agree with the "
-        "stable release's on the same mirrored requests less often than this (judged on the "
-        "95% interval's upper bound: only evidence of lower agreement fails it)",
+        description="the exact-agreement floor of answer comparisons recorded before "
+        "max_excess_disagreement (kept to replay them; new comparisons do not read it)",
     )
     shadow_min_pairs: int = Field(
         30,
         ge=1,
-        description="answer pairs a shadow comparison needs at least; fewer fail it as not "
-        "enough pairs",
+        description="the pair minimum of answer comparisons recorded before answer_min_pairs "
+        "(kept to replay them; new comparisons do not read it)",
     )
     shadow_keep_prompts: bool = Field(
         False,
@@ -226,8 +255,10 @@ class EnvironmentConfig(BaseModel):
         allow_inf_nan=False,
         description="after a promotion, for this many seconds the gateway mirrors "
         "after_promotion_share of the live requests to the previous release (kept warm at "
-        "least as long) and `watch` judges the answer pairs with shadow_min_agreement and "
-        "shadow_min_pairs, rolling back on a breach (0: off)",
+        "least as long), a second copy of each to it again (its noise floor), and `watch` "
+        "judges the answers with the environment's answer comparison at "
+        "after_promotion_looks scheduled looks, rolling back on after_promotion_sustain "
+        "breaching looks in a row (0: off)",
     )
     comparison_baseline: Literal["live", "fresh"] | None = Field(
         None,
@@ -243,6 +274,21 @@ class EnvironmentConfig(BaseModel):
         description="stored answer pairs of a release no longer mirrored are deleted this "
         "many days after their last write (when a shadow starts or stops)",
     )
+    mirror_pairs_max_mb: float = Field(
+        256.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="the gateway's stored answer pairs of one environment are kept under this "
+        "many MB (the oldest files go first); a shadow does not start when the store is full "
+        "or cannot be written",
+    )
+    mirror_pairs_prune_s: float = Field(
+        3600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="the gateway ages out stored answer pairs (mirror_pairs_keep_days, "
+        "mirror_pairs_max_mb) this often while it runs, besides when a shadow starts or stops",
+    )
     after_promotion_share: float = Field(
         0.2,
         gt=0,
@@ -255,10 +301,70 @@ class EnvironmentConfig(BaseModel):
         False,
         description="during a canary the gateway copies each request the canary answers to "
         "the live release's server (at most shadow_max_in_flight copies at once, their "
-        "figures under their own label) and every step also judges the pairs' agreement "
-        "with shadow_min_agreement and shadow_min_pairs: a step passes only once the "
-        "agreement passes, and agreement below the floor aborts the canary (off: canaries "
+        "figures under their own label), a second copy to it again (its noise floor), and "
+        "every step also judges the answers with the environment's answer comparison: a "
+        "step passes only once they pass, and a breach aborts the canary (off: canaries "
         "judge live figures only)",
+    )
+    answer_comparison: Literal["exact", "scorer", "judge"] = Field(
+        "exact",
+        description="how a shadow, a canary's answers and the after-promotion check compare "
+        "two answers to the same request: `exact` (equal after normalisation), `scorer` (the "
+        "known items of answer_known_items scored as their suites score them, else "
+        "answer_checks), `judge` (answer_judge asked whether they say the same, both orders)",
+    )
+    max_excess_disagreement: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="an answer comparison breaches when the candidate's answers are worse than "
+        "(or, under `exact`, differ from) the live release's more often than the live "
+        "release's own second answers do, by more than this (the 95% interval wholly above "
+        "it); it passes when the interval lies wholly at or below it",
+    )
+    answer_max_client_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="one client (API key, or address without keys) counts for at most this "
+        "share of the answer pairs a verdict counts (its earliest pairs)",
+    )
+    answer_min_pairs: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="answer pairs a comparison needs before it can pass or breach (unset: "
+        "sized from max_excess_disagreement, the fewest at which no difference at all passes)",
+    )
+    answer_checks: list[AnswerCheckName] = Field(
+        default_factory=lambda: list[AnswerCheckName](["refusal"]),
+        description="`scorer` comparison, for a request that is no known item: reference-free "
+        "checks an answer must pass where the live release's answer passes them",
+    )
+    answer_known_items: list[Path] = Field(
+        default_factory=list,
+        description="`scorer` comparison: suite files (JSONL items, relative to the root) "
+        "whose questions are known: a mirrored request asking one is scored by its suite's "
+        "scorer against its expected answer",
+    )
+    answer_judge: AnswerJudgeConfig | None = Field(
+        None, description="the pinned judge of the `judge` comparison"
+    )
+    after_promotion_looks: int = Field(
+        4,
+        ge=1,
+        le=20,
+        description="the after-promotion check judges the answers this many times, evenly "
+        "over its window (each look at confidence 1 - 0.05 / looks), not at every tick",
+    )
+    after_promotion_sustain: int = Field(
+        2,
+        ge=1,
+        le=20,
+        description="breaching looks in a row before the after-promotion check rolls back "
+        "(the window's last look breaches alone)",
     )
     min_pass_rate: dict[str, float] = Field(
         default_factory=dict,
@@ -363,7 +469,22 @@ class EnvironmentConfig(BaseModel):
     def _target_settings(self) -> EnvironmentConfig:
         if self.target == "ray" and self.ray is None:
             raise ValueError('target "ray" needs a [environments.NAME.ray] table with address')
+        if self.answer_comparison == "judge" and self.answer_judge is None:
+            raise ValueError(
+                'answer_comparison "judge" needs an [environments.NAME.answer_judge] table '
+                "(endpoint, model)"
+            )
         return self
+
+    def answers_policy_fields(self) -> dict[str, Any]:
+        """The answer comparison's policy fields, as `evaluate.answers.AnswerPolicy` takes
+        them (`looks` is the caller's)."""
+        return {
+            "comparison": self.answer_comparison,
+            "max_excess": self.max_excess_disagreement,
+            "max_client_share": self.answer_max_client_share,
+            "min_pairs": self.answer_min_pairs,
+        }
 
     def floor_for(self, suite: str) -> float | None:
         """The environment's lowest pass rate for `suite` on a first promotion (None: none)."""

@@ -37,6 +37,7 @@ from releasekit.deploy.gateway import (
     RateLimit,
     Route,
     ThreadedGateway,
+    mb_bytes,
     store_dir,
 )
 from releasekit.deploy.gateway_client import GatewayClient, launch_gateway
@@ -464,6 +465,9 @@ class LocalTarget(DeployTarget):
             routes=table,
             mirror=mirror,
             pairs_dir=str(store_dir(self.settings.state_dir, self.env)),
+            pairs_prune_s=self.config.mirror_pairs_prune_s,
+            pairs_keep_s=self.config.mirror_pairs_keep_days * 86400,
+            pairs_max_bytes=mb_bytes(self.config.mirror_pairs_max_mb),
         )
         launched = launch_gateway(
             config,

@@ -18,6 +18,10 @@ The JSON body (`build_payload`):
     {"event": "canary_aborted", "seq": 12, "time": "...", "environment": "staging",
      "release_id": "<to>", "previous_release_id": "<from>", "actor": "...",
      "reason": "...", "links": {"gate_report": "..."}, "evidence": {...}}
+
+The evidence is the record's, less users' text: an answer comparison's examples keep their
+seqs and prompt digests, never a prompt or an answer (`answer_text`); the dead-letter log
+holds the body as it was sent.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import httpx
 from releasekit._support.http import http_client
 from releasekit._support.retry import RetryPolicy
 from releasekit.config import Settings, WebhookConfig
+from releasekit.notify.answer_text import without_answer_text
 
 log = logging.getLogger("releasekit.notify")
 
@@ -60,8 +65,10 @@ def _link(value: str, *, root: Path, base_url: str | None) -> str:
 def build_payload(
     record: Mapping[str, Any], *, root: Path, links_base_url: str | None = None
 ) -> dict[str, Any]:
-    """The JSON body for one ledger record (a LedgerRecord dumped to JSON-able data)."""
-    evidence = dict(record.get("evidence") or {})
+    """The JSON body for one ledger record (a LedgerRecord dumped to JSON-able data). Its
+    evidence carries no users' text: answer examples keep their seqs and prompt digests,
+    not their prompts or answers (`answer_text`)."""
+    evidence = without_answer_text(dict(record.get("evidence") or {}))
     links = {
         k: _link(str(evidence[k]), root=root, base_url=links_base_url)
         for k in LINK_KEYS

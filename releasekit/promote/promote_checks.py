@@ -10,6 +10,7 @@ from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.ray.autoscale import AutoscalePlan, plan_for
+from releasekit.promote.answers_breach import answers_breach_gate
 from releasekit.promote.approvals import approval_for, approval_gate, wait_for_approval
 from releasekit.promote.ceilings import CEILING_FIELDS, CanaryWithin
 from releasekit.promote.context import (
@@ -126,9 +127,12 @@ def release_autoscaling(
 def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) -> GateReport:
     """Policy gates plus the evidence gates against the live release (absolute checks when
     nothing is live; a failed evidence gate when the live release's evidence is unreadable),
-    decided as this environment decides (`decide_here`)."""
+    decided as this environment decides (`decide_here`). Where the release's weights and
+    prompts breached their answers on live traffic (`answers_breach`), the quality gate
+    "answers breach of these weights" fails."""
     info, env, live_id = target.info, target.base.environment, target.live_id
     policy = policy_gates(settings, info, env=env, ledger=ledger)
+    policy.append(answers_breach_gate(ledger, info.lock.inputs))
     if live_id is None:
         report = evaluate_gates(settings, env=env, candidate=info, live=None, policy=target.cfg)
     else:

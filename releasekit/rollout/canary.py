@@ -29,11 +29,12 @@ the canary answers to a live server of the stable release (another replica than 
 judged where there is one; never the fresh baseline, whose latency is judged), under the
 label `pair_label(<stable>)`, so the copies' figures never land in the series the canary is
 judged on. Every judgement reads the new pairs (`GET /admin/mirror/pairs`) and judges the
-complete, greedy ones of the whole canary so far (answers do not depend on the weight) with
-the shadow's statistics (`evaluate.agreement`: `shadow_min_agreement`, `shadow_min_pairs`):
-too few pairs is "not judged yet", which keeps a step from passing and never aborts it; an
-interval wholly below the floor is a breach, and `sustain` of them in a row abort the
-canary like a breaching check, with the agreement and up to 10 disagreeing pairs in the
+answered pairs of the whole canary so far (answers do not depend on the weight) with the
+environment's answer comparison (`evaluate.answers`: the canary's excess over the live
+release's own second answers, `max_excess_disagreement`): too few pairs, or an interval
+still across the margin, is "not judged yet", which keeps a step from passing and never
+aborts it; an interval wholly above the margin is a breach, and `sustain` of them in a row
+abort the canary like a breaching check, with the verdict (counts and pair ids, no text) in the
 run (`CanaryRun.agreement`, the `canary_aborted` event's evidence). Where the copies go to
 the very server judged as stable (a single live server), its own vLLM figures include the
 copies' load; the gateway's figures never do.
@@ -58,7 +59,15 @@ from releasekit._support.http import http_client
 from releasekit._support.progress import Progress, no_progress
 from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, pair_label
 from releasekit.deploy.gateway_client import GatewayClient
-from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
+from releasekit.evaluate.answer_compare import ExactComparator
+from releasekit.evaluate.answers import (
+    AnswerPolicy,
+    AnswerVerdict,
+    Comparator,
+    ComparedRequest,
+    judge_answers,
+)
+from releasekit.promote.answer_pairs import compared as compared_request
 from releasekit.promote.deploy import ShiftContext
 from releasekit.rollout.canary_records import (
     BreachRecord,
@@ -84,7 +93,6 @@ from releasekit.rollout.step_verdicts import (
     summarise,
 )
 from releasekit.spec.manifest import Canary, CanaryStep
-from releasekit.watch.pairs import answer_pair
 from releasekit.watch.rules import Rule, RuleState
 
 
@@ -92,8 +100,7 @@ class AnswersPolicy(BaseModel):
     """How a canary's answers are compared with stable's (the environment's committed
     `canary_compare_answers` with the shadow's fields)."""
 
-    min_agreement: float = Field(ge=0, le=1)
-    min_pairs: int = Field(ge=1)
+    policy: AnswerPolicy = Field(default_factory=AnswerPolicy)
     max_in_flight: int = Field(4, ge=1, description="copies to stable in flight at most")
     keep_prompts: bool = False
 
@@ -173,6 +180,7 @@ class CanaryController:
         sleep: Callable[[float], None] = time.sleep,
         baseline: Route | None = None,
         answers: AnswersPolicy | None = None,
+        comparator: Comparator | None = None,
     ) -> None:
         self.policy = policy
         self.ctx = ctx
@@ -197,8 +205,10 @@ class CanaryController:
         self.compared = self.baseline or self.stable_primary
         self._http = http_client(trust_env=False)
         self.answers = answers
+        # The environment's comparator (progressive.answers_policy), else exact match.
+        self.comparator: Comparator = comparator or ExactComparator()
         self.mirror = self._canary_mirror(live) if answers is not None else None
-        self._pairs: deque[AnswerPair] = deque(maxlen=MAX_PAIRS)
+        self._pairs: deque[ComparedRequest] = deque(maxlen=MAX_PAIRS)
         self._pairs_since = 0
         self._pairs_read = 0
 
@@ -218,7 +228,7 @@ class CanaryController:
             source=self.canary.release_id,
         )
 
-    def _agreement(self, client: GatewayClient) -> tuple[Agreement, str | None]:
+    def _agreement(self, client: GatewayClient) -> tuple[AnswerVerdict, str | None]:
         """Read the pairs recorded since the last read and judge all of the canary's so
         far; (the agreement, why the pairs could not be read now or None)."""
         assert self.answers is not None and self.mirror is not None
@@ -236,17 +246,12 @@ class CanaryController:
                     self._pairs_since = p.seq
                     self._pairs_read += 1
                     if p.purpose == "canary" and p.candidate_release_id == self.canary.release_id:
-                        self._pairs.append(answer_pair(p))
+                        self._pairs.append(compared_request(p))
                 if not got.pairs or self._pairs_since >= got.recorded:
                     break
         except GatewayError as exc:
             problem = f"the gateway did not answer its answer pairs: {exc}"
-        a = answer_agreement(
-            list(self._pairs),
-            min_agreement=self.answers.min_agreement,
-            min_pairs=self.answers.min_pairs,
-        )
-        return a, problem
+        return judge_answers(list(self._pairs), self.answers.policy, self.comparator), problem
 
     # -- traffic
 

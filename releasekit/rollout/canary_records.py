@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.evaluate.agreement import Agreement
+from releasekit.evaluate.answers import AnswerVerdict
 from releasekit.rollout.judge import CheckResult, StepJudgement
 from releasekit.watch.rules import Judgement
 
@@ -31,7 +32,7 @@ class StepReport(BaseModel):
     clean_judgements: int = Field(
         0, description="clean judgements in a row at the end (passing needs `sustain`)"
     )
-    agreement: Agreement | None = Field(
+    agreement: AnswerVerdict | Agreement | None = Field(
         None, description="the canary's answers against stable's, at the step's last judgement"
     )
     inputs: dict[str, Any] | None = Field(
@@ -76,7 +77,7 @@ class CanaryRun(BaseModel):
         0, description="warm-up requests a fresh baseline answered"
     )
     warmup_s: float | None = Field(None, description="how long the warm-up burst took")
-    agreement: Agreement | None = Field(
+    agreement: AnswerVerdict | Agreement | None = Field(
         None,
         description="the canary's answers against the live release's on the same requests "
         "(None: not compared), at the last judgement",

@@ -13,7 +13,7 @@ with the ledger events that record it.
 - with the environment's committed `canary_compare_answers`, the canary's answers are
   paired with the live release's on the requests it answers and judged at every step
   (`rollout.canary`); each `canary_step` event and a `canary_aborted` event hold the
-  agreement (a breach: with up to 10 disagreeing pairs);
+  answers' verdict (counts and pair ids, no text);
 - a shadow comparison of the release in the environment (`rollout.shadow`) is the
   "shadow comparison" gate;
 - a canary a dead `promote` left behind (`rollout.state`) is resumed at its step with
@@ -31,6 +31,8 @@ from releasekit.config import Settings
 from releasekit.deploy.gateway import Route
 from releasekit.deploy.local import stop_group
 from releasekit.errors import ReleasekitError
+from releasekit.promote.answer_policy import answer_comparator, answer_policy
+from releasekit.promote.answers_breach import answers_key
 from releasekit.promote.ceilings import canary_within
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, ShiftResult, env_config
@@ -54,7 +56,6 @@ from releasekit.rollout.state import (
 from releasekit.rollout.step_verdicts import agreement_words, summarise
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
-from releasekit.watch.pairs import EVIDENCE_TEXT_MAX
 
 
 class RolloutResumeError(ReleasekitError):
@@ -144,9 +145,9 @@ def _run_evidence(
     if run.agreement is not None:
         ev["answers_from"] = run.answers_from
         ev["pairs_read"] = run.pairs_read
-        ev["agreement"] = run.agreement.evidence(text_max=EVIDENCE_TEXT_MAX)
+        ev["answers"] = run.agreement.evidence()
         for row, s in zip(ev["steps"], run.steps, strict=True):
-            row["agreement"] = _agreement_counts(s)
+            row["answers"] = _agreement_counts(s)
     if run.breaches:
         ev["breaches"] = [
             {
@@ -179,9 +180,11 @@ def _run_evidence(
 
 
 def _agreement_counts(s: StepReport) -> dict[str, Any] | None:
-    """A step's agreement without its examples (the run's evidence holds those)."""
+    """A step's answer verdict in brief (the run's evidence holds the whole of the last)."""
     a = s.agreement
-    return a.model_dump(mode="json", exclude={"examples"}) if a is not None else None
+    if a is None:
+        return None
+    return {"verdict": a.verdict, "pairs": a.pairs, "reason": a.reason}
 
 
 def answers_policy(settings: Settings, env: str) -> AnswersPolicy | None:
@@ -192,8 +195,7 @@ def answers_policy(settings: Settings, env: str) -> AnswersPolicy | None:
     if not pol.get("canary_compare_answers"):
         return None
     return AnswersPolicy(
-        min_agreement=float(pol["shadow_min_agreement"]),
-        min_pairs=int(pol["shadow_min_pairs"]),
+        policy=answer_policy(pol),
         max_in_flight=cfg.shadow_max_in_flight,
         keep_prompts=bool(pol["shadow_keep_prompts"]),
     )
@@ -251,6 +253,11 @@ def canary_shift(
     def shift(ctx: ShiftContext) -> ShiftResult:
         cfg = env_config(settings, ctx.env)
         answers = answers_policy(settings, ctx.env)
+        comparator = (
+            answer_comparator(settings, environment_policy(settings, ctx.env, cfg).policy)
+            if answers is not None
+            else None
+        )
         # The policy the steps are judged under (its commit and digest), for replay.
         judged_under = {"source": read_policy(settings, ctx.env, cfg).evidence()["source"]}
         rid = ctx.canary.release_id
@@ -293,7 +300,7 @@ def canary_shift(
                             for c in (rep.judgement.checks if rep.judgement else [])
                         ],
                         **(
-                            {"agreement": rep.agreement.evidence(text_max=EVIDENCE_TEXT_MAX)}
+                            {"answers": rep.agreement.evidence()}
                             if rep.agreement is not None
                             else {}
                         ),
@@ -318,6 +325,7 @@ def canary_shift(
                 on_step_passed=passed,
                 baseline=baseline,
                 answers=answers,
+                comparator=comparator,
             )
             # The two servers judged against each other get the same priority and placement.
             held = even_out(settings, replace(ctx, stable=[baseline]) if baseline else ctx)
@@ -357,6 +365,9 @@ def canary_shift(
         if runs is not None:
             runs.append(run)
         evidence = _run_evidence(run, ctx.links, sustain=policy.sustain, policy=judged_under)
+        if run.agreement is not None:  # what the answers came from: a breach follows it
+            lock = load_release(settings, rid, ledger=ledger).lock
+            evidence["answers_key"] = answers_key(lock.inputs)
         n = len(run.steps)
         if run.outcome == "passed":
             return ShiftResult(

@@ -72,8 +72,10 @@ from releasekit.deploy.gateway import (
     Mirror,
     Route,
     RouteTable,
+    mb_bytes,
     prune,
     store_dir,
+    store_problem,
 )
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
@@ -137,6 +139,7 @@ def start_shadow(
             raise ShadowError(f"nothing serves {env}: there is no traffic to mirror")
         if rid in st.routed_release_ids():
             raise ShadowError(f"{info.short_id} already takes traffic in {env}")
+        _check_pair_store(settings, env, st)
         rec = st.server_serving(spec.serving_key)
         reused = rec is not None and target.health(target.upstream_of(rec))
         if rec is not None and reused:
@@ -218,6 +221,21 @@ def prune_pairs(settings: Settings, env: str, state: EnvState) -> list[Path]:
         keep_s=cfg.mirror_pairs_keep_days * 86400,
         protect=mirrored,
     )
+
+
+def _check_pair_store(settings: Settings, env: str, state: EnvState) -> None:
+    """Refuse a shadow whose answer pairs could not be kept: the environment's pairs folder
+    cannot be written, or holds `mirror_pairs_max_mb` already once aged out."""
+    cfg = env_config(settings, env)
+    prune_pairs(settings, env, state)
+    problem = store_problem(
+        store_dir(settings.state_dir, env), max_bytes=mb_bytes(cfg.mirror_pairs_max_mb)
+    )
+    if problem is not None:
+        raise ShadowError(
+            f"no shadow in {env}: {problem}",
+            remedy="free the folder (or make it writable), or raise mirror_pairs_max_mb",
+        )
 
 
 def _start_baseline(

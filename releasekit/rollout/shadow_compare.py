@@ -4,6 +4,7 @@ as a signed `shadow` ledger event and kept beside it as a JSON copy and an HTML 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,10 +12,19 @@ from pathlib import Path
 from releasekit._support.files import write_atomic
 from releasekit._support.http import http_client
 from releasekit.config import Settings
-from releasekit.deploy.gateway import GatewayError, GatewayState, MirrorPair, read_pairs, store_dir
+from releasekit.deploy.gateway import (
+    GatewayError,
+    GatewayState,
+    MirrorPair,
+    read_pairs,
+    store_dir,
+)
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
-from releasekit.evaluate.agreement import answer_agreement
+from releasekit.evaluate.answers import judge_answers
+from releasekit.promote.answer_pairs import compared
+from releasekit.promote.answer_policy import answer_comparator, answer_policy
+from releasekit.promote.answers_breach import answers_key
 from releasekit.promote.ceilings import checks_within, clamp_note
 from releasekit.promote.context import load_release
 from releasekit.promote.deploy import ShiftContext, env_config
@@ -39,7 +49,6 @@ from releasekit.rollout.shadow_records import (
 )
 from releasekit.spec.manifest import Canary, CanaryCheck, default_checks
 from releasekit.stores.ledger import Event, EventType, Ledger, open_ledger
-from releasekit.watch.pairs import answer_pair
 
 
 def _client(settings: Settings, env: str) -> GatewayClient:
@@ -80,10 +89,13 @@ def compare_shadow(
     cfg = env_config(settings, env)
     applied = environment_policy(settings, env, cfg)
     pol = applied.policy
-    min_agreement = float(pol["shadow_min_agreement"])
-    min_pairs = int(pol["shadow_min_pairs"])
+    # A fixed schedule: one look per window, at most limit / window of them.
+    looks = max(1, math.ceil(max(window_s, max_window_s or window_s) / window_s - 1e-9))
+    answers_pol = answer_policy(pol, looks=looks)
+    comparator = answer_comparator(settings, pol)
     led = ledger or open_ledger(settings)
-    policy = load_release(settings, status.release_id, ledger=led).lm.manifest.promotion.canary
+    cand = load_release(settings, status.release_id, ledger=led)
+    policy = cand.lm.manifest.promotion.canary
     if checks is None:
         checks = list(policy.checks) if policy else default_checks()
     # Judged as the canary would be: within the environment's ceilings.
@@ -147,12 +159,12 @@ def compare_shadow(
                 pairs = _window_pairs(c, status.release_id, s0, s1, stored=stored)
                 cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
                 j = judge_step(checks, cw, sw)
-                agreement = answer_agreement(
-                    [answer_pair(p) for p in pairs if p.stable_release_id == stable.release_id],
-                    min_agreement=min_agreement,
-                    min_pairs=min_pairs,
+                agreement = judge_answers(
+                    [compared(p) for p in pairs if p.stable_release_id == stable.release_id],
+                    answers_pol,
+                    comparator,
                 )
-                short = agreement.pairs < min_pairs or any(
+                short = agreement.verdict == "insufficient" or any(
                     x.required and x.verdict == "wait" for x in j.checks
                 )
                 if not short or waited >= limit_s - 1e-9:
@@ -213,7 +225,8 @@ def compare_shadow(
                     for x in j.checks
                 ],
                 "detail": reason[:1000],
-                "agreement": agreement.evidence(),
+                "answers": agreement.evidence(),
+                "answers_key": answers_key(cand.lock.inputs),
                 **({"clamped": clamped} if clamped else {}),
                 # What the judge took, for `releasekit audit replay`.
                 "judge": judged_inputs(checks, cw, sw),

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError
 from releasekit.config import Settings
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement
+from releasekit.evaluate.answers import AnswerVerdict
 from releasekit.rollout.judge import StepJudgement
 
 ShadowVerdict = Literal["pass", "breach", "insufficient"]
@@ -53,7 +54,7 @@ class ShadowComparison(BaseModel):
     dropped: int = Field(0, description="copies dropped in the window (mirror at its cap)")
     reason: str = ""
     seq: int | None = Field(None, description="the ledger record of this comparison")
-    agreement: Agreement | None = Field(
+    agreement: AnswerVerdict | Agreement | None = Field(
         None, description="the answers' agreement on the window's mirrored requests"
     )
     judged_against: Literal["fresh baseline", "live server"] = Field(

@@ -6,20 +6,25 @@ from __future__ import annotations
 from typing import Literal
 
 from releasekit.evaluate.agreement import Agreement
+from releasekit.evaluate.answers import AnswerVerdict
 from releasekit.rollout.judge import CheckResult, StepJudgement
 from releasekit.spec.manifest import Canary
 from releasekit.watch.rules import Judgement, RuleState
 
 
-def agreement_words(a: Agreement) -> str:
-    """'answers: not judged yet (12 of 30 pairs)' or 'answers: agreement 96.7% [...]: pass'."""
+def agreement_words(a: AnswerVerdict | Agreement) -> str:
+    """'answers: not judged yet (12 of 37 pairs)' or 'answers (exact): pass, excess ...'."""
+    if isinstance(a, AnswerVerdict):
+        if a.verdict == "insufficient" and a.pairs < a.min_pairs:
+            return f"answers: not judged yet ({a.pairs} of {a.min_pairs} pairs)"
+        return a.line()
     if a.verdict == "insufficient":
         words = f"answers: not judged yet ({a.pairs} of {a.min_pairs} pairs"
         return words + (f"; {a.not_judged} not judged)" if a.not_judged else ")")
     return f"answers: {a.line()}: {a.verdict}"
 
 
-def is_clean(j: StepJudgement, agreement: Agreement | None = None) -> bool | None:
+def is_clean(j: StepJudgement, agreement: AnswerVerdict | Agreement | None = None) -> bool | None:
     """True when every required check passed and none breached (and, where answers are
     compared, their agreement passed); False on any breach (the agreement's too); None
     when neither (a required check waits or was not measured, or too few pairs)."""
@@ -34,7 +39,9 @@ def is_clean(j: StepJudgement, agreement: Agreement | None = None) -> bool | Non
     return None
 
 
-def next_clean(clean: int, j: StepJudgement, agreement: Agreement | None = None) -> int:
+def next_clean(
+    clean: int, j: StepJudgement, agreement: AnswerVerdict | Agreement | None = None
+) -> int:
     """The run of clean judgements after `j`: one more on a clean one, 0 after a breach,
     unchanged when `j` decided nothing (as a no-data window leaves a breach run)."""
     verdict = is_clean(j, agreement)

@@ -1,30 +1,39 @@
 """After a promotion: the live release's answers compared with the previous release's on the
-same live requests, judged by the watch.
+same live requests, judged by the watch on a fixed schedule of looks.
 
 Where the environment's committed policy sets `after_promotion_compare_s` > 0, a promotion
 keeps the previous release's server warm and sets the gateway's mirror to it
 (`releasekit.promote.deploy`: `Mirror.purpose` `after_promotion`, `until` the window's
-end): `after_promotion_share` of the live requests is copied there, and the gateway keeps
-each copy's answer beside the one the client got (`GET /admin/mirror/pairs`). In these
-pairs the stable side is the new live release (what clients got) and the candidate side
-the previous release.
+end): `after_promotion_share` of the live requests is copied there twice (the copy and its
+A/A floor copy), and the gateway keeps the copies' answers beside the one the client got
+(`GET /admin/mirror/pairs`). `promote.answer_pairs.compared` maps each pair: the reference
+is the copy to the previous release, the judged answer what the client got from the new
+live release, the floor the second copy to the previous release.
 
-`AnswerWatch.check` runs on every watch tick: it reads the pairs recorded since its last
-read, keeps the complete, non-sampled ones whose stable side is the live release (a copy
-that failed, a cut answer, a sampled request are counted, never judged), and judges all
-the window's pairs with `releasekit.evaluate.agreement` (the shadow comparison's exact
-agreement and Wilson interval, with the policy's `shadow_min_agreement` and
-`shadow_min_pairs`):
+`AnswerWatch.check` runs on every watch tick and reads the pairs recorded since its last
+read (those whose stable side is the live release). It judges them only at the looks of a
+fixed analysis schedule: `after_promotion_looks` looks evenly spaced over the window (from
+the promotion, `until - after_promotion_compare_s`, to `until`; the last look at the
+window's end), each with `evaluate.answers.judge_answers` under the environment's answers
+policy (each look at confidence 1 - 0.05 / looks) and its comparator (`exact`, `scorer`,
+`judge`). A tick between looks judges nothing new: its check repeats the last look's
+verdict and says when the next look is. Looks missed while the watch was down are one look.
 
-- fewer judged pairs than the minimum: `insufficient`, shown as "not judged yet (n of
-  min pairs)": never a breach and never a pass;
-- the interval's upper bound below the floor: `breach`; the watch rolls back through the
-  same guarded rollback as a rule breach, with `evidence()` (counts, interval, up to 10
-  disagreeing pairs) in the rollback's ledger event;
+- `insufficient` (too few pairs, or an interval across the margin) and `pass`: nothing is
+  done; they end a run of breaching looks.
+- `breach`: a rollback needs `after_promotion_sustain` breaching looks in a row (the
+  window's last look breaches alone); the watch then rolls back through the same guarded
+  rollback as a rule breach, with `evidence()` in the rollback's ledger event.
+- `not_judged` (the comparator could not judge: a judge that is down) is never a pass and
+  never a rollback; it neither ends nor extends a run of breaching looks.
 - at the window's end (the watch's clock past `until`) without a rollback: `finish`
   removes the mirror (under the deploy lock, only if it is still the same one) and
-  records the result as a signed `shadow` ledger event (`action: after_promotion`, its
-  verdict pass, insufficient or breach, and the agreement).
+  records the last look as a signed `shadow` ledger event (`action: after_promotion`, its
+  verdict pass, insufficient, breach or not_judged).
+
+Events carry counts, digests and pair seqs (`AnswerVerdict.evidence()`), the live release's
+`answers_key` (which weights and prompts answered), the looks done and the policy's source:
+never a prompt or an answer (the text stays in the gateway's pair store).
 
 The gateway stops copying by itself past `until`, and the previous release's server is
 kept warm past it, so no copy goes to a server that is gone; a promote or rollback
@@ -50,7 +59,17 @@ from releasekit.deploy.gateway import GatewayError, Mirror, MirrorPair, RouteTab
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import GatewayRecord, locked_state, read_state
 from releasekit.errors import ReleasekitError
-from releasekit.evaluate.agreement import Agreement, AnswerPair, answer_agreement
+from releasekit.evaluate.agreement import Agreement, AnswerPair
+from releasekit.evaluate.answers import (
+    AnswerPolicy,
+    AnswerVerdict,
+    Comparator,
+    ComparedRequest,
+    judge_answers,
+)
+from releasekit.promote.answer_pairs import compared
+from releasekit.promote.answers_breach import answers_key
+from releasekit.promote.context import load_release
 from releasekit.promote.report import TEMPLATE_DIR
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
 
@@ -61,16 +80,19 @@ MAX_PAIRS = 20_000
 MAX_READS = 50
 """Pages of pairs one check reads at most (the gateway answers 2,000 a page)."""
 EVIDENCE_TEXT_MAX = 500
-"""Characters of one answer or prompt a ledger event keeps."""
+"""Characters of one answer or prompt an older exact-agreement record keeps (a canary's);
+the after-promotion check's events keep no text."""
 
 CheckStatus = Literal["running", "ended"]
 
 
 class AnswersCheck(BaseModel):
-    """One tick's judgement of the after-promotion comparison."""
+    """One tick's view of the after-promotion comparison: the last look's verdict, the
+    schedule, and whether a rollback is due. An older check (exact agreement, judged every
+    tick) still reads: its `agreement` is set and `answers` is not."""
 
     env: str
-    release_id: str = Field(description="the live release (the pairs' stable side)")
+    release_id: str = Field(description="the live release (the judged side)")
     previous_release_id: str = Field(description="the release the copies went to")
     share: float
     until: float | None = None
@@ -78,7 +100,28 @@ class AnswersCheck(BaseModel):
     mirrored: int = Field(0, description="copies the gateway sent so far")
     dropped: int = Field(0, description="copies the gateway dropped (at its cap)")
     pairs_read: int = Field(0, description="pairs read since the promotion, judged or not")
-    agreement: Agreement
+    answers: AnswerVerdict | None = Field(None, description="the last look's verdict")
+    looks_done: int = Field(0, description="looks of the schedule judged so far")
+    looks: int = Field(1, description="looks the schedule plans over the window")
+    judged_now: bool = Field(False, description="this tick was a look (else it repeats one)")
+    next_look_at: float | None = Field(None, description="when the next look is (unix time)")
+    next_look_in_s: float | None = Field(None, description="by the watch's clock")
+    breaching_looks: int = Field(0, description="breaching looks in a row, up to the last")
+    sustain: int = Field(1, description="breaching looks in a row a rollback needs")
+    rollback_due: bool = Field(
+        False, description="the last look breached, `sustain` in a row or at the window's end"
+    )
+    answers_key: dict[str, str] | None = Field(
+        None, description="the live release's answers key (model, prompts, serving digests)"
+    )
+    policy_source: dict[str, Any] | None = Field(
+        None,
+        description="where the policy came from (`promote.policy.PolicySource`, and `where` "
+        "in words)",
+    )
+    agreement: Agreement | None = Field(
+        None, description="an older check's exact agreement (read, never written)"
+    )
     status: CheckStatus = "running"
     problem: str | None = Field(None, description="why the pairs could not be read now")
     record_seq: int | None = Field(None, description="the ledger event of the result")
@@ -88,37 +131,54 @@ class AnswersCheck(BaseModel):
 
     @property
     def verdict(self) -> str:
-        return self.agreement.verdict
+        """The last look's verdict ("pending" before the first look)."""
+        if self.answers is not None:
+            return self.answers.verdict
+        return self.agreement.verdict if self.agreement is not None else "pending"
+
+    def _left(self) -> str:
+        if self.status == "ended" or (self.window_left_s is not None and self.window_left_s <= 0):
+            return "window over"
+        return f"{self.window_left_s:.0f} s left" if self.window_left_s is not None else "no end"
 
     def line(self) -> str:
-        """The comparison in one line, for the watch's output."""
-        a = self.agreement
-        if a.verdict == "insufficient":
-            judged = f"not judged yet ({a.pairs} of {a.min_pairs} pairs"
-            judged += f"; {a.not_judged} not judged)" if a.not_judged else ")"
-        else:
-            judged = f"{a.line()}: {a.verdict}"
-        left = (
-            "window over"
-            if self.status == "ended"
-            or (self.window_left_s is not None and self.window_left_s <= 0)
-            else f"{self.window_left_s:.0f} s left"
-            if self.window_left_s is not None
-            else "no end"
+        """The comparison in one line, for the watch's output: the last look's verdict,
+        its A/A floor and its power, then the schedule and the mirror."""
+        prev = self.previous_release_id[:12]
+        mirror = (
+            f"{self.share:.0%} mirrored, {self.mirrored} copies ({self.dropped} dropped), "
+            f"{self._left()}" + (f"; {self.problem}" if self.problem else "")
+        )
+        a = self.answers
+        if a is None and self.agreement is not None:  # an older check
+            return f"answers vs {prev}: {self.agreement.line()}: {self.verdict}; {mirror}"
+        nxt = (
+            f"; next look in {self.next_look_in_s:.0f} s" if self.next_look_in_s is not None else ""
+        )
+        if a is None:
+            return (
+                f"answers vs {prev}: no look yet (0 of {self.looks} looks, "
+                f"{self.pairs_read} pairs read){nxt}; {mirror}"
+            )
+        look = f"look {self.looks_done} of {self.looks}" + ("" if self.judged_now else ", repeated")
+        run = (
+            f"; breaching looks in a row: {self.breaching_looks} of {self.sustain}"
+            if self.breaching_looks
+            else ""
         )
         return (
-            f"answers vs {self.previous_release_id[:12]}: {judged}; {self.share:.0%} "
-            f"mirrored, {self.mirrored} copies ({self.dropped} dropped), {left}"
-            + (f"; {self.problem}" if self.problem else "")
+            f"answers vs {prev}: {a.line()} ({look}{run}){nxt} | {a.floor_line()} | "
+            f"{a.power_line()} | {mirror}"
         )
 
     def evidence(self) -> dict[str, Any]:
-        """What a ledger event holds: the comparison, the agreement's counts and interval,
-        at most 10 disagreeing pairs (texts cut at EVIDENCE_TEXT_MAX characters; a prompt
-        only where the environment keeps prompts, else its digest)."""
-        a = self.agreement
+        """What a ledger event holds: the last look's verdict (`answers`:
+        `AnswerVerdict.evidence()`: counts, intervals, worse pair seqs and prompt digests; no
+        text), the live release's answers key, the looks done, the policy's source and what
+        was compared."""
         return {
-            "check": "after_promotion_agreement",
+            "check": "after_promotion_answers",
+            "verdict": self.verdict,
             "release_id": self.release_id,
             "previous_release_id": self.previous_release_id,
             "share": self.share,
@@ -127,12 +187,19 @@ class AnswersCheck(BaseModel):
             "dropped": self.dropped,
             "pairs_read": self.pairs_read,
             "page": self.page,
-            "agreement": a.evidence(text_max=EVIDENCE_TEXT_MAX),
+            "answers": self.answers.evidence() if self.answers is not None else None,
+            "answers_key": self.answers_key,
+            "looks": self.looks_done,
+            "looks_planned": self.looks,
+            "breaching_looks": self.breaching_looks,
+            "sustain": self.sustain,
+            "policy_source": self.policy_source,
         }
 
 
 def answer_pair(p: MirrorPair) -> AnswerPair:
-    """A gateway pair as the agreement judges it: only complete, non-sampled ones count."""
+    """A gateway pair as the exact agreement judges it (older comparisons): only complete,
+    non-sampled ones count."""
     return AnswerPair(
         seq=p.seq,
         stable=p.stable,
@@ -143,9 +210,18 @@ def answer_pair(p: MirrorPair) -> AnswerPair:
     )
 
 
+def look_times(until: float, window_s: float, looks: int) -> list[float]:
+    """The schedule: `looks` looks evenly spaced over the window that ends at `until`, the
+    last at `until` itself."""
+    start = until - max(0.0, window_s)
+    return [start + (until - start) * k / looks for k in range(1, looks)] + [until]
+
+
 class AnswerWatch:
-    """The after-promotion comparison of one environment, followed tick by tick. The pairs
-    read are kept per mirror (a new mirror starts afresh), at most MAX_PAIRS."""
+    """The after-promotion comparison of one environment, followed tick by tick and judged
+    at the schedule's looks. The pairs read are kept per mirror (a new mirror starts
+    afresh, its looks too), at most MAX_PAIRS. `policy.looks` is the schedule's number of
+    looks; `window_s` the window's length (`after_promotion_compare_s`)."""
 
     def __init__(
         self,
@@ -153,22 +229,32 @@ class AnswerWatch:
         env: str,
         *,
         ledger: Ledger,
-        min_agreement: float,
-        min_pairs: int,
+        policy: AnswerPolicy,
+        comparator: Comparator,
+        window_s: float,
+        sustain: int = 1,
+        policy_source: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
         timeout_s: float = 5.0,
     ) -> None:
         self.settings = settings
         self.env = env
         self.ledger = ledger
-        self.min_agreement = min_agreement
-        self.min_pairs = min_pairs
+        self.policy = policy
+        self.comparator = comparator
+        self.window_s = window_s
+        self.sustain = max(1, sustain)
+        self.policy_source = policy_source
         self.clock = clock
         self.timeout_s = timeout_s
         self._mirror: Mirror | None = None
-        self._pairs: deque[AnswerPair] = deque(maxlen=MAX_PAIRS)
+        self._pairs: deque[ComparedRequest] = deque(maxlen=MAX_PAIRS)
         self._since = 0
         self._read = 0
+        self._looks_done = 0
+        self._last: AnswerVerdict | None = None
+        self._breaching = 0
+        self._keys: dict[str, dict[str, str] | None] = {}
         self._done: Mirror | None = None  # finished or rolled back: never judged again
 
     def _reset(self, mirror: Mirror | None) -> None:
@@ -176,10 +262,13 @@ class AnswerWatch:
         self._pairs.clear()
         self._since = 0
         self._read = 0
+        self._looks_done = 0
+        self._last = None
+        self._breaching = 0
 
     def check(self, live_release_id: str) -> AnswersCheck | None:
-        """Read the new pairs and judge the window's; None when no after-promotion mirror
-        is in force (or this one was already finished)."""
+        """Read the new pairs, and judge the window's at a look of the schedule; None when
+        no after-promotion mirror is in force (or this one was already finished)."""
         try:
             state = read_state(self.settings.state_dir, self.env)
         except ReleasekitError as exc:
@@ -201,10 +290,15 @@ class AnswerWatch:
                 mirrored, dropped = self._read_pairs(state.gateway, m, live_release_id)
             except GatewayError as exc:
                 problem = f"the gateway did not answer its pairs: {exc}"
-        agreement = answer_agreement(
-            list(self._pairs), min_agreement=self.min_agreement, min_pairs=self.min_pairs
-        )
         now = self.clock()
+        judged_now, next_at, last_look = self._look(m, now)
+        v = self._last
+        due = (
+            v is not None
+            and v.verdict == "breach"
+            and (self._breaching >= self.sustain or last_look)
+        )
+        ended = m.until is not None and now >= m.until
         return AnswersCheck(
             env=self.env,
             release_id=live_release_id,
@@ -215,10 +309,43 @@ class AnswerWatch:
             mirrored=mirrored,
             dropped=dropped,
             pairs_read=self._read,
-            agreement=agreement,
-            status="ended" if m.until is not None and now >= m.until else "running",
+            answers=v,
+            looks_done=self._looks_done,
+            looks=self.policy.looks,
+            judged_now=judged_now,
+            next_look_at=next_at,
+            next_look_in_s=max(0.0, next_at - now) if next_at is not None else None,
+            breaching_looks=self._breaching,
+            sustain=self.sustain,
+            rollback_due=due,
+            answers_key=self.release_key(live_release_id) if due or ended else None,
+            policy_source=self.policy_source,
+            status="ended" if ended else "running",
             problem=problem,
         )
+
+    def _look(self, m: Mirror, now: float) -> tuple[bool, float | None, bool]:
+        """Judge the pairs when a look of the schedule is due: (judged now, the next look's
+        time, the last look is done). A mirror without an end looks at every tick."""
+        if m.until is None:
+            times = None
+            due = self._looks_done + 1
+        else:
+            times = look_times(m.until, self.window_s, self.policy.looks)
+            due = sum(1 for t in times if t <= now)
+        judged = due > self._looks_done
+        if judged:
+            v = judge_answers(list(self._pairs), self.policy, self.comparator)
+            self._looks_done = due
+            self._last = v
+            if v.verdict == "breach":
+                self._breaching += 1
+            elif v.verdict != "not_judged":  # a look that could not judge says nothing
+                self._breaching = 0
+        if times is None:
+            return judged, None, False
+        next_at = next((t for t in times if t > now), None)
+        return judged, next_at, self._looks_done >= len(times)
 
     def _read_pairs(self, gw: GatewayRecord, m: Mirror, live: str) -> tuple[int, int]:
         with GatewayClient(gw.url, admin_token=gw.admin_token, timeout_s=self.timeout_s) as c:
@@ -235,10 +362,22 @@ class AnswerWatch:
                     self._since = p.seq
                     self._read += 1
                     if p.stable_release_id == live and p.candidate_release_id == m.route.release_id:
-                        self._pairs.append(answer_pair(p))
+                        self._pairs.append(compared(p))
                 if self._since >= got.recorded:
                     break
             return st.mirrored, st.mirror_dropped
+
+    def release_key(self, release_id: str) -> dict[str, str] | None:
+        """`release_id`'s answers key from its signed lock (None, logged, when its lock
+        cannot be read); read once per release."""
+        if release_id not in self._keys:
+            try:
+                info = load_release(self.settings, release_id, ledger=self.ledger)
+                self._keys[release_id] = answers_key(dict(info.lock.inputs))
+            except ReleasekitError as exc:
+                log.warning("answers key of %s not read: %s", release_id[:12], exc)
+                self._keys[release_id] = None
+        return self._keys[release_id]
 
     def settled(self) -> None:
         """The mirror was ended by a rollback: judge it no more."""
@@ -247,7 +386,7 @@ class AnswerWatch:
 
     def finish(self, check: AnswersCheck) -> AnswersCheck:
         """The window is over: remove the mirror (when it is still the one judged) and
-        record the result as a signed `shadow` ledger event (`action: after_promotion`)."""
+        record the last look as a signed `shadow` ledger event (`action: after_promotion`)."""
         m = self._mirror
         if m is None:
             return check
@@ -282,7 +421,7 @@ class AnswerWatch:
             return problem
 
     def _record(self, check: AnswersCheck) -> LedgerRecord | None:
-        a = check.agreement
+        reason = check.answers.reason if check.answers is not None else "no look judged"
         try:
             return self.ledger.append(
                 Event(
@@ -290,12 +429,8 @@ class AnswerWatch:
                     environment=self.env,
                     from_release=check.previous_release_id,
                     to_release=check.release_id,
-                    reason=f"after-promotion comparison: {a.verdict} ({a.reason})"[:2000],
-                    evidence={
-                        "action": "after_promotion",
-                        "verdict": a.verdict,
-                        **check.evidence(),
-                    },
+                    reason=f"after-promotion comparison: {check.verdict} ({reason})"[:2000],
+                    evidence={"action": "after_promotion", **check.evidence()},
                     live=False,
                     actor="releasekit-watch",
                 )
@@ -311,14 +446,17 @@ TEMPLATES = Templates(Path(__file__).resolve().parent / "templates", below=[TEMP
 
 def answers_html(check: AnswersCheck) -> str:
     """The after-promotion comparison as a self-contained HTML page: what was compared,
-    the agreement with its interval and the disagreeing pairs side by side (the live
-    release's answer as "stable", the previous release's as "candidate"), escaped."""
-    until = (
-        dt.datetime.fromtimestamp(check.until, dt.UTC).isoformat(timespec="seconds")
-        if check.until is not None
-        else "no end"
+    the schedule, and the last look's verdict per stratum with its A/A floor and power; the
+    pairs whose answer was worse only as pair seqs and prompt digests (no text)."""
+
+    def iso(t: float | None) -> str:
+        if t is None:
+            return "no end"
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds")
+
+    return TEMPLATES.render(
+        "answers.html", check=check, until=iso(check.until), next_look=iso(check.next_look_at)
     )
-    return TEMPLATES.render("answers.html", check=check, until=until)
 
 
 def write_answers_page(settings: Settings, check: AnswersCheck) -> AnswersCheck:

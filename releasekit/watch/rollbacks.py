@@ -96,8 +96,10 @@ def rollback_adapter(
         if req.alert is not None:
             evidence["alert"] = req.alert
         if req.answers is not None:
-            evidence["rules"] = [*evidence["rules"], "after_promotion_agreement"]
+            evidence["rules"] = [*evidence["rules"], "after_promotion_answers"]
             evidence["answers"] = req.answers
+            # What the answers came from, where a breach finder reads it (as a shadow's).
+            evidence["answers_key"] = req.answers.get("answers_key")
         glass: dict[str, Any] = {}
         try:  # act only on verified records (what is live, what is marked bad)
             ledger.verified()

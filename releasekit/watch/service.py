@@ -11,9 +11,11 @@ rules, baseline and server and judges it from fresh windows.
 
 After a promotion with the environment's `after_promotion_compare_s`, each tick also judges
 the live release's answers against the previous release's on mirrored live requests
-(`releasekit.watch.pairs`): a breach rolls back through the same guard, with the agreement
-and the disagreeing pairs in the rollback's evidence; the window's end removes the mirror
-and records the result. The comparison's policy fields must be the committed ones.
+(`releasekit.watch.pairs`), at the looks of a fixed schedule over the window: breaching
+looks (`after_promotion_sustain` in a row, or the last one) roll back through the same
+guard, with the verdict (counts, digests and pair seqs; no text) in the rollback's
+evidence; the window's end removes the mirror and records the result. The comparison's
+policy fields must be the committed ones.
 
 Where each part lives (all re-exported here): the plan (live release, rules, baseline,
 /metrics URLs) and `WatchSetupError` in `watch.plan`, the rollback path and the guard's
@@ -45,8 +47,9 @@ from starlette.routing import Mount, Route
 
 from releasekit.config import Settings
 from releasekit.errors import ReleasekitError
+from releasekit.promote.answer_policy import answer_comparator, answer_policy
 from releasekit.promote.deploy import env_config
-from releasekit.promote.policy import environment_policy, read_policy
+from releasekit.promote.policy import EnvironmentPolicy, environment_policy, read_policy
 from releasekit.stores.ledger import Ledger, open_ledger
 from releasekit.watch.alertfiles import (
     AlertRulesResult,
@@ -135,7 +138,8 @@ class WatchService:
         client: httpx.Client | None = None,
     ) -> None:
         cfg = env_config(settings, env)  # an unknown environment fails first
-        policy = comparison_policy(settings, env)
+        pol = comparison_policy(settings, env)
+        policy = pol.policy
         self.settings = settings
         self.env = env
         self.ledger = ledger
@@ -160,12 +164,19 @@ class WatchService:
         self.followed: list[str] = [self.plan.release_id]
         self.owns_ledger = False
         self.clock = clock
+        looks = int(policy.get("after_promotion_looks", cfg.after_promotion_looks))
+        window_s = float(policy.get("after_promotion_compare_s", cfg.after_promotion_compare_s))
+        # The comparator is built (its known items read) only where a comparison can run.
+        judged_by = policy if window_s > 0 else {"answer_comparison": "exact"}
         self.answers = AnswerWatch(
             settings,
             env,
             ledger=ledger,
-            min_agreement=float(policy.get("shadow_min_agreement", cfg.shadow_min_agreement)),
-            min_pairs=int(policy.get("shadow_min_pairs", cfg.shadow_min_pairs)),
+            policy=answer_policy(policy, looks=looks),
+            comparator=answer_comparator(settings, judged_by),
+            window_s=window_s,
+            sustain=int(policy.get("after_promotion_sustain", cfg.after_promotion_sustain)),
+            policy_source={**pol.evidence()["source"], "where": pol.where},
             clock=clock,
             timeout_s=scrape_timeout_s or settings.scrape_timeout_s,
         )
@@ -200,21 +211,24 @@ class WatchService:
         return True
 
     def judge_answers(self, tick: WatchTick) -> WatchTick:
-        """Judge the after-promotion comparison (when one runs) into `tick`: roll back on a
-        breach (unless the tick's rules just did), end it at the window's end."""
+        """Follow the after-promotion comparison (when one runs) into `tick`: roll back when
+        its looks call for it (`AnswersCheck.rollback_due`; unless the tick's rules just
+        did), end it at the window's end."""
         if tick.rollback is not None and tick.rollback.status == "rolled_back":
             return tick  # the rollback replaced the gateway's table, and its mirror
         check = self.answers.check(self.plan.release_id)
         if check is None:
             return tick
         tick.answers = check
-        if check.verdict == "breach" and tick.rollback is None:
+        verdict = check.answers
+        if check.rollback_due and verdict is not None and tick.rollback is None:
             check = write_answers_page(self.settings, check)
             tick.answers = check
+            looks = f"{check.breaching_looks} breaching look(s) in a row, look {check.looks_done}"
             request = RollbackRequest(
                 env=self.env,
                 from_release=check.release_id,
-                reason=f"answers after the promotion: {check.agreement.reason}",
+                reason=f"answers after the promotion ({looks} of {check.looks}): {verdict.reason}",
                 trigger="watch",
                 answers=check.evidence(),
                 requested_at=self.clock(),
@@ -311,21 +325,28 @@ class WatchService:
 COMPARISON_FIELDS = (
     "after_promotion_compare_s",
     "after_promotion_share",
-    "shadow_min_agreement",
-    "shadow_min_pairs",
+    "after_promotion_looks",
+    "after_promotion_sustain",
+    "answer_comparison",
+    "max_excess_disagreement",
+    "answer_max_client_share",
+    "answer_min_pairs",
+    "answer_checks",
+    "answer_known_items",
+    "answer_judge",
 )
 """The policy fields the after-promotion comparison is judged by."""
 
 
-def comparison_policy(settings: Settings, env: str) -> dict[str, Any]:
-    """The environment's policy the after-promotion comparison is judged by; PolicyError
-    when this command's settings change one of COMPARISON_FIELDS from the committed
-    policy (a policy is changed by a commit, not for one watch)."""
+def comparison_policy(settings: Settings, env: str) -> EnvironmentPolicy:
+    """The environment's policy the after-promotion comparison is judged by, with its
+    source; PolicyError when this command's settings change one of COMPARISON_FIELDS from
+    the committed policy (a policy is changed by a commit, not for one watch)."""
     cfg = env_config(settings, env)
     pol = read_policy(settings, env, cfg)
     if set(pol.differs) & set(COMPARISON_FIELDS):
         environment_policy(settings, env, cfg)  # raises, naming the fields
-    return pol.policy
+    return pol
 
 
 def open_service(settings: Settings, env: str, **kw: Any) -> WatchService:

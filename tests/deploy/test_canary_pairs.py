@@ -45,6 +45,8 @@ from releasekit.deploy.gateway import (
 )
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
+from releasekit.evaluate.answer_compare import ExactComparator
+from releasekit.evaluate.answers import AnswerPolicy, ComparedRequest, judge_answers
 from releasekit.promote.policy import PolicyError
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.stores.ledger import Ledger
@@ -152,6 +154,10 @@ def test_the_canarys_answers_are_paired_with_stables_and_clients_get_theirs_unch
         assert p.complete and not p.sampled
         assert (p.stable, p.candidate) == (truth(q), bad_at_sums(q))
         assert p.prompt is None
+        # The floor copy: a second copy to the live release, the same label, its answer kept.
+        assert (p.has_floor, p.floor_complete, p.floor_status) == (True, True, 200)
+        assert (p.floor, p.floor_release_id) == (truth(q), "s")
+        assert p.client == "key:" + hashlib.blake2b(KEY.encode(), digest_size=12).hexdigest()
     raw_pairs = webclient.get(
         gw.url + "/admin/mirror/pairs",
         headers={"authorization": f"Bearer {admin_token}"},
@@ -159,29 +165,32 @@ def test_the_canarys_answers_are_paired_with_stables_and_clients_get_theirs_unch
     ).text
     assert KEY not in raw_pairs and "authorization" not in raw_pairs.lower()
     assert "sum 3 4" not in raw_pairs
-    # Stable's server got its own requests and the copies; the canary's only its own.
-    assert (stable.received, canary.received) == (2 * len(by["s"]) + n_c, 2 * n_c)
+    # Each server got its own requests twice (through the gateway, then directly); stable's
+    # also two copies of each canary request (the copy and the floor copy).
+    assert (stable.received, canary.received) == (2 * len(by["s"]) + 2 * n_c, 2 * n_c)
     # The skew: the copies are counted under their own label, never as stable's.
     reqs = _series(gw, "releasekit_gateway_requests_total")
-    assert reqs == {"s": len(by["s"]), "c": n_c, "s:pair": n_c}, reqs
+    assert reqs == {"s": len(by["s"]), "c": n_c, "s:pair": 2 * n_c}, reqs
     e2e = _series(gw, "releasekit_gateway_e2e_seconds_count")
-    assert (e2e["s"], e2e["c"], e2e["s:pair"]) == (len(by["s"]), n_c, n_c), e2e
+    assert (e2e["s"], e2e["c"], e2e["s:pair"]) == (len(by["s"]), n_c, 2 * n_c), e2e
 
 
 def test_the_copies_are_capped_and_never_hold_the_canarys_answers(
     answering: Any, upstream_factory: Callable[[str], FakeUpstream], gateway_factory: Gw,
     admin_token: str,
 ) -> None:  # fmt: skip
-    """With stable's server holding every copy's stream, a canary mirror capped at 2 copies
-    in flight sends 2 and drops the other 3 (counted, never queued), while all 5 clients
-    get the canary's whole answers; once stable lets go, the 2 pairs are recorded."""
+    """With stable's server holding every copy's stream, a canary mirror capped at 3 copies
+    in flight sends the first request's copy and floor copy (2) and drops the other 4
+    requests' (counted, never queued: a request's copies go all together or none, so the
+    third slot never takes a lone copy), while all 5 clients get the canary's whole
+    answers; once stable lets go, the pair is recorded with its floor."""
     canary = answering(truth)
     held = upstream_factory("stable")
     s = Route(release_id="s", base_url=held.url, weight=0)
     c = Route(release_id="c", base_url=canary.url, weight=1)
     gw = gateway_factory(routes=[c], api_keys=[KEY])
     with GatewayClient(gw.url, admin_token=admin_token) as cl:
-        cl.set_routes(RouteTable(routes=[s, c], mirror=canary_mirror(s, "c", max_in_flight=2)))
+        cl.set_routes(RouteTable(routes=[s, c], mirror=canary_mirror(s, "c", max_in_flight=3)))
     body = {"prompt": "sum 1 2", "max_tokens": 4, "stream": True, "temperature": 0}
     for _ in range(5):
         r = webclient.post(
@@ -194,11 +203,11 @@ def test_the_copies_are_capped_and_never_hold_the_canarys_answers(
         assert r.headers["x-releasekit-release"] == "c"
     with GatewayClient(gw.url, admin_token=admin_token) as cl:
         st = cl.state()
-        assert (st.mirrored, st.mirror_dropped, st.mirror_pairs) == (2, 3, 0), st
+        assert (st.mirrored, st.mirror_dropped, st.mirror_pairs) == (1, 4, 0), st
         held.release("copies")
-        assert wait_until(lambda: cl.state().mirror_pairs == 2), cl.state()
+        assert wait_until(lambda: cl.state().mirror_pairs == 1), cl.state()
         pairs = cl.mirror_pairs().pairs
-    assert [(p.stable, p.candidate) for p in pairs] == [("t0t1t2", "3")] * 2
+    assert [(p.stable, p.candidate, p.floor) for p in pairs] == [("t0t1t2", "3", "t0t1t2")]
     reqs = _series(gw, "releasekit_gateway_requests_total")
     assert "s" not in reqs and reqs["s:pair"] == 2 and reqs["c"] == 5, reqs
 
@@ -230,9 +239,15 @@ def akit(
     mlflow_template_db: Path,
     stand_in_model: Any,
 ) -> Iterator[Kit]:
-    """The deploy kit with the canary's answers compared (committed policy, 10 pairs)."""
+    """The deploy kit with the canary's answers compared (committed policy, 10 pairs; its
+    one test client counts for every pair)."""
     stand_in_model(project)
-    lines = ["canary_lease_s = 5", "canary_compare_answers = true", "shadow_min_pairs = 10"]
+    lines = [
+        "canary_lease_s = 5",
+        "canary_compare_answers = true",
+        "answer_min_pairs = 10",
+        "answer_max_client_share = 1.0",
+    ]
     k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=lines)
     try:
         yield k
@@ -295,10 +310,10 @@ def _promote_under_questions(k: Kit, new: str) -> Any:
 
 def test_a_canary_wrong_on_one_class_of_questions_is_aborted_with_its_pairs(akit: Kit) -> None:
     """A canary that answers every sum wrong (and passes its live checks) is aborted at its
-    first step on its answers: the canary_aborted event holds the agreement with its
-    interval and disagreeing pairs side by side (the live release's copy's answer as
-    stable, the canary's as candidate; digests, no prompt), the release is marked bad and
-    the gateway is back on stable with no mirror left."""
+    first step on its answers: the canary_aborted event holds the verdict (its excess over
+    the live release's own second answers, the worse pairs by seq and prompt digest, no
+    text) and the weights' answers key; the release is marked bad and the gateway is back
+    on stable with no mirror left."""
     old = akit.build("demo-bf16")
     assert promote_progressive(akit.settings, old, env="staging", reason="base").ok
     block = canary_block(STEPS, CHECKS)
@@ -309,15 +324,15 @@ def test_a_canary_wrong_on_one_class_of_questions_is_aborted_with_its_pairs(akit
     assert res.canary["answers_from"] == f"{old}:pair"
     led = Ledger(akit.settings.ledger_url or "")
     [ab] = led.records(environment="staging", types=["canary_aborted"])
-    assert "answers:" in ab.reason and "below the floor of 90%" in ab.reason
-    a = ab.evidence["agreement"]
+    assert "answers:" in ab.reason and "wholly above max +10%" in ab.reason
+    a = ab.evidence["answers"]
     assert a["verdict"] == "breach" and a["pairs"] >= 10 and a["min_pairs"] == 10
-    assert a["high"] < 0.9 and 0 < len(a["examples"]) <= 10
-    assert {(x["stable"], x["candidate"]) for x in a["examples"]} == {
-        ("The answer is 42.", "I cannot count.")
-    }
-    assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in a["examples"])
-    assert ab.evidence["steps"][0]["agreement"]["verdict"] == "breach"
+    [g] = a["strata"]
+    assert g["low"] > 0.1 and g["floor_worse"] == 0 and 0 < len(a["worse_seqs"]) <= 10
+    assert all(len(d) == 64 for d in a["worse_prompts"])
+    assert "I cannot count" not in json.dumps(ab.evidence)
+    assert set(ab.evidence["answers_key"]) == {"model", "prompts", "serving"}
+    assert ab.evidence["steps"][0]["answers"]["verdict"] == "breach"
     assert [r.to_release for r in led.records(environment="staging", types=["mark_bad"])] == [new]
     gw = read_state(akit.settings.state_dir, "staging").gateway
     assert gw is not None
@@ -327,9 +342,9 @@ def test_a_canary_wrong_on_one_class_of_questions_is_aborted_with_its_pairs(akit
 
 
 def test_a_canary_that_answers_alike_passes_its_steps_with_its_agreement(akit: Kit) -> None:
-    """A canary with the live release's answers passes its step once its answers agree on
-    at least the policy's 10 pairs; the step's ledger event holds the agreement and the
-    step table prints it."""
+    """A canary with the live release's answers passes its step once its answers are within
+    the margin over at least the policy's 10 pairs; the step's ledger event holds the
+    verdict and the step table prints it."""
     old = akit.build("demo-bf16")
     assert promote_progressive(akit.settings, old, env="staging", reason="base").ok
     new = candidate(akit, "demo-canary-alike", seqs=16, promotion=canary_block(STEPS, CHECKS))
@@ -338,9 +353,9 @@ def test_a_canary_that_answers_alike_passes_its_steps_with_its_agreement(akit: K
     assert res.canary is not None and res.canary["outcome"] == "passed"
     led = Ledger(akit.settings.ledger_url or "")
     [step] = led.records(environment="staging", types=["canary_step"])
-    a = step.evidence["agreement"]
-    assert a["verdict"] == "pass" and a["pairs"] >= 10 and a["agreeing"] == a["pairs"]
-    assert "answers: agreement 100.0%" in step.reason
+    a = step.evidence["answers"]
+    assert a["verdict"] == "pass" and a["pairs"] >= 10 and a["worse_seqs"] == []
+    assert "answers (exact): pass, excess +0.0%" in step.reason
     console = Console(record=True, width=200)
     with patch.object(rollout_cmds, "out", console):
         from releasekit.cli import _common
@@ -348,7 +363,7 @@ def test_a_canary_that_answers_alike_passes_its_steps_with_its_agreement(akit: K
         with patch.object(_common, "out", console):
             rollout_cmds.print_canary(res.canary)
     text = console.export_text()
-    assert "answers: agreement 100.0%" in text and ": pass" in text, text
+    assert "answers (exact): pass" in text and "A/A floor: greedy 0.0%" in text, text
 
 
 def test_the_copies_go_to_a_live_server_never_to_the_server_judged() -> None:
@@ -361,7 +376,7 @@ def test_the_copies_go_to_a_live_server_never_to_the_server_judged() -> None:
 
     gw = stubbed_gateway()
     policy = Canary(steps=[CanaryStep(weight=10), CanaryStep(weight=100)])
-    answers = AnswersPolicy(min_agreement=0.9, min_pairs=10, max_in_flight=3)
+    answers = AnswersPolicy(policy=AnswerPolicy(min_pairs=10), max_in_flight=3)
     can = Route(release_id="can", base_url="http://127.0.0.1:10")
     one = Route(release_id="stb", base_url="http://127.0.0.1:11", weight=2)
     two = Route(release_id="stb#2", base_url="http://127.0.0.1:12", weight=1)
@@ -395,9 +410,8 @@ def test_the_copies_go_to_a_live_server_never_to_the_server_judged() -> None:
 
 def test_too_few_pairs_never_pass_a_judgement_and_a_disagreement_is_a_breach() -> None:
     """With answers compared, a judgement whose checks all pass is clean only once the
-    agreement passes: too few pairs leaves the run as it is (never a pass, never a breach);
-    an agreement below the floor ends it like a breaching check."""
-    from releasekit.evaluate.agreement import AnswerPair, answer_agreement
+    answers pass: too few pairs leaves the run as it is (never a pass, never a breach); an
+    excess above the margin ends it like a breaching check."""
     from releasekit.rollout.canary import next_clean
     from releasekit.rollout.judge import CheckResult, StepJudgement
 
@@ -414,13 +428,16 @@ def test_too_few_pairs_never_pass_a_judgement_and_a_disagreement_is_a_breach() -
     )
 
     def agreement(same: int, differ: int) -> Any:
-        pairs = [AnswerPair(seq=i, stable="a", candidate="a") for i in range(same)]
-        pairs += [AnswerPair(seq=100 + i, stable="a", candidate="b") for i in range(differ)]
-        return answer_agreement(pairs, min_agreement=0.9, min_pairs=10)
+        def req(seq: int, judged: str) -> ComparedRequest:
+            return ComparedRequest(seq=seq, reference="a", judged=judged, floor="a", has_floor=True)
+
+        pairs = [req(i, "a") for i in range(same)] + [req(100 + i, "b") for i in range(differ)]
+        policy = AnswerPolicy(min_pairs=10, max_client_share=1.0)
+        return judge_answers(pairs, policy, ExactComparator())
 
     assert next_clean(1, j) == 2
     assert next_clean(1, j, agreement(5, 0)) == 1  # not judged yet: unchanged
-    assert next_clean(1, j, agreement(20, 0)) == 2
+    assert next_clean(1, j, agreement(40, 0)) == 2
     assert next_clean(1, j, agreement(5, 15)) == 0
 
 
@@ -471,6 +488,10 @@ def test_a_step_without_enough_pairs_by_its_deadline_is_insufficient_evidence() 
 
     def pair(seq: int, candidate: str) -> MirrorPair:
         return MirrorPair(
+            floor="42",
+            floor_status=200,
+            has_floor=True,
+            floor_complete=True,
             seq=seq,
             at=0.0,
             path="/v1/chat/completions",
@@ -531,7 +552,7 @@ def test_a_step_without_enough_pairs_by_its_deadline_is_insufficient_evidence() 
                 release_id="stb", edge=w
             )
 
-    answers = AnswersPolicy(min_agreement=0.9, min_pairs=10)
+    answers = AnswersPolicy(policy=AnswerPolicy(min_pairs=10, max_client_share=1.0))
     ctrl = Controller(policy, ctx, lease_s=3600, sleep=lambda s: None, answers=answers)
     judged = StepJudgement(
         window_start=0, window_end=1, canary_requests=9, stable_requests=9, checks=[ok]
@@ -544,6 +565,6 @@ def test_a_step_without_enough_pairs_by_its_deadline_is_insufficient_evidence() 
     ):
         run = ctrl.run()
     assert run.outcome == "insufficient", run
-    assert "answers (not enough pairs: 2 judged, at least 10 needed)" in run.reason
+    assert "answers (greedy: 2 of 10 pairs)" in run.reason, run.reason
     assert run.agreement is not None and (run.agreement.pairs, run.pairs_read) == (2, 3)
     assert gateway.tables[0].mirror == ctrl.mirror and gateway.tables[-1].mirror is None

@@ -90,18 +90,24 @@ def test_mirror_copies_an_exact_share_and_clients_never_see_it(
         assert wait_until(lambda: len(cand.finished) == 2), cand.finished
         st = c.state()
     assert st.mirror == "c" and st.mirrored == 2 and st.served == {"s": 8}
-    assert len(stable.received) == 8
+    # Stable's server: the 8 client requests and the 2 copies' floor (A/A) copies, whose
+    # figures go under the pair label, never stable's.
+    assert wait_until(lambda: len(stable.finished) == 10), stable.finished
+    assert len(stable.received) == 10
     metrics = webclient.get(f"{gw.url}/metrics", timeout=10).text
     assert 'releasekit_gateway_mirrored_total{env="test",outcome="sent",release="c"} 2.0' in metrics
     assert 'release="c",route="completions",status="200"} 2.0' in metrics
+    assert 'release="s:pair",route="completions",status="200"} 2.0' in metrics
+    assert 'release="s",route="completions",status="200"} 8.0' in metrics
 
 
 def test_a_mirror_with_a_baseline_copies_each_request_to_both_at_once(
     upstream_factory: Up, gateway_factory: Gw, admin_token: str
 ) -> None:
     """With a fresh baseline, every copy taken goes to the candidate and to the baseline
-    (under its own label), both or neither; clients still get stable's answers only, and
-    only the candidate's answers are paired with theirs."""
+    (under its own label), both or neither; clients still get stable's answers only. The
+    baseline's copy is the floor (A/A) copy: its answer is the pair's floor, and stable's
+    server gets no extra request."""
     stable, cand, base = (upstream_factory(n) for n in ("stable", "cand", "base"))
     gw = gateway_factory(routes=[Route(release_id="s", base_url=stable.url)])
     with GatewayClient(gw.url, admin_token=admin_token) as c:
@@ -131,6 +137,11 @@ def test_a_mirror_with_a_baseline_copies_each_request_to_both_at_once(
     assert st.mirror == "c" and st.mirrored == 4 and st.served == {"s": 8}
     assert sorted(b["body"] for b in cand.received) == sorted(b["body"] for b in base.received)
     assert {p.candidate_release_id for p in pairs.pairs} == {"c"}
+    assert len(stable.received) == 8
+    assert {(p.has_floor, p.floor_release_id, p.floor_complete) for p in pairs.pairs} == {
+        (True, "s:baseline", True)
+    }
+    assert all(p.floor == "t0t1t2" for p in pairs.pairs)
     metrics = webclient.get(f"{gw.url}/metrics", timeout=10).text
     for rid in ("c", "s:baseline"):
         assert f'outcome="sent",release="{rid}"}} 4.0' in metrics
@@ -191,7 +202,8 @@ def test_mirroring_never_changes_a_clients_request(
     plain_bodies = [json.loads(r["body"]) for r in stable.received]
     stable.received.clear()
     with GatewayClient(gw.url, admin_token=admin_token) as c:
-        c.set_routes(RouteTable(routes=[route], mirror=Mirror(route=shadow, share=1.0)))
+        mirror = Mirror(route=shadow, share=1.0, floor=False)  # stable gets no floor copies
+        c.set_routes(RouteTable(routes=[route], mirror=mirror))
         mirrored = _client_answers(gw.url)
         assert wait_until(lambda: c.state().mirrored == 6 and len(cand.received) == 6)
     assert [s for s, _ in plain] == [200] * 6
@@ -499,3 +511,57 @@ def _answers(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return True
+
+
+@pytest.fixture
+def small_store_kit(
+    project: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template_db: Path, stand_in_model: Any
+) -> Iterator[Kit]:
+    """A deploy kit whose environments keep at most 10 kB of answer pairs."""
+    stand_in_model(project)
+    k = make_kit(
+        project, monkeypatch, mlflow_template_db, toml_lines=["mirror_pairs_max_mb = 0.01"]
+    )
+    try:
+        yield k
+    finally:
+        kill_everything(k.settings)
+
+
+def test_a_shadow_is_refused_when_its_pairs_could_not_be_kept(small_store_kit: Kit) -> None:
+    """`shadow start` refuses, in one line and with nothing changed (no mirror, no server
+    started), when the environment's pairs folder cannot be written or holds
+    `mirror_pairs_max_mb` already (what is recent enough to stay after ageing); the
+    gateway is told to age and bound the store on the environment's schedule."""
+    kit = small_store_kit
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    cand = kit.build(
+        kit.variant("demo-bf16", "demo-shadow-full", {"max-num-seqs: 32": "max-num-seqs: 8"}).stem
+    )
+    d = store_dir(kit.settings.state_dir, "staging")
+    cfg = json.loads((kit.settings.state_dir / "deploy" / "staging-gateway.json").read_text())
+    assert (cfg["pairs_dir"], cfg["pairs_max_bytes"]) == (str(d), 10_000)
+    assert cfg["pairs_prune_s"] > 0 and cfg["pairs_keep_s"] > 0
+    before = read_state(kit.settings.state_dir, "staging")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "other.jsonl").write_bytes(b"x" * 10_000)
+    with pytest.raises(ShadowError, match="is full") as full:
+        start_shadow(kit.settings, cand, env="staging", share=1.0)
+    assert "\n" not in full.value.message
+    (d / "other.jsonl").unlink()
+    d.rmdir()
+    d.write_bytes(b"")  # a file where the folder should be: not writable, even by root
+    with pytest.raises(ShadowError, match="cannot be written"):
+        start_shadow(kit.settings, cand, env="staging", share=1.0)
+    d.unlink()
+    d.mkdir()
+    if os.geteuid() != 0:  # root writes through a 0500 folder
+        d.chmod(0o500)
+        try:
+            with pytest.raises(ShadowError, match="cannot be written"):
+                start_shadow(kit.settings, cand, env="staging", share=1.0)
+        finally:
+            d.chmod(0o700)
+    after = read_state(kit.settings.state_dir, "staging")
+    assert after.mirror is None and after.servers == before.servers

@@ -31,6 +31,7 @@ from releasekit.cli._common import State
 from releasekit.config import load_settings
 from releasekit.deploy.gateway import (
     Mirror,
+    MirrorPair,
     MirrorPairs,
     Route,
     RouteTable,
@@ -41,13 +42,15 @@ from releasekit.deploy.gateway import (
 from releasekit.deploy.gateway.mirror import TEXT_MAX, AnswerCapture
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
-from releasekit.evaluate.agreement import AnswerPair, answer_agreement, answers_agree
+from releasekit.evaluate.agreement import answers_agree
+from releasekit.evaluate.answer_compare import ExactComparator
+from releasekit.evaluate.answers import AnswerPolicy, AnswerVerdict, ComparedRequest, judge_answers
+from releasekit.promote.answer_pairs import compared
 from releasekit.promote.policy import PolicyError
 from releasekit.rollout import shadow
 from releasekit.rollout.progressive import promote_progressive
 from releasekit.rollout.shadow import compare_shadow, start_shadow
 from releasekit.stores.ledger import Ledger
-from releasekit.watch.pairs import answer_pair
 
 __all__ = ["admin_token", "answering", "gateway_factory", "kit", "upstream_factory"]
 
@@ -167,8 +170,8 @@ def test_prompts_are_kept_only_where_allowed(
     answering: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
     """With `keep_prompts` the pair holds the prompt text (for chat: its messages). A
-    request that samples (no temperature 0) is marked so, and not judged: two samples may
-    differ by chance."""
+    request that samples (no temperature 0) is marked so, and judged in a stratum of its
+    own, against its own A/A floor: two samples may differ by chance."""
     stable, cand = answering(truth), answering(truth)
     gw = _mirrored_gateway(gateway_factory, admin_token, stable, cand, keep_prompts=True)
     auth = {"authorization": f"Bearer {KEY}"}
@@ -187,16 +190,26 @@ def test_prompts_are_kept_only_where_allowed(
     ]
     assert got.keep_prompts
     assert [p.sampled for p in got.pairs] == [False, False, True]
-    a = answer_agreement([answer_pair(p) for p in got.pairs], min_agreement=0.9, min_pairs=1)
-    assert (a.pairs, a.not_judged) == (2, 1)
+    a = _judged(got.pairs, min_pairs=1)
+    assert {x.stratum: x.pairs for x in a.strata} == {"greedy": 2, "sampled": 1}
+
+
+def _judged(pairs: list[MirrorPair], *, min_pairs: int) -> AnswerVerdict:
+    """The gateway's pairs judged by exact match (one test client: no per-client cap)."""
+    return judge_answers(
+        [compared(p) for p in pairs],
+        AnswerPolicy(max_client_share=1.0, min_pairs=min_pairs),
+        ExactComparator(),
+    )
 
 
 def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
     answering: Any, gateway_factory: Gw, admin_token: str
 ) -> None:
-    """The pairs of a candidate that answers every sum wrong breach a 0.9 agreement floor,
-    naming the disagreeing pairs (stable's answer, the candidate's); an agreeing candidate's
-    pass; fewer pairs than the minimum never pass."""
+    """The pairs of a candidate that answers every sum wrong breach: half its answers
+    differ from stable's while stable's own second answers (the A/A floor) never do; the
+    verdict names the worse pairs by seq and prompt digest, never by text. An agreeing
+    candidate's pass; fewer pairs than the minimum never pass."""
     auth = {"authorization": f"Bearer {KEY}"}
 
     def pairs_of(answer: Callable[[str], str], n: int) -> MirrorPairs:
@@ -211,29 +224,36 @@ def test_a_candidate_wrong_on_a_class_of_questions_disagrees_with_examples(
             return c.mirror_pairs()
 
     bad = pairs_of(bad_at_sums, 40)
-    a = answer_agreement([answer_pair(p) for p in bad.pairs], min_agreement=0.9, min_pairs=30)
-    assert (a.pairs, a.agreeing, a.verdict) == (40, 20, "breach")
-    assert a.high is not None and a.high < 0.9 and "below the floor of 90%" in a.reason
-    assert len(a.examples) == 10
-    assert all(x.candidate == "I cannot count." and x.stable.isdigit() for x in a.examples)
-    assert all(x.prompt is None and len(x.prompt_sha256) == 64 for x in a.examples)
+    assert all(p.has_floor and p.floor == p.stable for p in bad.pairs)
+    a = _judged(bad.pairs, min_pairs=30)
+    [g] = a.strata
+    assert (a.verdict, g.pairs, g.worse, g.floor_worse) == ("breach", 40, 20, 0), a.reason
+    assert g.low is not None and g.low > 0.1 and "wholly above max +10%" in a.reason
+    sums = {p.seq for p in bad.pairs if p.candidate == "I cannot count."}
+    assert len(a.worse_seqs) == 10 and set(a.worse_seqs) <= sums
+    assert all(len(d) == 64 for d in a.worse_prompts)
+    assert "I cannot count" not in json.dumps(a.evidence())
 
     good = pairs_of(truth, 40)
-    a = answer_agreement([answer_pair(p) for p in good.pairs], min_agreement=0.9, min_pairs=30)
-    assert (a.pairs, a.agreeing, a.verdict, a.examples) == (40, 40, "pass", [])
-    a = answer_agreement([answer_pair(p) for p in good.pairs[:10]], min_agreement=0.9, min_pairs=30)
-    assert a.verdict == "insufficient" and "not enough pairs: 10 judged" in a.reason
+    a = _judged(good.pairs, min_pairs=30)
+    assert (a.verdict, a.pairs, a.worse_seqs) == ("pass", 40, [])
+    a = _judged(good.pairs[:10], min_pairs=30)
+    assert a.verdict == "insufficient" and "10 of 30 pairs" in a.reason
 
 
-def test_agreement_uses_the_suites_normalisation_and_counts_unjudged_pairs_apart() -> None:
-    """'Paris.' agrees with ' paris'; a pair with a side cut or failed is not judged; one
-    disagreement in 40 stays above a 0.9 floor (the interval's upper bound decides)."""
+def test_exact_comparison_uses_the_suites_normalisation_and_counts_errors_as_differences() -> None:
+    """'Paris.' agrees with ' paris'; a side that failed or was cut counts as a difference
+    (a release is charged for the requests it errors on); one difference and one error in
+    101 stay within a 10% excess (the interval's upper bound decides)."""
     assert answers_agree(" Paris.", "paris") and not answers_agree("Paris", "Rome")
-    pairs = [AnswerPair(seq=i, stable="4", candidate="4") for i in range(39)]
-    pairs.append(AnswerPair(seq=39, stable="4", candidate="5"))
-    pairs.append(AnswerPair(seq=40, stable="4", candidate=None, judged=False))
-    a = answer_agreement(pairs, min_agreement=0.9, min_pairs=30)
-    assert (a.pairs, a.agreeing, a.not_judged, a.verdict) == (40, 39, 1, "pass")
+
+    def req(seq: int, judged: str | None) -> ComparedRequest:
+        return ComparedRequest(seq=seq, reference="4", judged=judged, floor="4.", has_floor=True)
+
+    pairs = [req(i, "4") for i in range(99)] + [req(99, "5"), req(100, None)]
+    a = judge_answers(pairs, AnswerPolicy(max_client_share=1.0, min_pairs=30), ExactComparator())
+    [g] = a.strata
+    assert (g.pairs, g.worse, g.floor_worse, a.verdict) == (101, 2, 0, "pass"), a.reason
 
 
 def test_capture_reads_streams_across_chunk_boundaries_and_caps_text() -> None:
@@ -267,20 +287,30 @@ def test_capture_reads_streams_across_chunk_boundaries_and_caps_text() -> None:
 # -- the shadow comparison on a deployed environment ---------------------------------------
 
 
+CLIENTS = 12
+"""Test clients, each from its own loopback address: the per-client cap (one client counts
+for at most 10% of the pairs) needs at least 10 of them for any pair to count."""
+
+
 def _asker(k: Kit, n: int) -> Callable[[float], None]:
-    """A `sleep` for compare_shadow that asks `n` chat questions instead of waiting, then
-    waits until every copy sent has its pair (no wall-clock window)."""
+    """A `sleep` for compare_shadow that asks `n` chat questions instead of waiting, in
+    turn from CLIENTS clients (each from its own loopback address), then waits until every
+    copy sent has its pair (no wall-clock window)."""
     gw: Any = read_state(k.settings.state_dir, "staging").gateway
+    asked = [0]
 
     def ask(_: float) -> None:
-        with http_client(base_url=gw.url, timeout=30) as http:
-            for i in range(n):
-                body = {
-                    "model": "demo",
-                    "messages": [{"role": "user", "content": f"question {i}"}],
-                    "max_tokens": 4,
-                    "temperature": 0,
-                }
+        for _ in range(n):
+            j = asked[0]
+            asked[0] += 1
+            body = {
+                "model": "demo",
+                "messages": [{"role": "user", "content": f"question {j}"}],
+                "max_tokens": 4,
+                "temperature": 0,
+            }
+            local = f"127.0.0.{10 + j % CLIENTS}"
+            with http_client(base_url=gw.url, timeout=30, local_address=local) as http:
                 assert http.post("/v1/chat/completions", json=body).status_code == 200
         with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
             assert wait_until(lambda: c.state().mirror_pairs == c.state().mirrored, 30)
@@ -299,77 +329,83 @@ def _candidate(k: Kit, name: str, answer: str | None) -> str:
 def test_shadow_compare_blocks_a_candidate_that_answers_differently(
     kit: Kit, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A candidate answering "Paris" where stable answers "The answer is 42." breaches on
-    answer agreement, with examples side by side in the comparison and in its signed
-    ledger event (digests, no prompts: the policy keeps none by default); too few pairs
-    is "not enough pairs"; the floor and minimum are the committed policy's, and a
-    policy changed for one command is refused."""
+    """A candidate answering "Paris" where stable answers "The answer is 42." breaches: its
+    answers differ on every pair, stable's own second answers (the A/A floor, copies to
+    stable under its pair label) on none. The comparison and its signed ledger event hold
+    counts, the A/A floor, the power and the worse pairs by seq and prompt digest (no text:
+    the policy keeps no prompts here, and answers stay in the pair store). Pairs from fewer
+    clients than the per-client cap allows decide nothing; the minimum is the committed
+    policy's, and a policy changed for one command is refused."""
     old = kit.build("demo-bf16")
     assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
     cand = _candidate(kit, "demo-shadow-paris", "Paris")
     start_shadow(kit.settings, cand, env="staging", share=1.0, reason="try it")
     few = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 5))
     assert few.verdict == "insufficient" and few.agreement is not None
-    assert "not enough pairs: 5 judged, at least 30 needed" in few.reason
+    assert "too few clients" in few.reason, few.reason
 
     cmp = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 30))
     a = cmp.agreement
-    assert cmp.verdict == "breach" and a is not None, cmp.reason
-    assert (a.pairs, a.agreeing, a.min_agreement, a.min_pairs) == (30, 0, 0.9, 30)
-    assert len(a.examples) == 10
-    assert {(x.stable, x.candidate) for x in a.examples} == {("The answer is 42.", "Paris")}
+    assert cmp.verdict == "breach" and isinstance(a, AnswerVerdict), cmp.reason
+    [g] = a.strata
+    assert (g.pairs, g.worse, g.floor_worse, a.min_pairs) == (30, 30, 0, 27), a
+    assert (a.clients, a.capped) == (CLIENTS, 0) and len(a.worse_seqs) == 10
     [rec] = [
         r
         for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])
         if r.seq == cmp.seq
     ]
-    ev = rec.evidence["agreement"]
-    assert ev["verdict"] == "breach" and ev["pairs"] == 30 and len(ev["examples"]) == 10
-    assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ev["examples"])
-    assert "question" not in json.dumps(rec.evidence)
-    # Its HTML page, beside the JSON copy: the disagreeing pairs side by side.
+    ev = rec.evidence["answers"]
+    assert ev["verdict"] == "breach" and ev["pairs"] == 30 and len(ev["worse_prompts"]) == 10
+    assert set(rec.evidence["answers_key"]) == {"model", "prompts", "serving"}
+    text = json.dumps(rec.evidence)
+    assert "question" not in text and "Paris" not in text and "The answer is" not in text
+    # Its HTML page, beside the JSON copy: the strata, the floor and the power.
     assert cmp.page is not None and cmp.page.endswith(".comparison.html")
     page = Path(cmp.page).read_text()
-    assert "BREACH: shadow" in page and "10 of 30 disagreeing pairs" in page
-    assert "<td>The answer is 42.</td><td>Paris</td>" in page
-    # The environment's gateway kept the pairs on disk too (no prompt: none is allowed).
+    assert "BREACH: shadow" in page and "Answers (exact)" in page and "A/A floor" in page
+    # The environment's gateway kept the pairs on disk, with the floor answers (no prompt:
+    # none is allowed).
     stored = store_dir(kit.settings.state_dir, "staging")
     gw: Any = read_state(kit.settings.state_dir, "staging").gateway
     with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
         n = c.state().mirror_pairs
     assert n >= 35
     assert wait_until(lambda: len(read_pairs(stored, cmp.release_id)) == n, 30)
-    assert [p.seq for p in read_pairs(stored, cmp.release_id)] == list(range(1, n + 1))
+    on_disk = read_pairs(stored, cmp.release_id)
+    assert [p.seq for p in on_disk] == list(range(1, n + 1))
+    assert all(p.floor == p.stable == "The answer is 42." for p in on_disk)
     assert "question" not in "".join(f.read_text() for f in stored.iterdir())
 
-    # The CLI prints the agreement line and the disagreeing pairs side by side; exit 1.
+    # The CLI prints the verdict, the A/A floor and the power, one line each; exit 1.
     with monkeypatch.context() as m:
         m.setattr(shadow, "compare_shadow", lambda *a, **kw: cmp)
         State.reset()
         r = CliRunner().invoke(app, ["shadow", "compare", "--env", "staging"])
     assert r.exit_code == 1, r.output
-    assert "agreement 0.0% [0.0%, 11.4%] (0/30 pairs; floor 90%): breach" in r.output
-    assert "10 disagreeing pairs" in r.output and "stable answered" in r.output
-    assert "The answer is 42." in r.output and "Paris" in r.output
+    assert "answers (exact): breach, excess +100%" in r.output
+    assert "A/A floor: greedy 0.0% (0/30)" in r.output
+    assert "power: 27 pairs detect an excess of" in r.output
     assert "report:" + cmp.page in "".join(r.output.split())
 
-    # A lower floor for one command is refused; committed, it is the policy.
+    # A lower minimum for one command is refused; committed, it is the policy.
     toml = kit.root / "releasekit.toml"
     head = "[environments.staging]\n"
-    toml.write_text(toml.read_text().replace(head, head + "shadow_min_pairs = 5\n"))
-    with pytest.raises(PolicyError, match="shadow_min_pairs"):
+    toml.write_text(toml.read_text().replace(head, head + "answer_min_pairs = 5\n"))
+    with pytest.raises(PolicyError, match="answer_min_pairs"):
         compare_shadow(
             load_settings(root=kit.root), env="staging", window_s=1, checks=[], sleep=_asker(kit, 5)
         )
-    commit_config(kit.root, "staging: 5 shadow pairs are enough")
+    commit_config(kit.root, "staging: 5 answer pairs are enough")
     kit.settings = load_settings(root=kit.root)
-    few = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 5))
+    few = compare_shadow(kit.settings, env="staging", window_s=1, checks=[], sleep=_asker(kit, 10))
     assert few.verdict == "breach" and few.agreement is not None
     assert few.agreement.min_pairs == 5
 
 
 def test_shadow_compare_passes_a_candidate_that_answers_the_same(kit: Kit) -> None:
-    """A candidate with stable's answers passes on agreement (30 of 30 pairs)."""
+    """A candidate with stable's answers passes: no excess over the A/A floor in 30 pairs
+    from 12 clients."""
     old = kit.build("demo-bf16")
     assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
     cand = _candidate(kit, "demo-shadow-same", None)
@@ -382,15 +418,15 @@ def test_shadow_compare_passes_a_candidate_that_answers_the_same(kit: Kit) -> No
         sleep=_asker(kit, 30),
     )
     a = cmp.agreement
-    assert cmp.verdict == "pass" and a is not None, cmp.reason
-    assert (a.pairs, a.agreeing, a.examples) == (30, 30, [])
+    assert cmp.verdict == "pass" and isinstance(a, AnswerVerdict), cmp.reason
+    assert (a.pairs, a.worse_seqs, a.clients) == (30, [], CLIENTS)
 
 
 def test_the_window_grows_until_the_comparison_has_its_pairs(kit: Kit) -> None:
-    """With `max_window_s` the comparison measures on, a window at a time, while it has fewer
-    answer pairs than the policy's minimum (a slower host serves fewer requests a second):
-    12 pairs a window reach 30 in the third, and the window says so; capped before enough
-    pairs, it is still "not enough pairs", over the longest window allowed."""
+    """With `max_window_s` the comparison measures on, a window at a time, while its answers
+    are undecided (a slower host serves fewer requests a second): 12 pairs a window pass in
+    the third (36 pairs; 3 looks, each at confidence 1 - 0.05/3); capped before enough pairs,
+    it is still insufficient, over the longest window allowed."""
     old = kit.build("demo-bf16")
     assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
     cand = _candidate(kit, "demo-shadow-grow", None)
@@ -403,7 +439,7 @@ def test_the_window_grows_until_the_comparison_has_its_pairs(kit: Kit) -> None:
         ask(s)
 
     cmp = compare_shadow(
-        kit.settings, env="staging", window_s=1, max_window_s=10, checks=[], sleep=sleep
+        kit.settings, env="staging", window_s=1, max_window_s=3, checks=[], sleep=sleep
     )
     assert cmp.agreement is not None and cmp.agreement.pairs == 36, cmp.reason
     # The settle before the window first (the canary's settle_s), then three windows.
@@ -412,4 +448,4 @@ def test_the_window_grows_until_the_comparison_has_its_pairs(kit: Kit) -> None:
         kit.settings, env="staging", window_s=1, max_window_s=2, checks=[], sleep=_asker(kit, 5)
     )
     assert capped.verdict == "insufficient" and capped.window_s == 2
-    assert "not enough pairs: 10 judged, at least 30 needed" in capped.reason
+    assert "10 of " in capped.reason, capped.reason

@@ -28,6 +28,7 @@ PAGES = [
     "concepts/releases.md",
     "concepts/gates.md",
     "concepts/progressive-delivery.md",
+    "concepts/live-answers.md",
     "concepts/live-quality.md",
     "concepts/ledger.md",
     "concepts/scale-out.md",

@@ -1,7 +1,8 @@
 """After a promotion, the watch compares the live release's answers with the previous
 release's on the same live requests (the gateway mirrors a share of them to the previous
-release, kept warm) and rolls back like any other breach when they agree less than the
-environment's floor.
+release, kept warm, twice: the copy and its A/A floor copy), judges them at the looks of a
+fixed schedule over the window, and rolls back like any other breach when its answers are
+worse than the A/A floor by more than the margin at `after_promotion_sustain` looks in a row.
 
 The promotions are the deploy tests' (real gateway processes, the stand-in vLLM of
 tests/deploy/promote_fake_vllm.py, whose FAKE_WRONG_ON makes a release wrong on one class
@@ -33,6 +34,7 @@ from gateway_fakes import (  # noqa: E402
     admin_token,
     answering,
     gateway_factory,
+    refused_url,
     wait_until,
 )
 from promote_kit import (  # noqa: E402
@@ -46,6 +48,7 @@ from watchkit import FakeClock  # noqa: E402
 from releasekit.cli import app  # noqa: E402
 from releasekit.cli._common import State  # noqa: E402
 from releasekit.config import load_settings  # noqa: E402
+from releasekit.config.environments import AnswerJudgeConfig  # noqa: E402
 from releasekit.deploy.gateway import (  # noqa: E402
     Mirror,
     Route,
@@ -54,22 +57,31 @@ from releasekit.deploy.gateway import (  # noqa: E402
 )
 from releasekit.deploy.gateway_client import GatewayClient  # noqa: E402
 from releasekit.deploy.state import EnvState, GatewayRecord, read_state, write_state  # noqa: E402
+from releasekit.evaluate.agreement import Agreement  # noqa: E402
+from releasekit.evaluate.answer_compare import make_comparator  # noqa: E402
+from releasekit.evaluate.answers import AnswerPolicy, replay_answers  # noqa: E402
+from releasekit.promote.answer_policy import answer_policy  # noqa: E402
 from releasekit.promote.deploy import deploy_status  # noqa: E402
 from releasekit.promote.policy import PolicyError  # noqa: E402
 from releasekit.promote.promote import marked_bad, promote  # noqa: E402
 from releasekit.stores.ledger import EventType, Ledger, open_ledger  # noqa: E402
-from releasekit.watch.pairs import AnswerWatch  # noqa: E402
+from releasekit.watch.pairs import AnswersCheck, AnswerWatch, look_times  # noqa: E402
 from releasekit.watch.service import WatchService  # noqa: E402
 
 __all__ = ["admin_token", "answering", "gateway_factory"]
 
 ENV = "staging"
 WINDOW_S = 600
+LOOKS, SUSTAIN = 4, 2
 COMPARE = [
     f"after_promotion_compare_s = {WINDOW_S}",
     "after_promotion_share = 1.0",
-    "shadow_min_pairs = 10",
+    f"after_promotion_looks = {LOOKS}",
+    f"after_promotion_sustain = {SUSTAIN}",
+    "max_excess_disagreement = 0.3",
+    "answer_max_client_share = 1.0",  # every request here comes from one address
 ]
+"""Looks at 150, 300, 450 and 600 s; 11 pairs with no difference pass (at 1 - 0.05/4)."""
 RIGHT = "The answer is 42."  # the stand-in vLLM's answer
 WRONG = "I cannot count."  # its answer to a question holding FAKE_WRONG_ON
 
@@ -85,7 +97,8 @@ def ckit(
     stand_in_model: Any,
 ) -> Iterator[Kit]:
     """The deploy tests' kit with the after-promotion comparison in the committed policy:
-    a 600 s window, every request mirrored, 10 pairs judge it (floor 0.9, the default)."""
+    a 600 s window, every request mirrored, judged exactly at 4 looks (margin 0.3, two
+    breaching looks in a row roll back)."""
     stand_in_model(project)
     k = make_kit(project, monkeypatch, mlflow_template_db, toml_lines=COMPARE)
     try:
@@ -109,6 +122,10 @@ def _ask(k: Kit, questions: list[str]) -> list[tuple[str, str]]:
     every copy sent has its pair."""
     gw: Any = read_state(k.settings.state_dir, ENV).gateway
     got = []
+    with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        st = c.state()
+        mirroring = st.mirror is not None and st.mirror_share == 1  # every request paired
+        before = st.mirror_pairs
     with http_client(base_url=gw.url, timeout=30, trust_env=False) as http:
         for q in questions:
             body = {
@@ -123,6 +140,8 @@ def _ask(k: Kit, questions: list[str]) -> list[tuple[str, str]]:
                 (r.headers["x-releasekit-release"], r.json()["choices"][0]["message"]["content"])
             )
     with GatewayClient(gw.url, admin_token=gw.admin_token) as c:
+        if mirroring:
+            assert wait_until(lambda: c.state().mirror_pairs >= before + len(questions), 30)
         assert wait_until(lambda: c.state().mirror_pairs == c.state().mirrored, 30)
     return got
 
@@ -141,23 +160,25 @@ def _gateway_state(k: Kit) -> Any:
         return c.state()
 
 
-def _watch(k: Kit, led: Ledger) -> tuple[WatchService, FakeClock]:
-    """A watch of staging whose clock starts 300 s before the comparison's window ends."""
+def _watch(k: Kit, led: Ledger, at: float) -> tuple[WatchService, FakeClock]:
+    """A watch of staging whose clock starts `at` s into the comparison's window."""
     mirror = read_state(k.settings.state_dir, ENV).mirror
     assert mirror is not None and mirror.until is not None
-    clock = FakeClock(mirror.until - WINDOW_S / 2)
+    clock = FakeClock(mirror.until - WINDOW_S + at)
     svc = WatchService(k.settings, ENV, ledger=led, clock=clock, include_slo=False)
     return svc, clock
 
 
-def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_by_the_watch(
+def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_at_the_sustained_look(
     ckit: Kit,
 ) -> None:
     """good, then sums (wrong on every "sum" question, right on the rest) are promoted: the
-    promotion keeps good warm past the window and mirrors every request to it, clients get
-    sums' own answers; 4 disagreeing pairs are "not judged yet" (never a breach); at 20
-    pairs (10 disagree) the watch rolls back through the real rollback, with the
-    agreement and the disagreeing pairs side by side in the ledger's rollback event."""
+    promotion keeps good warm past the window and mirrors every request to it (the copy and
+    its A/A copy), clients get sums' own answers. Ticks before the first look judge
+    nothing; the first look breaches but rolls nothing back; ticks after it repeat it (not
+    a look, not a rollback); the second breaching look in a row rolls back through the real
+    rollback. The rollback's ledger event carries the verdict (counts, pair seqs, prompt
+    digests), sums' answers key, the looks and the policy's source, and no text."""
     good = _release(ckit, "demo-good")
     assert promote(ckit.settings, good, env=ENV).status == "promoted"
     assert read_state(ckit.settings.state_dir, ENV).mirror is None  # nothing before it
@@ -176,39 +197,67 @@ def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_by_the_watch(
     assert (gs.mirror, gs.mirror_purpose, gs.mirror_until) == (good, "after_promotion", ap.until)
 
     led = open_ledger(ckit.settings)
-    svc, clock = _watch(ckit, led)
+    svc, clock = _watch(ckit, led, at=10)
     try:
-        assert _ask(ckit, _sums(4)) == [(sums, WRONG)] * 4
+        assert _ask(ckit, _sums(20)) == [(sums, WRONG)] * 20
         tick = svc.watcher.tick()
         a = tick.answers
-        assert a is not None and a.verdict == "insufficient" and tick.rollback is None
-        assert "not judged yet (4 of 10 pairs)" in a.line() and "300 s left" in a.line()
+        assert a is not None and a.verdict == "pending" and a.looks_done == 0
+        assert tick.rollback is None and "no look yet" in a.line()
+        assert "next look in 140 s" in a.line() and "590 s left" in a.line()
 
-        answered = _ask(ckit, _sums(6, start=4) + _capitals(10))
-        assert answered == [(sums, WRONG)] * 6 + [(sums, RIGHT)] * 10  # the live release's
-        clock.advance(5)
+        clock.advance(141)  # past the first look: a breach, one of the two needed
         tick = svc.watcher.tick()
         a = tick.answers
-        assert a is not None and a.verdict == "breach"
-        assert (a.agreement.pairs, a.agreement.agreeing) == (20, 10)
+        assert a is not None and a.verdict == "breach" and a.judged_now
+        assert (a.looks_done, a.breaching_looks, a.rollback_due) == (1, 1, False)
+        assert tick.rollback is None
+        assert a.answers is not None and a.answers.pairs == 20
+        assert "look 1 of 4; breaching looks in a row: 1 of 2" in a.line()
+        assert "A/A floor" in a.line() and "power" in a.line()
+
+        assert _ask(ckit, _capitals(5)) == [(sums, RIGHT)] * 5
+        clock.advance(100)  # between looks: the pairs are read, nothing is judged
+        tick = svc.watcher.tick()
+        a = tick.answers
+        assert a is not None and a.verdict == "breach" and not a.judged_now
+        assert a.answers is not None and a.answers.pairs == 20 and a.pairs_read == 25
+        assert tick.rollback is None and "repeated" in a.line()
+        assert "next look in 49 s" in a.line()
+
+        clock.advance(50)  # the second look breaches: two in a row roll back
+        tick = svc.watcher.tick()
+        a = tick.answers
+        assert a is not None and a.verdict == "breach" and a.judged_now
+        assert (a.looks_done, a.breaching_looks, a.rollback_due) == (2, 2, True)
+        assert a.answers is not None and a.answers.pairs == 25
         assert tick.rollback is not None and tick.rollback.status == "rolled_back", tick.rollback
         assert tick.rollback.to_release == good
     finally:
         svc.close()
     [ev] = led.records(environment=ENV, types=[EventType.ROLLBACK.value])
     assert (ev.from_release, ev.to_release, ev.actor) == (sums, good, "releasekit-watch")
-    assert "after_promotion_agreement" in ev.evidence["rules"]
-    ag = ev.evidence["answers"]["agreement"]
-    assert (ag["verdict"], ag["pairs"], ag["agreeing"], ag["min_pairs"]) == ("breach", 20, 10, 10)
-    assert ag["high"] < 0.9 and len(ag["examples"]) == 10
-    assert {(x["stable"], x["candidate"]) for x in ag["examples"]} == {(WRONG, RIGHT)}
-    assert all(x["prompt"] is None and len(x["prompt_sha256"]) == 64 for x in ag["examples"])
-    assert ev.evidence["answers"]["previous_release_id"] == good
-    # The page shows the disagreeing pairs side by side, and the rollback names it.
-    page = Path(ev.evidence["answers"]["page"])
-    text = page.read_text()
-    assert "BREACH: answers of" in text and "10 of 10 disagreeing pairs" in text
-    assert text.count(f"<td>{html.escape(WRONG)}</td><td>{html.escape(RIGHT)}</td>") == 10
+    got = ev.evidence["answers"]
+    assert got["verdict"] == "breach" and got["previous_release_id"] == good
+    assert (got["looks"], got["looks_planned"], got["breaching_looks"]) == (2, 4, 2)
+    assert set(got["answers_key"]) == {"model", "prompts", "serving"}
+    assert got["policy_source"]["digest"] and got["policy_source"]["where"]
+    verdict = got["answers"]
+    assert (verdict["verdict"], verdict["comparison"]) == ("breach", "exact")
+    [greedy] = verdict["strata"]
+    assert (greedy["pairs"], greedy["worse"], greedy["floor_worse"]) == (25, 20, 0)
+    assert len(verdict["worse_seqs"]) == 10
+    assert all(len(d) == 64 for d in verdict["worse_prompts"])
+    committed = answer_policy(ckit.settings.environments[ENV].policy())
+    assert replay_answers(verdict, committed).verdict == "breach"  # audit replay reads it
+    text = json.dumps(ev.evidence)
+    for said in (WRONG, RIGHT, "sum 0 1", "capital of France"):  # no answer, no prompt
+        assert said not in text
+    # The page shows the verdict and the worse pairs by seq and digest, never their text.
+    page = Path(got["page"]).read_text()
+    assert "BREACH: answers of" in page and "Look 2 of 4" in page
+    assert f"#{verdict['worse_seqs'][0]} ({verdict['worse_prompts'][0][:12]})" in page
+    assert html.escape(WRONG) not in page and "sum 0 1" not in page
     assert led.live_at(ENV).to_release == good  # type: ignore[union-attr]
     assert marked_bad(led, sums) is not None
     led.close()
@@ -218,18 +267,19 @@ def test_a_release_wrong_on_one_class_of_questions_is_rolled_back_by_the_watch(
     assert _ask(ckit, _sums(1)) == [(good, RIGHT)]
 
 
-def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
+def test_a_release_answering_as_the_previous_one_stays_and_the_window_end_records_it(
     ckit: Kit, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A release that answers as the previous one did is not rolled back; deploy-status
-    and the tick show the comparison running (share, window left, pairs); at the window's
-    end the watch removes the mirror and records the result as a signed ledger event."""
+    """A release that answers as the previous one did passes its looks and is not rolled
+    back; deploy-status and the tick show the comparison running (share, window left,
+    pairs); at the window's end (the last look) the watch removes the mirror and records
+    the result as a signed ledger event with the verdict, the key and the looks."""
     good = _release(ckit, "demo-good")
     assert promote(ckit.settings, good, env=ENV).status == "promoted"
     same = _release(ckit, "demo-same", FAKE_CHUNK_DELAY_S="0.01")  # its own server
     assert promote(ckit.settings, same, env=ENV).status == "promoted"
     led = open_ledger(ckit.settings)
-    svc, clock = _watch(ckit, led)
+    svc, clock = _watch(ckit, led, at=WINDOW_S / 2 + 1)  # two looks are due: one look
     try:
         assert _ask(ckit, _sums(6) + _capitals(6)) == [(same, RIGHT)] * 12
         # The copies finish after the clients' answers: read the gateway's counts once it
@@ -253,13 +303,15 @@ def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
         tick = svc.watcher.tick()
         a = tick.answers
         assert a is not None and a.verdict == "pass" and tick.rollback is None
-        assert "agreement 100.0%" in a.line() and "300 s left" in a.line()
+        assert (a.looks_done, a.breaching_looks, a.rollback_due) == (2, 0, False)
+        assert "answers (exact): pass" in a.line() and "299 s left" in a.line()
         assert _gateway_state(ckit).mirror == good  # still running
 
         clock.advance(WINDOW_S / 2)
         tick = svc.watcher.tick()
         a = tick.answers
         assert a is not None and a.status == "ended" and a.record_seq is not None
+        assert a.looks_done == LOOKS and a.verdict == "pass"
         assert tick.rollback is None
         assert svc.watcher.tick().answers is None  # over
     finally:
@@ -271,9 +323,14 @@ def test_an_agreeing_release_stays_and_its_mirror_ends_with_the_window(
     [ev] = [r for r in led.records(types=[EventType.SHADOW.value]) if r.seq == a.record_seq]
     assert (ev.from_release, ev.to_release, ev.actor) == (good, same, "releasekit-watch")
     assert ev.evidence["action"] == "after_promotion" and ev.evidence["verdict"] == "pass"
-    assert ev.evidence["agreement"]["pairs"] == 12
+    assert ev.evidence["answers"]["verdict"] == "pass"
+    assert sum(s["pairs"] for s in ev.evidence["answers"]["strata"]) == 12
+    assert (ev.evidence["looks"], ev.evidence["looks_planned"]) == (LOOKS, LOOKS)
+    assert set(ev.evidence["answers_key"]) == {"model", "prompts", "serving"}
+    assert ev.evidence["policy_source"]["kind"] == "committed"
+    assert RIGHT not in json.dumps(ev.evidence)
     page = Path(ev.evidence["page"]).read_text()
-    assert "PASS: answers of" in page and "No disagreeing pairs." in page
+    assert "PASS: answers of" in page and "Look 4 of 4" in page
     led.close()
 
 
@@ -311,6 +368,15 @@ def test_window_0_mirrors_nothing_and_a_policy_changed_for_one_watch_is_refused(
             promote(lax, good, env=ENV, dry_run=True)
     finally:
         led.close()
+    for field, value in (("after_promotion_sustain", 1), ("max_excess_disagreement", 0.5)):
+        monkeypatch.setenv("RELEASEKIT_ENVIRONMENTS", json.dumps({ENV: {field: value}}))
+        lax = load_settings(root=ckit.root)
+        led = open_ledger(lax)
+        try:
+            with pytest.raises(PolicyError, match=field):
+                WatchService(lax, ENV, ledger=led, include_slo=False)
+        finally:
+            led.close()
 
 
 # -- the gateway and the check on their own -------------------------------------------------
@@ -385,6 +451,52 @@ def test_clients_get_the_live_releases_bytes_and_nothing_is_copied_past_the_wind
     assert prev.received == seen
 
 
+def _compared_env(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gw: ThreadedGateway,
+    token: str,
+    live: Answering,
+    prev: Answering,
+    until: float,
+) -> Any:
+    """Settings of a project whose deploy state runs `gw` with an after-promotion mirror
+    from `live` to `prev` ending at `until` by the watch's clock (the gateway's own runs an
+    hour, so the watch's clock decides the end)."""
+    for key in list(os.environ):
+        if key.startswith("RELEASEKIT_"):
+            monkeypatch.delenv(key)
+    (tmp_path / "releasekit.toml").write_text(f"[environments.{ENV}]\nport = 25999\n")
+    monkeypatch.setenv("RELEASEKIT_CONFIG", str(tmp_path / "releasekit.toml"))
+    settings = load_settings(root=tmp_path)
+    route = Route(release_id="live", base_url=live.url)
+    mirror = _comparing(gw, token, live, prev, until=time.time() + 3600)
+    mirror = mirror.model_copy(update={"until": until})
+    port = int(gw.url.rsplit(":", 1)[1])
+    record = GatewayRecord(
+        url=gw.url, host="127.0.0.1", port=port, pid=os.getpid(), admin_token=token,
+        config_path="-", log_path="-", started_at=0.0,
+    )  # fmt: skip
+    write_state(
+        settings.state_dir, EnvState(env=ENV, gateway=record, routes=[route], mirror=mirror)
+    )
+    return settings
+
+
+def _send(gw: ThreadedGateway, token: str, questions: list[str]) -> None:
+    for q in questions:
+        assert webclient.post(
+            gw.url + "/v1/chat/completions", content=_body(q), timeout=10
+        ).is_success
+    with GatewayClient(gw.url, admin_token=token) as c:
+        assert wait_until(lambda: c.state().mirror_pairs >= len(questions))
+
+
+def test_looks_are_evenly_spaced_and_the_last_is_at_the_windows_end() -> None:
+    assert look_times(1000.0, 600, 4) == [550.0, 700.0, 850.0, 1000.0]
+    assert look_times(1000.0, 600, 1) == [1000.0]
+
+
 def test_too_few_pairs_are_never_a_breach_nor_a_pass_and_the_end_records_so(
     answering: Any,
     gateway_factory: Any,
@@ -392,46 +504,41 @@ def test_too_few_pairs_are_never_a_breach_nor_a_pass_and_the_end_records_so(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """5 pairs that all disagree, 10 needed: every tick says "not judged yet (5 of 10
-    pairs)", never a breach; at the window's end the mirror is removed (gateway and deploy
-    state) and the ledger records the result as insufficient, not a pass."""
-    for key in list(os.environ):
-        if key.startswith("RELEASEKIT_"):
-            monkeypatch.delenv(key)
-    (tmp_path / "releasekit.toml").write_text(f"[environments.{ENV}]\nport = 25999\n")
-    monkeypatch.setenv("RELEASEKIT_CONFIG", str(tmp_path / "releasekit.toml"))
-    settings = load_settings(root=tmp_path)
+    """5 pairs that all differ, 10 needed: every look says "insufficient", never a breach
+    (nor a rollback due); a tick between looks reads no pair twice and judges nothing; at
+    the window's end the mirror is removed (gateway and deploy state) and the ledger records
+    the result as insufficient, not a pass."""
     live, prev = answering(bad_at_sums), answering(truth)
-    route = Route(release_id="live", base_url=live.url)
-    gw = gateway_factory(routes=[route])
+    gw = gateway_factory(routes=[Route(release_id="live", base_url=live.url)])
     until = 1_000_000.0 + 60
-    mirror = _comparing(gw, admin_token, live, prev, until=time.time() + 3600)
-    mirror = mirror.model_copy(update={"until": until})  # the watch's clock decides the end
-    port = int(gw.url.rsplit(":", 1)[1])
-    record = GatewayRecord(
-        url=gw.url, host="127.0.0.1", port=port, pid=os.getpid(), admin_token=admin_token,
-        config_path="-", log_path="-", started_at=0.0,
-    )  # fmt: skip
-    write_state(
-        settings.state_dir, EnvState(env=ENV, gateway=record, routes=[route], mirror=mirror)
-    )
-    for q in _sums(5):
-        assert webclient.post(
-            gw.url + "/v1/chat/completions", content=_body(q), timeout=10
-        ).is_success
-    with GatewayClient(gw.url, admin_token=admin_token) as c:
-        assert wait_until(lambda: c.state().mirror_pairs == 5)
+    settings = _compared_env(tmp_path, monkeypatch, gw, admin_token, live, prev, until)
+    _send(gw, admin_token, _sums(5))
     led = Ledger(settings.ledger_url or "", actor="Wanda Watcher <wanda@example.com>")
     clock = FakeClock()
-    watch = AnswerWatch(settings, ENV, ledger=led, min_agreement=0.9, min_pairs=10, clock=clock)
-    for _ in range(2):  # pairs are read once: the second tick judges the same 5
+    policy = AnswerPolicy(max_excess=0.3, max_client_share=1.0, looks=2)
+    watch = AnswerWatch(
+        settings,
+        ENV,
+        ledger=led,
+        policy=policy,
+        comparator=make_comparator("exact", root=tmp_path),
+        window_s=60,
+        sustain=1,
+        clock=clock,
+    )
+    a = watch.check("live")
+    assert a is not None and a.verdict == "pending" and a.pairs_read == 5
+    clock.advance(30)  # the first look
+    for judged_now in (True, False):  # pairs are read once: the tick after repeats the look
         a = watch.check("live")
         assert a is not None and a.verdict == "insufficient" and a.status == "running"
-        assert (a.agreement.pairs, a.agreement.agreeing, a.pairs_read) == (5, 0, 5)
-        assert "not judged yet (5 of 10 pairs)" in a.line() and "60 s left" in a.line()
-    clock.advance(60)
+        assert a.judged_now is judged_now and not a.rollback_due and a.pairs_read == 5
+        assert a.answers is not None and a.answers.pairs == 5 and a.answers.min_pairs == 10
+        assert "30 s left" in a.line() and "next look in 30 s" in a.line()
+    clock.advance(30)
     a = watch.check("live")
     assert a is not None and a.status == "ended" and a.verdict == "insufficient"
+    assert a.looks_done == 2 and not a.rollback_due
     done = watch.finish(a)
     assert done.record_seq is not None
     assert read_state(settings.state_dir, ENV).mirror is None
@@ -439,5 +546,75 @@ def test_too_few_pairs_are_never_a_breach_nor_a_pass_and_the_end_records_so(
         assert c.state().mirror is None
     [ev] = led.records(types=[EventType.SHADOW.value])
     assert ev.evidence["action"] == "after_promotion" and ev.evidence["verdict"] == "insufficient"
+    assert ev.evidence["answers"]["verdict"] == "insufficient" and ev.evidence["looks"] == 2
     assert watch.check("live") is None
     led.close()
+
+
+def test_a_judge_that_is_down_is_never_a_pass_nor_a_rollback(
+    answering: Any,
+    gateway_factory: Any,
+    admin_token: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `judge` comparison whose judge does not answer: every look is not judged, with
+    the judge's error as its reason, and no rollback is due; at the window's end the ledger
+    records "not_judged", never a pass."""
+    live, prev = answering(bad_at_sums), answering(truth)
+    gw = gateway_factory(routes=[Route(release_id="live", base_url=live.url)])
+    until = 1_000_000.0 + 90
+    settings = _compared_env(tmp_path, monkeypatch, gw, admin_token, live, prev, until)
+    _send(gw, admin_token, _sums(20))
+    led = Ledger(settings.ledger_url or "", actor="Wanda Watcher <wanda@example.com>")
+    clock = FakeClock()
+    judge = AnswerJudgeConfig(endpoint=refused_url(), model="judge", timeout_s=2)
+    watch = AnswerWatch(
+        settings,
+        ENV,
+        ledger=led,
+        policy=AnswerPolicy(comparison="judge", max_excess=0.3, max_client_share=1.0, looks=3),
+        comparator=make_comparator("judge", root=tmp_path, judge=judge),
+        window_s=90,
+        sustain=2,
+        clock=clock,
+    )
+    for _ in range(2):
+        clock.advance(30)
+        a = watch.check("live")
+        assert a is not None and a.verdict == "not_judged" and a.judged_now
+        assert not a.rollback_due and a.breaching_looks == 0
+        assert a.answers is not None and "judge" in a.answers.reason
+    clock.advance(30)
+    a = watch.check("live")
+    assert a is not None and a.status == "ended" and a.verdict == "not_judged"
+    assert not a.rollback_due
+    done = watch.finish(a)
+    [ev] = led.records(types=[EventType.SHADOW.value])
+    assert ev.seq == done.record_seq and ev.evidence["verdict"] == "not_judged"
+    assert ev.evidence["answers"]["comparison"] == "judge"
+    led.close()
+
+
+def test_an_older_check_still_reads() -> None:
+    """A check as the exact agreement wrote it (every tick, with disagreeing pairs) still
+    reads and prints."""
+    old = {
+        "env": ENV,
+        "release_id": "a" * 64,
+        "previous_release_id": "b" * 64,
+        "share": 0.2,
+        "until": 1_000_060.0,
+        "window_left_s": 60.0,
+        "mirrored": 5,
+        "dropped": 0,
+        "pairs_read": 5,
+        "agreement": Agreement(
+            pairs=5, agreeing=0, min_agreement=0.9, min_pairs=10, verdict="insufficient",
+            reason="not enough pairs",
+        ).model_dump(mode="json"),
+        "status": "running",
+    }  # fmt: skip
+    check = AnswersCheck.model_validate_json(json.dumps(old))
+    assert check.verdict == "insufficient" and check.answers is None
+    assert "answers vs bbbbbbbbbbbb" in check.line() and "60 s left" in check.line()

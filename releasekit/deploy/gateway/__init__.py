@@ -69,7 +69,13 @@ never the client's), which outlives a restart of the gateway. A canary's mirror
 (`purpose` canary) copies only the requests its `source` (the routed canary) answers, to
 the live release's server under `pair_label(<live release>)`: the canary's answers paired
 with the live release's, and the copies' figures never in the series the canary is judged
-against.
+against. With `Mirror.floor` (the default) each copy taken also sends an A/A copy to the
+reference release at the same moment (all of a request's copies or none), whose answer is
+the pair's `floor`: a shadow's to its baseline or, without one, to the client's release
+under its pair label; a canary's and an after-promotion mirror's a second copy to its
+route. A pair names its client by a digest only (`client`). With `pairs_prune_s` the
+gateway ages (`pairs_keep_s`) and bounds (`pairs_max_bytes`) the stored pairs on a
+schedule, off the event loop.
 
 Client credentials: with `api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`
 (401 otherwise, OpenAI-style JSON). The upstream gets the route's own `api_key` when set;
@@ -222,8 +228,17 @@ from releasekit.deploy.gateway.metrics import (
     QUEUE_BUCKETS,
     TTFT_BUCKETS,
 )
-from releasekit.deploy.gateway.pairs import MirrorPair, MirrorPairs
-from releasekit.deploy.gateway.pairstore import PairStore, prune, read_pairs, store_dir
+from releasekit.deploy.gateway.pairs import MirrorPair, MirrorPairs, client_digest
+from releasekit.deploy.gateway.pairstore import (
+    PairStore,
+    mb_bytes,
+    prune,
+    prune_to_size,
+    read_pairs,
+    store_bytes,
+    store_dir,
+    store_problem,
+)
 from releasekit.deploy.gateway.relay import ADMIN_HEADER, RELEASE_HEADER
 from releasekit.deploy.gateway.server import ThreadedGateway, bind_socket, main, running, serve
 from releasekit.deploy.gateway.templates import render_prompt
@@ -260,14 +275,19 @@ __all__ = [
     "RouteTable",
     "ThreadedGateway",
     "bind_socket",
+    "client_digest",
     "load_config",
     "main",
+    "mb_bytes",
     "pair_label",
     "paired_release",
     "prune",
+    "prune_to_size",
     "read_pairs",
     "render_prompt",
     "running",
     "serve",
+    "store_bytes",
     "store_dir",
+    "store_problem",
 ]

@@ -40,7 +40,7 @@ from releasekit.deploy.gateway.limits import header_bytes
 from releasekit.deploy.gateway.metrics import Metrics, endpoint_label
 from releasekit.deploy.gateway.mirror import Mirroring
 from releasekit.deploy.gateway.pairs import MirrorPairs
-from releasekit.deploy.gateway.pairstore import PairStore
+from releasekit.deploy.gateway.pairstore import PairStore, prune, prune_to_size
 from releasekit.deploy.gateway.relay import Flight
 from releasekit.deploy.gateway.responses import error_response, json_response
 from releasekit.deploy.gateway.routing import Table
@@ -83,6 +83,7 @@ class Gateway:
         self._lease: Lease | None = None
         self._lease_expiries = 0
         self._lease_task: asyncio.Task[None] | None = None
+        self._prune_task: asyncio.Task[None] | None = None
         self._mirror: Mirroring | None = None
         self._pair_store: PairStore | None = None
         self.started_at = time.time()
@@ -240,19 +241,58 @@ class Gateway:
             )
         return await self._admission.wait_idle(release_id, timeout_s)
 
+    # -- the pair store's ageing
+
+    def prune_pairs(self) -> list[Path]:
+        """Age (`pairs_keep_s`: never the mirrored release's files) and size
+        (`pairs_max_bytes`: oldest first, never the file being written) the stored pairs
+        out; the files deleted. Blocking: the schedule runs it in a thread."""
+        if self.config.pairs_dir is None:
+            return []
+        directory = Path(self.config.pairs_dir)
+        m, store = self._mirror, self._pair_store
+        mirrored = [m.route.release_id] if m is not None else []
+        writing = [store.path] if store is not None and not store.closing else []
+        gone: list[Path] = []
+        if self.config.pairs_keep_s is not None:
+            gone += prune(directory, keep_s=self.config.pairs_keep_s, protect=mirrored)
+        if self.config.pairs_max_bytes is not None:
+            gone += prune_to_size(directory, max_bytes=self.config.pairs_max_bytes, protect=writing)
+        return gone
+
+    async def _prune_schedule(self, every_s: float) -> None:
+        """Prune the pair store now and every `every_s`, in a thread (the event loop never
+        waits on the disk); a prune that fails is logged and tried again next time."""
+        while True:
+            try:
+                gone = await asyncio.to_thread(self.prune_pairs)
+                if gone:
+                    log.info("stored answer pairs pruned: %d files", len(gone))
+            except Exception:
+                log.exception("stored answer pairs not pruned")
+            await asyncio.sleep(every_s)
+
     # -- lifecycle
 
     async def startup(self) -> None:
         """Open the shared upstream connection pool (more connections than in-flight
-        slots, so an admitted request never waits for one); start the lease watch."""
+        slots, so an admitted request never waits for one); start the lease watch and,
+        with `pairs_dir` and `pairs_prune_s`, the pair store's pruning."""
         self._upstream.open()
         self._lease_task = asyncio.ensure_future(self._watch_lease())
+        every = self.config.pairs_prune_s
+        if self.config.pairs_dir is not None and every is not None:
+            self._prune_task = asyncio.ensure_future(self._prune_schedule(every))
 
     async def shutdown(self) -> None:
-        """Stop the lease watch and shadow copies; close the upstream connection pool."""
+        """Stop the lease watch, the pruning and shadow copies; close the upstream
+        connection pool."""
         if self._lease_task is not None:
             self._lease_task.cancel()
             self._lease_task = None
+        if self._prune_task is not None:
+            self._prune_task.cancel()
+            self._prune_task = None
         if self._mirror is not None:
             self._mirror.cancel_all()
         await self._upstream.close()
@@ -439,8 +479,8 @@ class Gateway:
             flight = pending
             up = self._upstream
             pair = up.copy(self._mirror, request, path=path, body=body, payload=payload,
-                           prompt=prompt, route_label=route_label,
-                           stable_id=route.release_id)  # fmt: skip
+                           prompt=prompt, route_label=route_label, pinned=route,
+                           client=client)  # fmt: skip
             return await up.send(request, flight, path=path, body=body,
                                  payload=payload, prompt=prompt, pair=pair)  # fmt: skip
         except Exception as exc:

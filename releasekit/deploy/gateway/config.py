@@ -96,7 +96,11 @@ class Mirror(BaseModel):
     the release it replaced), or a `canary`: copies of the requests the routed release
     `source` (the canary) answers go to the live release's server, under the label
     `pair_label(<live release>)` (its figures its own), and each pair's candidate side is
-    the canary's answer (what the client got), its stable side the copy's. Past `until`
+    the canary's answer (what the client got), its stable side the copy's. With `floor`
+    (the default), each copy taken also sends an A/A copy to the reference release at the
+    same moment (a shadow's: its `baseline`, else the client's release under
+    `pair_label(<live release>)`; the other purposes': `route` again), whose answer goes into
+    the pair as its floor: the reference's disagreement with itself. Past `until`
     (unix time) the gateway copies nothing more by itself, so a mirror nobody removed never
     outlives the server it copies to."""
 
@@ -129,6 +133,11 @@ class Mirror(BaseModel):
     )
     until: float | None = Field(
         None, allow_inf_nan=False, description="unix time copying stops (None: no end)"
+    )
+    floor: bool = Field(
+        True,
+        description="send each copy's A/A (floor) copy to the reference release at the same "
+        "moment and keep its answer in the pair (a shadow's baseline copy is its floor copy)",
     )
     pairs_segment_mib: float = Field(
         8.0,
@@ -272,6 +281,26 @@ class GatewayConfig(BaseModel):
     pairs_dir: str | None = Field(
         None,
         description="folder for the disk copy of the mirror's answer pairs (None: memory only)",
+    )
+    pairs_prune_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="with pairs_dir: age and size the stored pairs out this often, off the "
+        "event loop (None: never while it runs)",
+    )
+    pairs_keep_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="stored pairs files of a release no longer mirrored, last written longer "
+        "ago than this, are deleted at each prune (None: kept whatever their age)",
+    )
+    pairs_max_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="at each prune, the oldest stored pairs files are deleted until the folder "
+        "is under this many bytes; never the file being written (None: no bound)",
     )
 
     @field_validator("api_keys")

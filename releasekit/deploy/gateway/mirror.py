@@ -12,7 +12,8 @@ status, TTFT, E2E), so a window over them reads like any release's;
 copies. With a `baseline` (a fresh server of the stable release under its own label), each
 copy taken goes to the candidate and to the baseline at the same moment (both or neither,
 within the same in-flight cap), so the candidate is judged against a server in its own
-conditions; the baseline's answers are not paired.
+conditions; the baseline's answer is the pair's floor (below; without `Mirror.floor` it is
+not kept).
 
 Answer pairs: for each copy sent, the gateway keeps the text the live release answered the
 client and the text the candidate answered (`MirrorPair`: non-stream JSON and SSE streams,
@@ -37,6 +38,18 @@ own task, within the same `max_in_flight` cap, as any shadow copy. In these pair
 `candidate` side is always the release under judgement: the canary's answer (what the
 client got, `client_side` "candidate"), and the `stable` side the copy's answer from the
 live release; `stable_release_id` is the live release's id (not its label).
+
+A/A (floor) copies (`Mirror.floor`, on by default): each copy taken also sends a second
+copy of the request to the *reference* release at the same moment (all of a request's copies
+or none, within `max_in_flight`), and its answer goes into the pair (`floor`), so the
+candidate is judged against the reference's disagreement with itself. A shadow's reference
+is the live release (the client's): its floor copy goes to the fresh `baseline` when there
+is one (that copy IS the floor copy: no extra request), else to the server the client's
+request was pinned to, under `pair_label(<live release>)`, so its figures never land in the
+live release's series. A canary's and an after-promotion mirror's copy already goes to the
+reference (`Mirror.route`): the floor copy is a second copy there, under the same label.
+Each pair also names its client by digest (`client`: the key's, or the address's), never by
+its key or address.
 """
 
 from __future__ import annotations
@@ -53,9 +66,15 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
-from releasekit.deploy.gateway.config import Mirror, MirrorPurpose, paired_release
+from releasekit.deploy.gateway.config import (
+    Mirror,
+    MirrorPurpose,
+    Route,
+    pair_label,
+    paired_release,
+)
 from releasekit.deploy.gateway.errors import PromptTemplateError
-from releasekit.deploy.gateway.pairs import TEXT_MAX, MirrorPair, MirrorPairs
+from releasekit.deploy.gateway.pairs import TEXT_MAX, MirrorPair, MirrorPairs, client_digest
 from releasekit.deploy.gateway.relay import CONTENT_RE, Relay
 from releasekit.deploy.gateway.templates import templated_body
 
@@ -206,9 +225,20 @@ def prompt_text(payload: Any) -> str:
 
 
 class PendingPair:
-    """A pair whose two answers are on their way; recorded once both arrived."""
+    """A pair whose answers are on their way (the client's, the copy's and, with a floor
+    copy, the floor's); recorded once all of them arrived."""
 
-    __slots__ = ("book", "digest", "path", "prompt", "sampled", "sides", "stable_id")
+    __slots__ = (
+        "book",
+        "client",
+        "digest",
+        "floor_id",
+        "path",
+        "prompt",
+        "sampled",
+        "sides",
+        "stable_id",
+    )
 
     def __init__(
         self,
@@ -219,6 +249,8 @@ class PendingPair:
         digest: str,
         prompt: str | None,
         sampled: bool,
+        client: str = "",
+        floor_id: str | None = None,
     ) -> None:
         self.book = book
         self.sampled = sampled
@@ -226,15 +258,22 @@ class PendingPair:
         self.stable_id = stable_id
         self.digest = digest
         self.prompt = prompt
+        self.client = client
+        self.floor_id = floor_id
         self.sides: dict[str, tuple[int | str, AnswerCapture | None]] = {}
 
+    @property
+    def expected(self) -> int:
+        """The answers the pair waits for: 3 with a floor copy, else 2."""
+        return 2 if self.floor_id is None else 3
+
     def answered(self, side: str, status: int | str, capture: AnswerCapture | None) -> None:
-        """One side's answer ended (`client`: the answer the client got, or `copy`); the
-        second records the pair."""
+        """One side's answer ended (`client`: the answer the client got, `copy` or
+        `floor`); the last records the pair."""
         if side in self.sides:
             return
         self.sides[side] = (status, capture)
-        if len(self.sides) == 2:
+        if len(self.sides) == self.expected:
             self.book.record(self)
 
 
@@ -259,8 +298,18 @@ class PairBook:
         self.recorded = store.seq if store is not None else 0
         self._ring: deque[MirrorPair] = deque(maxlen=max(1, capacity))
 
-    def open(self, *, path: str, stable_id: str, body: bytes, payload: Any) -> PendingPair | None:
-        """A pending pair for one copied request (None when no pairs are kept)."""
+    def open(
+        self,
+        *,
+        path: str,
+        stable_id: str,
+        body: bytes,
+        payload: Any,
+        client: str = "",
+        floor_id: str | None = None,
+    ) -> PendingPair | None:
+        """A pending pair for one copied request (None when no pairs are kept); `floor_id`:
+        the release the floor copy goes to (None: no floor copy)."""
         if self.capacity <= 0:
             return None
         return PendingPair(
@@ -270,18 +319,22 @@ class PairBook:
             digest=hashlib.sha256(body).hexdigest(),
             prompt=prompt_text(payload) if self.keep_prompts else None,
             sampled=sampled(payload),
+            client=client_digest(client),
+            floor_id=floor_id,
         )
 
     def record(self, p: PendingPair) -> None:
         texts: dict[str, str | None] = {}
+        whole: dict[str, bool] = {}
         cut = False
-        ok = True
-        for side in ("client", "copy"):
+        for side in p.sides:
             status, cap = p.sides[side]
             text, w, c = cap.finish() if cap is not None else (None, False, False)
             texts[side] = text
             cut |= c
-            ok &= w and text is not None and isinstance(status, int) and 200 <= status < 300
+            whole[side] = w and text is not None and isinstance(status, int) and 200 <= status < 300
+        ok = whole["client"] and whole["copy"]
+        floor = p.sides.get("floor")
         if self.store is not None:  # numbered by the store: one sequence per candidate
             self.store.seq += 1
             self.recorded = self.store.seq
@@ -302,12 +355,20 @@ class PairBook:
             stable=texts[stable],
             candidate=texts[cand],
             complete=ok,
+            stable_complete=whole[stable],
+            candidate_complete=whole[cand],
             sampled=p.sampled,
             truncated=cut,
             prompt_sha256=p.digest,
             prompt=p.prompt,
             purpose=self.purpose,
             client_side="candidate" if canary else "stable",
+            client=p.client,
+            has_floor=floor is not None,
+            floor=texts.get("floor"),
+            floor_status=floor[0] if floor is not None else None,
+            floor_release_id=p.floor_id,
+            floor_complete=whole.get("floor", False),
         )
         self._ring.append(pair)
         if self.store is not None:
@@ -404,6 +465,23 @@ class Mirroring:
         self.dropped += 1
         self._counter.labels(self.metrics.env, self.route.release_id, "dropped").inc()
 
+    def targets(self, pinned: Route | None) -> list[tuple[Route, str, str | None]]:
+        """Where one request's copies go, all at once: (route, the label its figures go
+        under, the pair side its answer fills or None). The copy to `route`; with a floor,
+        the floor copy to the reference (see the module doc); a shadow's baseline without a
+        floor still gets its copy (not paired)."""
+        m = self.mirror
+        out: list[tuple[Route, str, str | None]] = [(self.route, self.route.release_id, "copy")]
+        base = m.baseline
+        if m.purpose != "shadow":
+            if m.floor:
+                out.append((self.route, self.route.release_id, "floor"))
+        elif base is not None:
+            out.append((base, base.release_id, "floor" if m.floor else None))
+        elif m.floor and pinned is not None:
+            out.append((pinned, pair_label(pinned.release_id), "floor"))
+        return out
+
     def copy(
         self,
         session: aiohttp.ClientSession,
@@ -417,51 +495,63 @@ class Mirroring:
         prompt: str | None,
         route_label: str,
         stable_id: str = "",
+        pinned: Route | None = None,
+        client: str = "",
     ) -> PendingPair | None:
-        """Send a copy on its own task (or drop it when the mirror is at its cap); the
-        pair its answer goes into (None when dropped or no pairs are kept)."""
-        rid = self.route.release_id
-        base = self.mirror.baseline
-        # With a fresh baseline both copies go out together or neither does.
-        if self.in_flight + (2 if base is not None else 1) > self.mirror.max_in_flight:
+        """Send a request's copies on their own tasks (or drop them all when the mirror
+        would pass its cap); the pair their answers go into (None when dropped or no pairs
+        are kept). `pinned`: the route the client's request went to (a shadow's floor copy
+        goes there without a baseline); `client`: the client's key digest or address."""
+        targets = self.targets(pinned)
+        # All of a request's copies go out together or none does.
+        if self.in_flight + len(targets) > self.mirror.max_in_flight:
             self.drop()
             return None
-        client_body = body
-        bodies = {rid: body}
-        if prompt is not None:
-            try:
-                # The copy renders from its own deep copy of the parsed body: the client's
+        bodies: list[bytes] = []
+        try:
+            for r, _, _ in targets:
+                # A copy renders from its own deep copy of the parsed body: the client's
                 # request is rendered for its own route after this and must be untouched.
-                for r in (self.route, base):
-                    if r is not None:
-                        bodies[r.release_id] = templated_body(r, prompt, copy.deepcopy(payload))
-            except PromptTemplateError:
-                self.drop()
-                return None
-        pair = self.pairs.open(path=path, stable_id=stable_id, body=client_body, payload=payload)
+                bodies.append(
+                    templated_body(r, prompt, copy.deepcopy(payload))
+                    if prompt is not None
+                    else body
+                )
+        except PromptTemplateError:
+            self.drop()
+            return None
+        floor = next((t for t in targets if t[2] == "floor"), None)
+        floor_id = paired_release(floor[1]) if floor is not None else None
+        pair = self.pairs.open(
+            path=path,
+            stable_id=stable_id,
+            body=body,
+            payload=payload,
+            client=client,
+            floor_id=floor_id,
+        )
         stream = isinstance(payload, dict) and payload.get("stream") is True
-        for r in (self.route, base):
-            if r is None:
-                continue
+        qs = "?" + query.decode("latin-1") if query else ""
+        for (r, label, side), data in zip(targets, bodies, strict=True):
             hdrs = [(k, v) for k, v in headers if k.lower() != "authorization"]
             if r.api_key is not None:
                 hdrs.append(("authorization", "Bearer " + r.api_key))
-            url = r.base_url + path + ("?" + query.decode("latin-1") if query else "")
             self.in_flight += 1
-            if r is self.route:
+            if side == "copy":
                 self.sent += 1
-            self._counter.labels(self.metrics.env, r.release_id, "sent").inc()
+            self._counter.labels(self.metrics.env, label, "sent").inc()
             task = asyncio.ensure_future(
                 self._send(
                     session,
                     method,
-                    url,
+                    r.base_url + path + qs,
                     hdrs,
-                    bodies.get(r.release_id, body),
+                    data,
                     stream=stream,
                     route_label=route_label,
-                    pair=pair if r is self.route else None,
-                    release_id=r.release_id,
+                    pair=pair if side is not None else None,
+                    side=side or "copy",
+                    release_id=label,
                 )
             )
             self._tasks.add(task)
@@ -479,6 +569,7 @@ class Mirroring:
         stream: bool,
         route_label: str,
         pair: PendingPair | None = None,
+        side: str = "copy",
         release_id: str | None = None,
     ) -> None:
         rid = release_id or self.route.release_id
@@ -519,7 +610,7 @@ class Mirroring:
             self.metrics.request(rid, route_label, status)
             if pair is not None:
                 try:
-                    pair.answered("copy", status, cap)
+                    pair.answered(side, status, cap)
                 except Exception:
                     log.exception("answer pair not recorded")
 

@@ -13,6 +13,12 @@ new one and the segment before it (`<candidate>.1.jsonl`) is dropped, so the sto
 at most two segments (one pair longer than a segment alone is written whole in a fresh
 one). Files are created mode 0600 (a prompt may be kept), in a 0700 folder.
 
+Aged and bounded as a whole: `prune` deletes the files of releases no longer mirrored
+that were last written more than a while ago, `prune_to_size` the oldest files until the
+folder is under a size (never the file being written); the gateway runs both every
+`GatewayConfig.pairs_prune_s`, off the event loop. `store_problem` says why a store cannot
+take a new mirror's pairs (a folder that cannot be written, or one at its size bound).
+
 Writes never touch the client's request: `append` puts the pair on a bounded queue and
 returns (a full queue drops the pair, counted); one writer thread per store encodes and
 writes. An OSError (a folder that cannot be made, a full disk) is logged and counted
@@ -27,6 +33,7 @@ import logging
 import os
 import queue
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -116,6 +123,73 @@ def prune(
             continue
         gone.append(path)
     return gone
+
+
+def mb_bytes(mb: float) -> int:
+    """Bytes in `mb` megabytes (10^6 bytes), as `mirror_pairs_max_mb` counts them."""
+    return int(mb * 1_000_000)
+
+
+def _files(directory: Path) -> list[tuple[float, int, Path]]:
+    """(mtime, size, path) of the stored pairs files in `directory`; [] when unreadable."""
+    out: list[tuple[float, int, Path]] = []
+    try:
+        paths = list(directory.glob("*.jsonl"))
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out.append((st.st_mtime, st.st_size, path))
+    return out
+
+
+def store_bytes(directory: Path) -> int:
+    """Bytes of the stored pairs files in `directory` (0: none, or unreadable)."""
+    return sum(size for _, size, _ in _files(directory))
+
+
+def prune_to_size(directory: Path, *, max_bytes: int, protect: Iterable[Path] = ()) -> list[Path]:
+    """Delete the stored pairs files in `directory`, oldest (last written) first, until
+    what is left is under `max_bytes`, never one in `protect` (the file being written);
+    the paths deleted. A file that cannot be removed is left as it is."""
+    kept = {Path(p).name for p in protect}
+    files = sorted(_files(directory))
+    total = sum(size for _, size, _ in files)
+    gone: list[Path] = []
+    for _, size, path in files:
+        if total < max_bytes:
+            break
+        if path.name in kept:
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        gone.append(path)
+    return gone
+
+
+def store_problem(directory: Path, *, max_bytes: int) -> str | None:
+    """Why the store in `directory` cannot take a new mirror's pairs (one line), or None:
+    a folder that cannot be made or written, or stored pairs at `max_bytes` already."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"the answer pairs folder {directory} cannot be written: {exc.strerror or exc}"
+    used = store_bytes(directory)
+    if used >= max_bytes:
+        return (
+            f"the answer pairs folder {directory} is full: {used / 1e6:.1f} MB stored, "
+            f"at most {max_bytes / 1e6:g} MB (mirror_pairs_max_mb)"
+        )
+    return None
 
 
 def _last_seq(path: Path) -> int | None:
@@ -249,6 +323,8 @@ class PairStore:
     def _open(self) -> tuple[IO[bytes], int]:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):  # a file made before, under another mode
+            os.fchmod(fd, 0o600)
         f = os.fdopen(fd, "ab")
         size = f.seek(0, os.SEEK_END)
         if size > 0:

@@ -98,11 +98,15 @@ class Upstream:
         payload: Any,
         prompt: str | None,
         route_label: str,
-        stable_id: str,
+        pinned: Route,
+        client: str = "",
     ) -> PendingPair | None:
         """Copy the request to the mirror when it takes this one; a copy that fails to go
-        out is dropped, never the client's request. Answers the pair the client's answer
-        goes into (None: no copy, or no pairs kept)."""
+        out is dropped, never the client's request. `pinned`: the route the client's request
+        went to; `client`: the client as `checks.client_denied` names it (the pair keeps a
+        digest). Answers the pair the client's answer goes into (None: no copy, or no pairs
+        kept)."""
+        stable_id = pinned.release_id
         if (
             mirror is None
             or self.session is None
@@ -122,6 +126,8 @@ class Upstream:
                 prompt=prompt,
                 route_label=route_label,
                 stable_id=stable_id,
+                pinned=pinned,
+                client=client,
             )
         except Exception:
             log.exception("shadow copy to %s not sent", mirror.route.release_id)
