@@ -280,6 +280,11 @@ def shadow_compare_cmd(
             out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
         if res.agreement is not None:
             print_agreement(res.agreement)
+        if res.exact_answers is not None:
+            out.print(
+                f"  under exact match (shown, not deciding): {esc(res.exact_answers.line())}",
+                highlight=False,
+            )
         if res.page:
             out.print(f"report: {esc(res.page)}", highlight=False)
     if res.verdict == "breach":

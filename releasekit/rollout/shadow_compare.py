@@ -21,6 +21,7 @@ from releasekit.deploy.gateway import (
 )
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import read_state
+from releasekit.evaluate.answer_compare import ExactComparator
 from releasekit.evaluate.answers import judge_answers
 from releasekit.promote.answer_pairs import compared
 from releasekit.promote.answer_policy import answer_comparator, answer_policy
@@ -159,11 +160,8 @@ def compare_shadow(
                 pairs = _window_pairs(c, status.release_id, s0, s1, stored=stored)
                 cw, sw = pair_windows(env, status.release_id, judged.release_id, before, after)
                 j = judge_step(checks, cw, sw)
-                agreement = judge_answers(
-                    [compared(p) for p in pairs if p.stable_release_id == stable.release_id],
-                    answers_pol,
-                    comparator,
-                )
+                mapped = [compared(p) for p in pairs if p.stable_release_id == stable.release_id]
+                agreement = judge_answers(mapped, answers_pol, comparator)
                 short = agreement.verdict == "insufficient" or any(
                     x.required and x.verdict == "wait" for x in j.checks
                 )
@@ -172,6 +170,13 @@ def compare_shadow(
             window_s = waited
     finally:
         release(held)
+    # What exact match would have said, beside another comparison's verdict (shown, never
+    # deciding): a reworded answer is a difference there.
+    exact = (
+        judge_answers(mapped, answers_pol, ExactComparator())
+        if answers_pol.comparison != "exact"
+        else None
+    )
     breached = [x for x in j.checks if x.verdict == "breach"]
     undecided = [x for x in j.checks if x.required and x.verdict != "pass"]
     verdict: ShadowVerdict = "breach" if breached else "insufficient" if undecided else "pass"
@@ -196,6 +201,7 @@ def compare_shadow(
         else s1.mirror_dropped,
         reason=reason[:2000],
         agreement=agreement,
+        exact_answers=exact,
         judged_against="fresh baseline" if base is not None else "live server",
         clamped=clamped,
     )
@@ -227,6 +233,7 @@ def compare_shadow(
                 "detail": reason[:1000],
                 "answers": agreement.evidence(),
                 "answers_key": answers_key(cand.lock.inputs),
+                **({"answers_exact": exact.evidence()} if exact is not None else {}),
                 **({"clamped": clamped} if clamped else {}),
                 # What the judge took, for `releasekit audit replay`.
                 "judge": judged_inputs(checks, cw, sw),

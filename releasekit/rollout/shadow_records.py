@@ -57,6 +57,11 @@ class ShadowComparison(BaseModel):
     agreement: AnswerVerdict | Agreement | None = Field(
         None, description="the answers' agreement on the window's mirrored requests"
     )
+    exact_answers: AnswerVerdict | None = Field(
+        None,
+        description="what exact match would have said of the same pairs, where the "
+        "environment compares otherwise (shown beside the verdict; it decides nothing)",
+    )
     judged_against: Literal["fresh baseline", "live server"] = Field(
         "live server",
         description="what the candidate's figures were compared with: a fresh server of "
