@@ -278,7 +278,7 @@ note "promoted in staging: demo-canary-good" --by "every gate, then each canary 
 
 step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"
 expect_blocked releasekit promote "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
-expect blocked staging "$CANARY_SEQS1" --kind perf
+expect blocked staging "$CANARY_SEQS1" --by "ttft_p95_s at the knee"
 
 step "max-num-seqs 1 with canary steps: staging lets the canary judge it on live traffic"
 if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
