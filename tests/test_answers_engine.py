@@ -272,3 +272,30 @@ def test_evidence_carries_counts_and_digests_never_text(tmp_path: Path) -> None:
         evidence["comparator"]["known_items"][0]["sha256"]
         == hashlib.sha256(items.read_bytes()).hexdigest()
     )
+
+
+def test_a_candidate_that_changes_a_fifth_of_its_answers_almost_never_passes() -> None:
+    """The old rule (a breach needs the agreement's upper bound below 90%) passed a
+    candidate that truly changes 20% of its answers 61% of the time at 30 pairs. Now a pass
+    needs the excess's upper bound within the margin: over 400 seeded runs at 30, 60 and 120
+    pairs such a candidate passes at most 2% of the time, while one that changes nothing but
+    sits on a 5% A/A floor passes most of the time once the pairs allow it."""
+    rng = random.Random(20261207)
+
+    def run(n: int, changed: float, floor: float) -> str:
+        pairs = [
+            pair(
+                i,
+                client=f"c{i % 20}",
+                judged="Paris" if rng.random() < changed + floor else "Muburg",
+                floor="Rome" if rng.random() < floor else "Muburg",
+            )
+            for i in range(n)
+        ]
+        return judge_answers(pairs, POLICY, EXACT).verdict
+
+    for n in (30, 60, 120):
+        verdicts = [run(n, 0.2, 0.0) for _ in range(400)]
+        assert verdicts.count("pass") <= 8, (n, verdicts.count("pass"))
+    good = [run(120, 0.0, 0.05) for _ in range(400)]
+    assert good.count("pass") >= 200 and good.count("breach") <= 8, good.count("pass")

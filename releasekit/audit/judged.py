@@ -248,14 +248,22 @@ def _agreement(name: str, a: dict[str, Any], pol: dict[str, Any]) -> Check:
         )
         if not _close(a.get(k), v)
     ]
-    same = a.get("verdict") == got.verdict and not diffs
+    return _answers_check(name, a, got.verdict, diffs, got.reason)
+
+
+def _answers_check(
+    name: str, a: dict[str, Any], replayed: str, diffs: list[str], reason: str
+) -> Check:
+    """A replayed answers verdict against the recorded one (`a`): the same verdict and no
+    differing parameter."""
+    same = a.get("verdict") == replayed and not diffs
     return Check(
         name=name,
         kind="agreement",
         status="same" if same else "different",
         recorded=str(a.get("verdict")),
-        replayed=got.verdict,
-        detail="; ".join(diffs) or got.reason,
+        replayed=replayed,
+        detail="; ".join(diffs) or reason,
     )
 
 
@@ -280,15 +288,7 @@ def _answers(name: str, a: dict[str, Any], pol: dict[str, Any]) -> Check:
             f"comparison {a.get('comparison')} recorded, the policy names "
             f"{pol.get('answer_comparison', 'exact')}"
         )
-    same = a.get("verdict") == got.verdict and not diffs
-    return Check(
-        name=name,
-        kind="agreement",
-        status="same" if same else "different",
-        recorded=str(a.get("verdict")),
-        replayed=got.verdict,
-        detail="; ".join(diffs) or got.reason[:300],
-    )
+    return _answers_check(name, a, got.verdict, diffs, got.reason[:300])
 
 
 def _watch(

@@ -109,6 +109,18 @@ class WatchRule(BaseModel):
         return self
 
 
+ANSWER_POLICY_FIELDS: tuple[str, ...] = (
+    "answer_comparison",
+    "max_excess_disagreement",
+    "answer_max_client_share",
+    "answer_min_pairs",
+    "answer_checks",
+    "answer_known_items",
+    "answer_judge",
+)
+"""The policy fields every live answer comparison (shadow, canary, after promotion) is
+judged by."""
+
 POLICY_FIELDS: tuple[str, ...] = (
     "gates_required",
     "requires",
@@ -128,13 +140,7 @@ POLICY_FIELDS: tuple[str, ...] = (
     "after_promotion_share",
     "comparison_baseline",
     "canary_compare_answers",
-    "answer_comparison",
-    "max_excess_disagreement",
-    "answer_max_client_share",
-    "answer_min_pairs",
-    "answer_checks",
-    "answer_known_items",
-    "answer_judge",
+    *ANSWER_POLICY_FIELDS,
     "after_promotion_looks",
     "after_promotion_sustain",
     "autoscaling",
@@ -219,10 +225,10 @@ class EnvironmentConfig(BaseModel):
         "gates still block; without canary steps, or with --no-canary, perf gates block)",
     )
     shadow_max_in_flight: int = Field(
-        8,
+        4,
         ge=1,
-        description="copies in flight at most (more are dropped); each mirrored request takes "
-        "two: the judged release's copy and the reference's floor copy",
+        description="copies in flight at most (more are dropped, never queued); each mirrored "
+        "request takes two: the judged release's copy and the reference's floor copy",
     )
     shadow_max_age_s: float = Field(
         3600.0,

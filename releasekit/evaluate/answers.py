@@ -461,7 +461,7 @@ def judge_answers(
     min_pairs = policy.min_pairs or sized_min_pairs(policy.max_excess, confidence=confidence)
     with_floor = [p for p in pairs if p.has_floor]
     base: dict[str, Any] = {
-        "comparison": policy.comparison,
+        "comparison": comparator.kind,
         "comparator": comparator.identity(),
         "max_excess": policy.max_excess,
         "min_pairs": min_pairs,

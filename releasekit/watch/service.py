@@ -46,6 +46,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from releasekit.config import Settings
+from releasekit.config.environments import ANSWER_POLICY_FIELDS
 from releasekit.errors import ReleasekitError
 from releasekit.promote.answer_policy import answer_comparator, answer_policy
 from releasekit.promote.deploy import env_config
@@ -327,13 +328,7 @@ COMPARISON_FIELDS = (
     "after_promotion_share",
     "after_promotion_looks",
     "after_promotion_sustain",
-    "answer_comparison",
-    "max_excess_disagreement",
-    "answer_max_client_share",
-    "answer_min_pairs",
-    "answer_checks",
-    "answer_known_items",
-    "answer_judge",
+    *ANSWER_POLICY_FIELDS,
 )
 """The policy fields the after-promotion comparison is judged by."""
 
