@@ -158,3 +158,26 @@ def test_the_gate_replays_from_the_records_before_a_decision(ledger: Ledger) -> 
     before = [r for r in ledger.records() if r.seq < seq]
     assert breach_gate(before, _inputs("demo-v2-1")).passed
     assert not breach_gate(ledger.records(), _inputs("demo-v2-1")).passed
+
+
+def test_a_watch_rollback_on_answers_is_found_as_the_watch_records_it(ledger: Ledger) -> None:
+    """The watch's rollback event holds the after-promotion check's evidence under `answers`
+    (its verdict, the comparison's verdict nested, the live release's key) and the key at the
+    top (`watch.rollbacks`): the weights it rolled back are refused as a shadow's would be."""
+    key = answers_key(_inputs("demo-v2-1"))
+    check = {"verdict": "breach", "answers": _answers("breach"), "answers_key": key, "looks": 2}
+    rolled = ledger.append(
+        Event(
+            type=EventType.ROLLBACK,
+            environment="staging",
+            from_release=V21,
+            to_release="c" * 64,
+            evidence={
+                "trigger": "watch",
+                "rules": ["after_promotion_answers"],
+                "answers": check,
+                "answers_key": check["answers_key"],
+            },
+        )
+    ).seq
+    assert [r.seq for r in breaches_for(ledger, answers_key(_inputs("demo-v2")))] == [rolled]

@@ -15,6 +15,7 @@ from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_e
 from releasekit.errors import ConfigError
 
 if TYPE_CHECKING:
+    from releasekit.watch.pairs import AnswersCheck
     from releasekit.watch.rules import Judgement
     from releasekit.watch.watcher import RollbackOutcome, WatchTick
 
@@ -50,6 +51,22 @@ def _verdict(j: Judgement) -> str:
     return f"{esc(j.rule)} {j.value:.4g}{limit} [{colour}]{j.verdict}[/{colour}]"
 
 
+ANSWERS_EVERY_S = 30.0
+"""Between the after-promotion check's looks, its unchanged line is printed this seldom."""
+_answers_shown: dict[str, tuple[tuple[object, ...], float]] = {}
+
+
+def _answers_news(env: str, a: AnswersCheck, now: float) -> bool:
+    """Whether the after-promotion check's line says something new: a look done, another
+    verdict, the window's end, a record or a page, or ANSWERS_EVERY_S since it was shown."""
+    key = (a.looks_done, a.verdict, a.status, a.record_seq, a.page, a.problem)
+    last = _answers_shown.get(env)
+    if last is not None and last[0] == key and now - last[1] < ANSWERS_EVERY_S:
+        return False
+    _answers_shown[env] = (key, now)
+    return True
+
+
 def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(t.model_dump_json() + "\n")
@@ -66,7 +83,7 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         else:
             head += f" {w.requests or 0:g} req"
         out.print(head + " | " + " | ".join(_verdict(j) for j in judged), highlight=False)
-    if t.answers is not None:
+    if t.answers is not None and _answers_news(env, t.answers, t.t):
         a = t.answers
         colour = {"pass": "green", "breach": "red"}.get(a.verdict, "dim")
         line = f"{_hhmmss(t.t)} {esc(env)} {_short(a.release_id)} [{colour}]{esc(a.line())}"
