@@ -267,7 +267,7 @@ if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
   exit 1
 fi
 releasekit shadow stop --env staging
-note "shadow passed in staging: demo-canary-good" --by "canary checks and answers' agreement"
+note "shadow passed in staging: demo-canary-good" --by "canary checks and answers (excess over their A/A floor)"
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
 if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then

@@ -13,7 +13,8 @@ include every `--by` gate; with `--only` they are exactly those; with `--kind K`
 failed gate is of kind K (read from the gate report the event links). `promoted`: the latest
 event is a `promote` (not an override) with no failed gate, advisory or not.
 `shadow-failed`: the latest shadow comparison of the release in ENV failed; with `--by
-answers`, its answers' agreement breached the floor, and with `--only` nothing else did.
+answers`, its answers' excess over their A/A floor breached the margin, and with `--only`
+nothing else did.
 `rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
 `--by answers`, on the after-promotion comparison of its answers. Both print the answers'
 verdict, its A/A floor and its power as the ledger holds them (counts and pair ids: the

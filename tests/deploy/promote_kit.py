@@ -249,6 +249,9 @@ def _toml(ports: dict[str, int], smoke: str, extra: dict[str, str], lines: list[
         out.append(f"warm_s = {extra.get(env + '.warm_s', '300')}")
         out.append("drain_deadline_s = 20")
         out.append("release_header = true")  # the tests check which release answered
+        # Copies in flight: every request's copy and floor copy at once, however slowly the
+        # stand-in servers answer on a busy host, so a mirrored request always has its pair.
+        out.append("shadow_max_in_flight = 64")
         if env == "production":
             out.append('requires = "staging"')
         out.append(f"smoke = {smoke}")
