@@ -482,16 +482,6 @@ class EnvironmentConfig(BaseModel):
             )
         return self
 
-    def answers_policy_fields(self) -> dict[str, Any]:
-        """The answer comparison's policy fields, as `evaluate.answers.AnswerPolicy` takes
-        them (`looks` is the caller's)."""
-        return {
-            "comparison": self.answer_comparison,
-            "max_excess": self.max_excess_disagreement,
-            "max_client_share": self.answer_max_client_share,
-            "min_pairs": self.answer_min_pairs,
-        }
-
     def floor_for(self, suite: str) -> float | None:
         """The environment's lowest pass rate for `suite` on a first promotion (None: none)."""
         return self.min_pass_rate.get(suite, self.min_pass_rate.get("*"))

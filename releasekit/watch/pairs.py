@@ -55,11 +55,11 @@ from pydantic import BaseModel, Field
 from releasekit._support.files import write_atomic
 from releasekit._support.html import Templates
 from releasekit.config import Settings
-from releasekit.deploy.gateway import GatewayError, Mirror, MirrorPair, RouteTable
+from releasekit.deploy.gateway import GatewayError, Mirror, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import GatewayRecord, locked_state, read_state
 from releasekit.errors import ReleasekitError
-from releasekit.evaluate.agreement import Agreement, AnswerPair
+from releasekit.evaluate.agreement import Agreement
 from releasekit.evaluate.answers import (
     AnswerPolicy,
     AnswerVerdict,
@@ -79,9 +79,6 @@ MAX_PAIRS = 20_000
 """Answer pairs one window keeps at most (the latest): the watch's memory bound."""
 MAX_READS = 50
 """Pages of pairs one check reads at most (the gateway answers 2,000 a page)."""
-EVIDENCE_TEXT_MAX = 500
-"""Characters of one answer or prompt an older exact-agreement record keeps (a canary's);
-the after-promotion check's events keep no text."""
 
 CheckStatus = Literal["running", "ended"]
 
@@ -195,19 +192,6 @@ class AnswersCheck(BaseModel):
             "sustain": self.sustain,
             "policy_source": self.policy_source,
         }
-
-
-def answer_pair(p: MirrorPair) -> AnswerPair:
-    """A gateway pair as the exact agreement judges it (older comparisons): only complete,
-    non-sampled ones count."""
-    return AnswerPair(
-        seq=p.seq,
-        stable=p.stable,
-        candidate=p.candidate,
-        judged=p.complete and not p.sampled,
-        prompt=p.prompt,
-        prompt_sha256=p.prompt_sha256,
-    )
 
 
 def look_times(until: float, window_s: float, looks: int) -> list[float]:
