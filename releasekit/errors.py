@@ -163,6 +163,16 @@ class ServerStartError(ServerError):
         super().__init__(full)
 
 
+class AdapterLoadError(ServerError):
+    """Raised when a running engine refuses or fails to load (or unload) a LoRA adapter, or
+    an adapter's files no longer match the digests its release locked."""
+
+    remedy = (
+        "check the adapter's files against its release (`releasekit show`), its rank against "
+        "the engine's max-lora-rank and the count against max-loras; the route did not move"
+    )
+
+
 class ServerUnreachableError(ServerError):
     """Raised when a server URL does not answer (connection refused, timeout)."""
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
+from releasekit._support.digests import sha256_bytes
 from releasekit._support.files import write_atomic
 from releasekit._support.floatpins import (
     CPU_PINS,
@@ -48,6 +48,7 @@ from releasekit._support.progress import (
 )
 from releasekit.config import Settings
 from releasekit.errors import QuantiseError
+from releasekit.spec.adapters import weight_files, weights_digest
 from releasekit.spec.hostcaps import nvidia_gpus
 from releasekit.spec.lock import Lock, model_files
 from releasekit.spec.manifest import LoadedManifest, Quantisation, Scheme
@@ -56,7 +57,6 @@ from releasekit.spec.quantrecipe import check_recipe, config_groups, needs_calib
 
 QUANTISE_JSON = "quantise.json"
 MODEL_DIR = "model"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 THREADS_ENV = "RELEASEKIT_QUANTISE_THREADS"
 DEVICE_ENV = "RELEASEKIT_QUANTISE_DEVICE"
 
@@ -114,26 +114,9 @@ class QuantiseResult(BaseModel):
     )
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The weight files of a model folder (safetensors/bin shards and their indexes)."""
-    return [
-        p
-        for p in model_files(folder)
-        if p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json")
-    ]
-
-
 def weights_size(folder: Path) -> int:
     """Total bytes of a model folder's weight files."""
     return sum(p.stat().st_size for p in weight_files(folder))
-
-
-def weights_digest(folder: Path) -> str:
-    """sha256 of the canonical {relative path: sha256} map of a folder's weight files: equal
-    digests mean byte-identical weights."""
-    return digest_obj(
-        {p.relative_to(folder).as_posix(): sha256_file(p) for p in weight_files(folder)}
-    )
 
 
 def read_calibration(path: Path, samples: int) -> list[str]:

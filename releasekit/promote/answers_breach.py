@@ -42,7 +42,7 @@ SHORT = 12
 
 
 def _model_input(name: str) -> bool:
-    return name.startswith(("model/", "quantisation/")) or name == "chat_template"
+    return name.startswith(("model/", "adapter/", "quantisation/")) or name == "chat_template"
 
 
 def answers_key(inputs: Mapping[str, str]) -> dict[str, str]:

@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
 from releasekit._support.files import write_atomic
 from releasekit.errors import InputMissingError, LockError, LockMismatchError, ManifestError
+from releasekit.spec.adapters import adapter_inputs
+from releasekit.spec.adapters import check_files as check_adapter_files
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.manifest import (
     WEIGHT_RECIPE_FIELDS,
@@ -115,6 +117,12 @@ def compute_inputs(lm: LoadedManifest) -> dict[str, str]:
         raise InputMissingError(src, what="model weights (empty folder)")
     for f in files:
         inputs[f"model/{f.relative_to(src).as_posix()}"] = sha256_file(f)
+    if m.adapters:
+        folders = [lm.resolve(a.path) for a in m.adapters]
+        bad_adapters = check_adapter_files(m.adapters, folders, src)
+        if bad_adapters:
+            raise ManifestError(lm.path, bad_adapters)
+        inputs.update(adapter_inputs(m.adapters, folders))
     tpl = chat_template_of(src)
     if tpl is not None:
         inputs["chat_template"] = sha256_bytes(tpl.encode())

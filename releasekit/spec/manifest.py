@@ -21,6 +21,7 @@ from pydantic import (
 
 from releasekit.config import WatchRule
 from releasekit.errors import ManifestError
+from releasekit.spec.adapters import Adapter, check_declared
 
 API_VERSION = "releasekit/v1"
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -197,11 +198,18 @@ class Suite(_Strict):
         description="a suite the business cannot lose on: the quantisation ladder stops at "
         "the first recipe inferior on it (decides, changes no evidence: not in the release id)",
     )
+    adapter: str | None = Field(
+        None,
+        description="the adapter (adapters[].name) whose answers the suite scores; none: "
+        "the base model's",
+    )
 
     def locked_fields(self) -> dict[str, Any]:
         """The fields that shape the suite's evidence, as the lock digests them (its path is
-        digested as file bytes; `critical` decides and changes no evidence)."""
-        return self.model_dump(mode="json", exclude={"path", "critical"})
+        digested as file bytes; `critical` decides and changes no evidence; `adapter` only
+        when set, so a suite of the base keeps the digest it had before adapters existed)."""
+        exclude = {"path", "critical"} | ({"adapter"} if self.adapter is None else set())
+        return self.model_dump(mode="json", exclude=exclude)
 
 
 class Judge(_Strict):
@@ -403,6 +411,10 @@ class Manifest(_Strict):
     name: str = Field(pattern=_NAME)
     description: str = ""
     model: ModelSource
+    adapters: list[Adapter] = Field(
+        default_factory=list,
+        description="LoRA adapters served on the base, each under its own model name",
+    )
     quantisation: Quantisation = Quantisation()
     prompts: Prompts
     serving: Serving = Serving()
@@ -424,6 +436,21 @@ class Manifest(_Strict):
     def served_name(self) -> str:
         """Name the vLLM server exposes the model under."""
         return self.model.served_name or self.name
+
+    @model_validator(mode="after")
+    def _adapters(self) -> Manifest:
+        problems = check_declared(
+            self.adapters, served_name=self.served_name, serving_args=self.serving.args
+        )
+        names = {a.name for a in self.adapters}
+        problems += [
+            f"eval.suites[{i}].adapter: {s.adapter!r} is not one of adapters[].name"
+            for i, s in enumerate(self.eval.suites)
+            if s.adapter is not None and s.adapter not in names
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class LoadedManifest(BaseModel):
@@ -507,13 +534,19 @@ class NamedFile(BaseModel):
     field: str
     path: Path
     is_dir: bool = False
-    role: Literal["model", "prompt", "profile", "calibration", "suite", "judge", "baseline"]
+    role: Literal[
+        "model", "adapter", "prompt", "profile", "calibration", "suite", "judge", "baseline"
+    ]
 
 
 def named_files(m: Manifest) -> list[NamedFile]:
     """Every file a manifest names, in field order: the one list validate, lock and build
     read (paths as written; resolve them with LoadedManifest.resolve)."""
     out = [NamedFile(field="model.source", path=m.model.source, is_dir=True, role="model")]
+    out += [
+        NamedFile(field=f"adapters[{i}].path", path=a.path, is_dir=True, role="adapter")
+        for i, a in enumerate(m.adapters)
+    ]
     if m.prompts.system:
         out.append(
             NamedFile(field="prompts.system.file", path=m.prompts.system.file, role="prompt")

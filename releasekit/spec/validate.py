@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from releasekit.config import Settings, load_settings
 from releasekit.errors import ManifestError
+from releasekit.spec.adapters import check_files as check_adapter_files
 from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
@@ -39,7 +40,14 @@ def validate_one(
         return ValidationResult(path=str(path), ok=False, problems=exc.problems)
     problems: list[str] = check_gates(lm.manifest)
     if check_files_exist:
-        problems += check_files(lm)
+        missing = check_files(lm)
+        problems += missing
+        if lm.manifest.adapters and not missing:
+            problems += check_adapter_files(
+                lm.manifest.adapters,
+                [lm.resolve(a.path) for a in lm.manifest.adapters],
+                lm.resolve(lm.manifest.model.source),
+            )
         prof = lm.resolve(lm.manifest.load.profile)
         if prof.is_file():
             try:
