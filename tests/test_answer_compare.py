@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from releasekit.config import Settings
 from releasekit.config.environments import AnswerJudgeConfig
 from releasekit.errors import ConfigError
 from releasekit.evaluate.answer_compare import (
@@ -189,3 +190,61 @@ def test_make_comparator_builds_the_pinned_judge(tmp_path: Path) -> None:
     judge = make_comparator("judge", root=tmp_path, judge=config)
     assert judge.kind == "judge"
     assert judge.identity()["model"] == "judge"
+
+
+# ---- files read as the policy committed them ------------------------------------------
+
+
+def _git(root: Path, *args: str) -> str:
+    import subprocess
+
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.org",
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env
+    )
+    return done.stdout.strip()
+
+
+def test_known_items_are_read_as_committed_at_the_policys_commit(
+    known: Path, settings_tmp: Settings
+) -> None:
+    """A local edit to a known-items file moves no verdict: the comparator reads the file as
+    the policy's commit holds it, and a file that commit lacks is refused naming the field."""
+    from releasekit.promote.answer_policy import answer_comparator
+
+    root = settings_tmp.root
+    target = root / "known.jsonl"
+    target.write_bytes(known.read_bytes())
+    _git(root, "init", "-q")
+    _git(root, "add", "known.jsonl")
+    _git(root, "commit", "-q", "-m", "policy files")
+    commit = _git(root, "rev-parse", "HEAD")
+    committed_sha = hashlib.sha256(target.read_bytes()).hexdigest()
+    pol = {"answer_comparison": "scorer", "answer_known_items": ["known.jsonl"]}
+
+    target.write_text(target.read_text().replace("City1", "Elsewhere"))  # a local edit
+    comparator = answer_comparator(settings_tmp, pol, commit=commit)
+    assert isinstance(comparator, ScorerComparator)
+    (entry,) = comparator.identity()["known_items"]
+    assert entry["path"] == "known.jsonl"
+    assert entry["sha256"] == committed_sha
+    ok = comparator.compare("City1", "City1", prompt=_question("Land1"))
+    assert ok == "same"
+
+    without = answer_comparator(settings_tmp, pol)  # no commit: the working tree, as edited
+    (edited,) = without.identity()["known_items"]
+    assert edited["sha256"] != committed_sha
+
+    with pytest.raises(ConfigError) as info:
+        answer_comparator(
+            settings_tmp,
+            {**pol, "answer_known_items": ["known.jsonl", "later.jsonl"]},
+            commit=commit,
+        )
+    assert "answer_known_items: later.jsonl is not committed at" in str(info.value)

@@ -253,9 +253,10 @@ def canary_shift(
     def shift(ctx: ShiftContext) -> ShiftResult:
         cfg = env_config(settings, ctx.env)
         answers = answers_policy(settings, ctx.env)
+        applied = environment_policy(settings, ctx.env, cfg) if answers is not None else None
         comparator = (
-            answer_comparator(settings, environment_policy(settings, ctx.env, cfg).policy)
-            if answers is not None
+            answer_comparator(settings, applied.policy, commit=applied.source.commit)
+            if applied is not None
             else None
         )
         # The policy the steps are judged under (its commit and digest), for replay.

@@ -93,7 +93,7 @@ def compare_shadow(
     # A fixed schedule: one look per window, at most limit / window of them.
     looks = max(1, math.ceil(max(window_s, max_window_s or window_s) / window_s - 1e-9))
     answers_pol = answer_policy(pol, looks=looks)
-    comparator = answer_comparator(settings, pol)
+    comparator = answer_comparator(settings, pol, commit=applied.source.commit)
     led = ledger or open_ledger(settings)
     cand = load_release(settings, status.release_id, ledger=led)
     policy = cand.lm.manifest.promotion.canary

@@ -174,7 +174,11 @@ class WatchService:
             env,
             ledger=ledger,
             policy=answer_policy(policy, looks=looks),
-            comparator=answer_comparator(settings, judged_by),
+            comparator=answer_comparator(
+                settings,
+                judged_by,
+                commit=pol.source.commit if pol.source.kind == "committed" else None,
+            ),
             window_s=window_s,
             sustain=int(policy.get("after_promotion_sustain", cfg.after_promotion_sustain)),
             policy_source={**pol.evidence()["source"], "where": pol.where},
