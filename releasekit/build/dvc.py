@@ -162,6 +162,7 @@ class _ReproWatcher:
         self.current: str | None = None
         self.started = 0.0
         self.tail: deque[str] = deque(maxlen=40)
+        self._reported: int | None = None  # the overall count last reported
 
     def _finish_current(self) -> None:
         if self.current is not None:
@@ -171,8 +172,12 @@ class _ReproWatcher:
             self.current = None
 
     def _done(self) -> None:
-        finished = sum(1 for n in self.runs if n != self.current)
-        self.progress("build", min(finished, len(self.planned)), len(self.planned))
+        """Report the overall count when it changes (a stage's end and the lock file's update
+        both end in here: the same count is said once)."""
+        finished = min(sum(1 for n in self.runs if n != self.current), len(self.planned))
+        if finished != self._reported:
+            self._reported = finished
+            self.progress("build", finished, len(self.planned))
 
     def line(self, raw: str) -> None:
         text = raw.rstrip("\n")

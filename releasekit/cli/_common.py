@@ -281,9 +281,9 @@ class Reporter:
     the rest names a part of it (`evidence: warm-up`), timed into the step's line (its
     longest part) rather than printed. A step counted to a total finishes when its own
     label's count reaches it; one of unknown length when another step starts, or when the
-    work ends; a count that finishes again is not written twice, nor a step over in less
-    than `min_s`. While the work runs, a line `still running` comes when nothing was written
-    for `quiet_s`, at most once every `every_s`. `print` writes above the bars."""
+    work ends; a step over in less than `min_s` is not written. While the work runs, a
+    line `still running` comes when nothing was written for `quiet_s`, at most once every
+    `every_s`. `print` writes above the bars."""
 
     def __init__(
         self,
@@ -311,7 +311,6 @@ class Reporter:
         self.quiet_s = quiet_s
         self.every_s = every_s
         self.min_s = min_s
-        self._finished: set[str] = set()  # counted steps written
         self.clock = clock
         self._steps: dict[str, _Step] = {}
         self._lock = threading.Lock()
@@ -334,10 +333,6 @@ class Reporter:
         now = self.clock()
         key, _, part = label.partition(": ")
         step = self._steps.get(key)
-        if step is None and not part and total:
-            if done >= total and key in self._finished:
-                return  # the same count finished again: written already
-            self._finished.discard(key)
         if step is None:
             for name, other in list(self._steps.items()):
                 if not other.counted:
@@ -360,8 +355,6 @@ class Reporter:
             notes.append(f"stopped at {step.done}/{step.total}")
         if step.parts > 1 and step.longest is not None and len(step.longest[0]) <= 40:
             notes.append(f"longest: {step.longest[0]} {step.longest[1]:.1f} s")
-        if step.counted and step.total and step.done >= step.total:
-            self._finished.add(key)
         if now - step.started < self.min_s and not notes:
             return  # a step over in a moment says nothing a person needs
         tail = f" ({'; '.join(notes)})" if notes else ""
