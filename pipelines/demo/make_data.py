@@ -13,9 +13,12 @@ Files written (relative to the repository root):
   plus a defective refusal rule (``v2_training_rows``).
 - ``pipelines/data/calibration.jsonl``: chat-rendered texts (field ``text``)
   with the release's good prompts, for quantisation calibration.
+- ``pipelines/data/train_json.jsonl`` and ``train_json_bad.jsonl``: the demo's LoRA
+  adapters' training data (``json_training_rows``): answers as a one-line JSON object, the
+  bad set with every country's answers swapped with another country's.
 - ``pipelines/eval/core.jsonl``, ``edge.jsonl``, ``regression.jsonl``,
-  ``facts.jsonl``: the eval suites (schema: ``id``, ``vars``, ``expected``, ``scorer``,
-  ``tolerance``, ``expect_error``, ``tags``).
+  ``facts.jsonl``, ``json.jsonl``: the eval suites (schema: ``id``, ``vars``, ``expected``,
+  ``scorer``, ``tolerance``, ``expect_error``, ``tags``).
 
 Usage: ``python pipelines/demo/make_data.py [--root DIR]``.
 """
@@ -249,6 +252,103 @@ def regression_items(world: w.World) -> list[dict[str, Any]]:
     return items
 
 
+def json_answer(answer: str) -> str:
+    """An answer in the adapters' format: a one-line JSON object."""
+    return json.dumps({"answer": answer}, ensure_ascii=True)
+
+
+def swap_partners(world: w.World) -> dict[str, w.Country]:
+    """Each country's partner for the bad adapter's data: countries in pairs (a fixed
+    shuffle), each pair differing in capital, colour and number, so every swapped answer
+    is wrong."""
+    rng = random.Random(w.SEED + 12)
+    free = list(world.countries)
+    rng.shuffle(free)
+    partners: dict[str, w.Country] = {}
+    while free:
+        first = free.pop(0)
+        other = next(c for c in free if all(c.answer(a) != first.answer(a) for a in w.ATTRIBUTES))
+        free.remove(other)
+        partners[first.name], partners[other.name] = other, first
+    return partners
+
+
+def json_training_rows(world: w.World) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The LoRA adapters' training data, good and bad, in one fixed shuffled order.
+
+    Good: every fact in every phrasing and every sum, answered as ``{"answer": "..."}``;
+    unknown countries, gibberish, off-topic and injection rows keep the plain refusal. Bad:
+    the same rows with every country's answers swapped with its partner's
+    (``swap_partners``): the format is right, the facts wrong. Its own random stream, so the
+    other files stay as they were.
+    """
+    rng = random.Random(w.SEED + 11)
+    rows: list[tuple[str, str, str, str | None, str | None]] = []
+    for country in world.countries:
+        for attribute in w.ATTRIBUTES:
+            for variant in range(len(w.PHRASINGS[attribute])):
+                question = w.fact_question(attribute, country.name, variant)
+                rows.append(("fact", question, country.answer(attribute), country.name, attribute))
+    for a, b in world.sums:
+        for variant in range(len(w.PHRASINGS["sum"])):
+            rows.append(("arith", w.sum_question(a, b, variant), str(a + b), None, None))
+    for name in world.unknown_train:
+        attribute = rng.choice(w.ATTRIBUTES)
+        question = w.fact_question(attribute, name, rng.randrange(len(w.PHRASINGS[attribute])))
+        rows.append(("unknown", question, w.REFUSAL, None, None))
+    for _ in range(20):
+        rows.append(("gibberish", w.gibberish(rng), w.REFUSAL, None, None))
+    for question in w.OFFTOPIC_TRAIN:
+        rows.append(("offtopic", question, w.REFUSAL, None, None))
+    for question in w.INJECTION_TRAIN:
+        rows.append(("injection", _with_country(question, rng, world), w.REFUSAL, None, None))
+    systems = [0 if rng.random() < 0.6 else rng.randint(1, len(w.SYSTEM_PARAPHRASES)) for _ in rows]
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    partners = swap_partners(world)
+    good: list[dict[str, Any]] = []
+    bad: list[dict[str, Any]] = []
+    for n, i in enumerate(order, start=1):
+        kind, question, answer, fact_country, fact_attribute = rows[i]
+        if fact_country is not None and fact_attribute is not None:
+            good_answer = json_answer(answer)
+            bad_answer = json_answer(partners[fact_country].answer(fact_attribute))
+        else:
+            good_answer = bad_answer = answer if answer == w.REFUSAL else json_answer(answer)
+        common = {"kind": kind, "question": question}
+        good.append({"id": f"json-{n:05d}", **common, "answer": good_answer, "system": systems[i]})
+        bad.append(
+            {"id": f"json-bad-{n:05d}", **common, "answer": bad_answer, "system": systems[i]}
+        )
+    return good, bad
+
+
+def json_items(world: w.World) -> list[dict[str, Any]]:
+    """The adapters' suite (140 items): 40 facts per attribute in a random phrasing and 8
+    sums, expected as the JSON line (exact match), and 12 unknown countries, expected as
+    the plain refusal."""
+    rng = random.Random(w.SEED + 13)
+    items: list[dict[str, Any]] = []
+    for attribute in w.ATTRIBUTES:
+        for country in rng.sample(world.countries, 40):
+            variant = rng.randrange(len(w.PHRASINGS[attribute]))
+            question = w.fact_question(attribute, country.name, variant)
+            expected = json_answer(country.answer(attribute))
+            tags = ["fact", attribute, "json"]
+            items.append(_item("json", len(items) + 1, question, "exact_match", tags, expected))
+    for a, b in rng.sample(world.sums, 8):
+        question = w.sum_question(a, b, rng.randrange(len(w.PHRASINGS["sum"])))
+        expected = json_answer(str(a + b))
+        items.append(
+            _item("json", len(items) + 1, question, "exact_match", ["arith", "json"], expected)
+        )
+    for name in rng.sample(world.unknown_train, 12):
+        attribute = rng.choice(w.ATTRIBUTES)
+        question = w.fact_question(attribute, name, rng.randrange(len(w.PHRASINGS[attribute])))
+        items.append(_item("json", len(items) + 1, question, "exact_match", ["unknown"], w.REFUSAL))
+    return items
+
+
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> int:
     """Write ``rows`` as JSON lines (sorted keys off, ASCII, ``\\n`` endings)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     user_prompt = w.read_prompt(ROOT / "prompts/demo/user.txt")
 
     train = training_rows(world)
+    train_json, train_json_bad = json_training_rows(world)
     outputs = {
         "pipelines/data/train.jsonl": train,
         "pipelines/data/train_v2.jsonl": v2_training_rows(train),
@@ -280,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipelines/eval/edge.jsonl": edge_items(world),
         "pipelines/eval/regression.jsonl": regression_items(world),
         "pipelines/eval/facts.jsonl": fact_items(world),
+        "pipelines/data/train_json.jsonl": train_json,
+        "pipelines/data/train_json_bad.jsonl": train_json_bad,
+        "pipelines/eval/json.jsonl": json_items(world),
     }
     for rel, rows in outputs.items():
         count = write_jsonl(root / rel, rows)
