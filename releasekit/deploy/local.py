@@ -64,6 +64,8 @@ from releasekit.deploy.target import (
     SmokeResult,
     Upstream,
 )
+from releasekit.errors import AdapterLoadError, ServerUnreachableError
+from releasekit.serving.adapters import RUNTIME_ENV, ensure_adapters
 from releasekit.serving.host import (
     bind_env,
     inherited_env,
@@ -170,7 +172,7 @@ def _server_env(spec: ReleaseSpec, settings: Settings, core: int | None) -> dict
     `inherited_env`), the host's additions (preloaded libraries, the worker's core), then the
     release's own, which win."""
     release_env = dict(spec.env)
-    env = {
+    env: dict[str, str] = {
         **inherited_env(),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -181,9 +183,33 @@ def _server_env(spec: ReleaseSpec, settings: Settings, core: int | None) -> dict
         ),
         **(bind_env(core, release_env) if core is not None else {}),
         **release_env,
+        # An engine that may carry adapters loads them at run time (a later release that
+        # differs only in its adapters reuses it).
+        **(RUNTIME_ENV if lora_engine(spec) else {}),
     }
     env.pop(PIDDIR_ENV, None)
     return env
+
+
+def lora_engine(spec: ReleaseSpec) -> bool:
+    """Whether `spec`'s server may carry LoRA adapters: it has some, or its engine args
+    enable LoRA (a release of the same base and serving key may bring adapters later)."""
+    return bool(spec.adapters) or "enable-lora" in spec.engine_args
+
+
+def load_release_adapters(upstream: Upstream, spec: ReleaseSpec) -> list[str]:
+    """Load into the engine behind `upstream` those of `spec`'s adapters it does not hold
+    yet (engine names, from their verified folders); the names loaded now. An engine that
+    cannot be reached, or refuses one, is an AdapterLoadError."""
+    if spec.adapters_problem is not None:
+        raise AdapterLoadError(spec.adapters_problem)
+    folders = {name: Path(spec.adapter_dirs[name]) for name in spec.adapters.values()}
+    try:
+        return ensure_adapters(upstream.base_url, folders, api_key=upstream.api_key)
+    except ServerUnreachableError as exc:
+        raise AdapterLoadError(
+            f"release {spec.release_id[:12]}: its adapters could not be loaded: {exc.message}"
+        ) from exc
 
 
 def check_health(base_url: str, model: str, *, api_key: str | None, timeout_s: float = 5.0) -> bool:
@@ -273,9 +299,12 @@ class LocalTarget(DeployTarget):
     # -- servers -----------------------------------------------------------------------
 
     def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
-        """Start `spec`'s vLLM detached on a free port (RELEASEKIT_PORT_RANGE) and wait until
-        it is healthy. Recorded as `starting` as soon as it exists; on failure it is
-        stopped, forgotten, and ReleaseStartError quotes its log."""
+        """Start `spec`'s vLLM detached on a free port (RELEASEKIT_PORT_RANGE), wait until
+        it is healthy and load its adapters. Recorded as `starting` as soon as it exists; on
+        failure it is stopped, forgotten, and ReleaseStartError quotes its log (or the
+        engine's refusal of an adapter is an AdapterLoadError)."""
+        if spec.adapters_problem is not None:
+            raise AdapterLoadError(spec.adapters_problem)
         if not Path(spec.model_dir).is_dir():
             raise ReleaseStartError(
                 f"release {spec.release_id[:12]}: model folder not found: {spec.model_dir}"
@@ -333,6 +362,8 @@ class LocalTarget(DeployTarget):
             on_spawn(up)
         try:
             self._wait_healthy(proc, rec, log)
+            if spec.adapters:
+                load_release_adapters(up, spec)
         except BaseException:
             stop_group(rec.pid, rec.proc_start, grace_s=self.settings.server_stop_grace_s)
             self._forget(rec.pid)
@@ -372,14 +403,21 @@ class LocalTarget(DeployTarget):
         self._state.servers = [s for s in self._state.servers if s.pid != pid]
         self.handle.save()
 
+    def load_adapters(self, upstream: Upstream, spec: ReleaseSpec) -> list[str]:
+        """Load `spec`'s adapters the running server lacks (`load_release_adapters`)."""
+        if not spec.adapters and spec.adapters_problem is None:
+            return []
+        return load_release_adapters(upstream, spec)
+
     def health(self, upstream: Upstream) -> bool:
         """True while the server answers /health and lists its model."""
         return check_health(upstream.base_url, upstream.model, api_key=upstream.api_key)
 
     def smoke(self, upstream: Upstream, spec: ReleaseSpec, probe: SmokeProbe) -> SmokeResult:
         """Run `probe` through a private gateway in this process whose only route is the
-        candidate (the same templating and relaying as the environment's gateway), so
-        the release is checked before any client reaches it."""
+        candidate (the same templating, relaying and adapter names as the environment's
+        gateway), so the release and each of its adapters are checked before any client
+        reaches them."""
         config = GatewayConfig(
             env=f"{self.env}-preview",
             host="127.0.0.1",
@@ -389,7 +427,13 @@ class LocalTarget(DeployTarget):
             log_level="error",
         )
         with ThreadedGateway(config) as tg:
-            return run_smoke(tg.url, probe, release_id=spec.release_id, where="preview")
+            return run_smoke(
+                tg.url,
+                probe,
+                release_id=spec.release_id,
+                where="preview",
+                adapters=sorted(spec.adapters),
+            )
 
     def stop(self, upstream: Upstream, *, grace_s: float = 10.0) -> None:
         """Stop the server's process group and forget it."""

@@ -1,15 +1,18 @@
 """Smoke tests through a gateway: a few templated chat requests that must all answer, from the
-expected release, with enough answers holding their expected text."""
+expected release, with enough answers holding their expected text, and one request to each of
+the release's LoRA adapters (by the model name clients use, which the gateway maps to the
+engine's name) that must answer too."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import httpx
 
 from releasekit._support.http import http_client
 from releasekit.deploy.gateway import ADMIN_HEADER, RELEASE_HEADER
-from releasekit.deploy.target import SmokeItemResult, SmokeProbe, SmokeResult
+from releasekit.deploy.target import SmokeItem, SmokeItemResult, SmokeProbe, SmokeResult
 
 
 def _answer(body: object) -> str | None:
@@ -29,13 +32,17 @@ def run_smoke(
     api_key: str | None = None,
     admin_token: str | None = None,
     transport: httpx.BaseTransport | None = None,
+    adapters: Sequence[str] = (),
 ) -> SmokeResult:
     """Send `probe`'s items to `url`'s templated route (`/v1/templates/<prompt>/chat/
     completions`) one by one. An item is ok when it gets 200, a non-empty answer and the
     release header names `release_id`; it passes when ok and its `expected` text (if any)
     is in the answer (case-insensitive). The run passes when every item is ok and the pass
     rate is at least `probe.min_pass_rate`. `admin_token` (the gateway's) has the answers
-    name their release where the environment does not show it to clients."""
+    name their release where the environment does not show it to clients. Each of
+    `adapters` (model names) is then asked the first item once with `model` set to it: it
+    must be ok (its text is not checked: an adapter answers in its own way), and the pass
+    rate counts the suite's items only."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     if admin_token:
         headers[ADMIN_HEADER] = admin_token
@@ -47,19 +54,27 @@ def run_smoke(
         transport=transport,
         trust_env=False,
     ) as client:
-        for item in probe.items:
+        asks: list[tuple[SmokeItem, str | None]] = [(item, None) for item in probe.items]
+        if probe.items:
+            asks += [(probe.items[0], name) for name in adapters]
+        for item, adapter in asks:
             t0 = time.monotonic()
+            body: dict[str, object] = {
+                "variables": item.vars,
+                "max_tokens": probe.max_tokens,
+                "temperature": 0,
+            }
+            if adapter is not None:
+                body["model"] = adapter
+            item_id = item.id if adapter is None else f"{item.id} (adapter {adapter})"
             try:
-                r = client.post(
-                    f"/v1/templates/{probe.prompt}/chat/completions",
-                    json={
-                        "variables": item.vars,
-                        "max_tokens": probe.max_tokens,
-                        "temperature": 0,
-                    },
-                )
+                r = client.post(f"/v1/templates/{probe.prompt}/chat/completions", json=body)
             except httpx.HTTPError as exc:
-                results.append(SmokeItemResult(id=item.id, ok=False, passed=False, error=repr(exc)))
+                results.append(
+                    SmokeItemResult(
+                        id=item_id, ok=False, passed=False, error=repr(exc), adapter=adapter
+                    )
+                )
                 continue
             latency = time.monotonic() - t0
             served = r.headers.get(RELEASE_HEADER)
@@ -78,11 +93,13 @@ def run_smoke(
                     error = f"answered by release {served!r}, not {release_id[:12]}"
             ok = error is None
             passed = ok and (
-                item.expected is None or item.expected.strip().lower() in (answer or "").lower()
+                adapter is not None
+                or item.expected is None
+                or item.expected.strip().lower() in (answer or "").lower()
             )
             results.append(
                 SmokeItemResult(
-                    id=item.id,
+                    id=item_id,
                     ok=ok,
                     passed=passed,
                     status=r.status_code,
@@ -90,11 +107,13 @@ def run_smoke(
                     output=answer,
                     error=error,
                     latency_s=latency,
+                    adapter=adapter,
                 )
             )
     n = len(results)
     answered = sum(1 for x in results if x.ok)
-    rate = sum(1 for x in results if x.passed) / n if n else None
+    suite = [x for x in results if x.adapter is None]
+    rate = sum(1 for x in suite if x.passed) / len(suite) if suite else None
     problem: str | None = None
     if n == 0:
         problem = "the smoke suite has no items"

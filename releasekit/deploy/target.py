@@ -32,7 +32,12 @@ Mapping to Kubernetes (a target that implements this interface; not built here):
 | `stop_router()`          | SIGTERM the gateway                    | delete the HTTPRoute         |
 
 Every method raises a subclass of `DeployError` (or the gateway's `GatewayError`) on
-failure; `start` never leaves a process running when it raises.
+failure, except that an adapter the engine refuses is an `AdapterLoadError`; `start` never
+leaves a process running when it raises.
+
+A release with LoRA adapters (`ReleaseSpec.adapters`) has them loaded into its server at
+run time (`load_adapters`: after `start`, or into a reused server whose serving key it
+shares), and its route maps each adapter's client model name to the engine's name.
 """
 
 from __future__ import annotations
@@ -102,6 +107,20 @@ class ReleaseSpec(BaseModel):
     )
     knee: KneeEvidence | None = Field(None, description="its knee, from verified bench evidence")
     knee_problem: str | None = Field(None, description="why `knee` is None, in words")
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="its LoRA adapters: the model name clients ask for -> the name the engine "
+        "holds it under (`name@digest12`)",
+    )
+    adapter_dirs: dict[str, str] = Field(
+        default_factory=dict,
+        description="engine name -> the verified folder the engine loads it from",
+    )
+    adapters_problem: str | None = Field(
+        None,
+        description="why its adapters could not be staged (files that differ from its lock): "
+        "a deploy of it fails at stage `adapters` before anything starts",
+    )
 
 
 class Upstream(BaseModel):
@@ -139,6 +158,7 @@ class Upstream(BaseModel):
             api_key=self.api_key,
             model=self.model,
             prompts=dict(spec.prompts) if spec else {},
+            adapters=dict(spec.adapters) if spec else {},
         )
 
 
@@ -172,6 +192,9 @@ class SmokeItemResult(BaseModel):
     output: str | None = None
     error: str | None = None
     latency_s: float | None = None
+    adapter: str | None = Field(
+        None, description="the adapter (client model name) this request asked; None: the base"
+    )
 
 
 class SmokeResult(BaseModel):
@@ -201,8 +224,18 @@ class DeployTarget(ABC):
 
     @abstractmethod
     def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
-        """Start `spec`'s server and return once it is healthy. ReleaseStartError (and no
-        process left) if it exits or is not healthy in time."""
+        """Start `spec`'s server and return once it is healthy and holds `spec`'s adapters.
+        ReleaseStartError (and no process left) if it exits or is not healthy in time;
+        AdapterLoadError (and no process left) if it refuses an adapter."""
+
+    def load_adapters(self, upstream: Upstream, spec: ReleaseSpec) -> builtins.list[str]:
+        """Make the running server `upstream` hold `spec`'s adapters (engine names), loading
+        the ones it lacks; returns the names loaded now. AdapterLoadError when one cannot be
+        loaded (nothing routed changes). Default: a target that carries no adapters refuses
+        a spec that has some."""
+        if spec.adapters:
+            raise DeployError(f"the {self.name} target does not carry LoRA adapters")
+        return []
 
     @abstractmethod
     def health(self, upstream: Upstream) -> bool:

@@ -17,8 +17,15 @@ from releasekit.bench.runner import BENCH_JSON, BenchResult, knee_in_flight
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.gateway import PromptTemplate
 from releasekit.deploy.target import KneeEvidence, ReleaseSpec, SmokeItem, SmokeProbe
-from releasekit.errors import LockError, ManifestError, RegistryError, ReleasekitError
+from releasekit.errors import (
+    AdapterLoadError,
+    LockError,
+    ManifestError,
+    RegistryError,
+    ReleasekitError,
+)
 from releasekit.releases.register import release_prompts
+from releasekit.serving.adapter_store import stage_adapters
 from releasekit.serving.vllm import api_key_of, release_model_dir
 from releasekit.spec.lock import Lock, lock_path_for, read_lock, serving_args
 from releasekit.spec.manifest import LoadedManifest, Manifest, parse_manifest
@@ -267,10 +274,19 @@ def release_knee(settings: Settings, info: ReleaseInfo) -> tuple[KneeEvidence | 
 
 def release_spec(settings: Settings, info: ReleaseInfo, *, ledger: Ledger) -> ReleaseSpec:
     """What a deploy target runs for `info`: its served model folder, exact engine args,
-    environment, API key, the prompt templates the gateway renders and its knee (for
-    autoscaling from it)."""
+    environment, API key, the prompt templates the gateway renders, its knee (for
+    autoscaling from it) and its adapters, staged as verified copies under
+    `state_dir/adapters`. Adapters whose files differ from the lock's leave the spec's
+    `adapters_problem` set (a deploy of it then fails, recorded, before anything starts)."""
     m = info.lm.manifest
     knee, problem = release_knee(settings, info)
+    adapters_problem: str | None = None
+    try:
+        staged = stage_adapters(
+            settings.state_dir / "adapters", m.adapters, info.lock.inputs, info.lm.resolve
+        )
+    except AdapterLoadError as exc:
+        staged, adapters_problem = [], exc.message
     return ReleaseSpec(
         release_id=info.release_id,
         name=m.name,
@@ -283,6 +299,9 @@ def release_spec(settings: Settings, info: ReleaseInfo, *, ledger: Ledger) -> Re
         prompts={CHAT_PROMPT: _prompt_templates(settings, info, ledger)},
         knee=knee,
         knee_problem=problem or None,
+        adapters={a.name: a.engine_name for a in staged},
+        adapter_dirs={a.engine_name: str(a.path) for a in staged},
+        adapters_problem=adapters_problem,
     )
 
 

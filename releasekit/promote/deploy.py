@@ -8,8 +8,9 @@ environment's status and `down` in `releasekit.promote.deploy_status`, `env_conf
 
 1. reconcile the recorded processes (forget dead ones, stop half-started or expired ones);
 2. make sure the environment's gateway runs;
-3. reuse a live or warm server with the same serving key (a prompt-only release never
-   restarts vLLM) or start the release's server on its own port;
+3. reuse a live or warm server with the same serving key (a prompt-only or adapter-only
+   release never restarts vLLM: its adapters are loaded into the running engine) or start
+   the release's server on its own port (its adapters loaded once it is healthy);
 4. smoke it through a private gateway (no client traffic yet);
 5. switch the gateway's table to it atomically;
 6. smoke it again through the environment's gateway;
@@ -20,8 +21,9 @@ environment's status and `down` in `releasekit.promote.deploy_status`, `env_conf
    `after_promotion_share` of live requests to it (`Mirror.purpose` `after_promotion`,
    ending at the window's end), so `watch` can compare the two releases' answers.
 
-A failure in 3-4 leaves the old release serving and is a `deploy_failed` ledger event; a
-failure in 6-7 switches the table back to what it was by itself, and records why.
+A failure in 3-4 leaves the old release serving and is a `deploy_failed` ledger event (an
+adapter the engine refuses: stage `adapters`); a failure in 6-7 switches the table back to
+what it was by itself, and records why.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from releasekit.deploy.target import (
     SmokeResult,
     Upstream,
 )
-from releasekit.errors import ReleasekitError
+from releasekit.errors import AdapterLoadError, ReleasekitError
 from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.deploy_models import (
     AfterPromotionMirror,
@@ -100,6 +102,34 @@ def _fail_event(
             actor=actor,
         )
     )
+
+
+def _adapters_failed(
+    out: DeployOutcome,
+    step: Any,
+    since: float,
+    exc: ReleasekitError,
+    ledger: Ledger,
+    spec: ReleaseSpec,
+    live_now: str | None,
+    actor: str | None,
+) -> DeployOutcome:
+    """An adapter that did not load (or a target that carries none): recorded as a failed
+    deploy at stage `adapters`, as a failed start is; the route has not moved."""
+    first = exc.message.splitlines()[0]
+    step("adapters", False, since, first)
+    out.failed_stage, out.failure = "adapters", first
+    out.failure_event = _fail_event(
+        ledger,
+        env=out.environment,
+        release_id=spec.release_id,
+        previous=live_now,
+        stage="adapters",
+        failure=first,
+        actor=actor,
+        extra={"adapters": dict(spec.adapters)},
+    )
+    return out
 
 
 def _smoke_summary(s: SmokeResult | None) -> dict[str, Any] | None:
@@ -198,6 +228,10 @@ def _deploy_release(
                 f"not {str(expected_live)[:12]}"
             )
         out.previous_release_id = live_now
+        if spec.adapters_problem is not None:  # its adapters' files are not the locked ones
+            ts = time.monotonic()
+            bad = AdapterLoadError(spec.adapters_problem)
+            return _adapters_failed(out, step, ts, bad, ledger, spec, live_now, actor)
         target = target_for(settings, env, cfg, handle, replicas=replicas)
         out.notes += target.reconcile()
         handle.state.routes = _routes_alive(handle.state)
@@ -215,11 +249,22 @@ def _deploy_release(
             if target.health(cand):
                 up, out.reused_server = cand, True
                 step("server", True, ts, f"reused {reusable.base_url} (pid {reusable.pid})")
+        if up is not None and spec.adapters:
+            # the running engine gets the release's adapters before any route moves
+            ta = time.monotonic()
+            try:
+                loaded = target.load_adapters(up, spec)
+            except (AdapterLoadError, ReleaseStartError) as exc:
+                return _adapters_failed(out, step, ta, exc, ledger, spec, live_now, actor)
+            step("adapters", True, ta, f"loaded {', '.join(loaded)}" if loaded else "held")
         if up is None:
             try:
                 up = target.start(spec)
                 newly_started = True
                 step("server", True, ts, f"started {up.base_url} (pid {up.handle.get('pid')})")
+            except AdapterLoadError as exc:  # started, then stopped: the engine refused one
+                step("server", False, ts, "started, then stopped: an adapter did not load")
+                return _adapters_failed(out, step, ts, exc, ledger, spec, live_now, actor)
             except ReleaseStartError as exc:
                 step("server", False, ts, exc.message.splitlines()[0])
                 out.failed_stage, out.failure = "start", exc.message.splitlines()[0]
@@ -385,6 +430,7 @@ def _deploy_release(
                 where="gateway",
                 api_key=key,
                 admin_token=gw_rec.admin_token if gw_rec is not None else None,
+                adapters=sorted(spec.adapters),
             )
             step(
                 "smoke (gateway)",

@@ -14,7 +14,7 @@ from releasekit.deploy.state import GatewayRecord
 from releasekit.deploy.target import DeployError, SmokeResult, Upstream
 from releasekit.stores.ledger import LedgerRecord
 
-DeployStage = Literal["start", "smoke", "canary", "switch", "gateway_smoke", "record"]
+DeployStage = Literal["start", "adapters", "smoke", "canary", "switch", "gateway_smoke", "record"]
 
 
 class ConcurrentChangeError(DeployError):

@@ -115,7 +115,21 @@ renderer) into the system and user messages and forwards the body to
 A release that differs only in its prompts is therefore a route-table change with the same
 `base_url`: no vLLM restart, and a rollback restores the old templates with the table.
 400 names an unknown prompt (and lists the known ones), every missing variable, or a body
-that sets `messages` itself. Plain `/v1/*` requests are never rewritten.
+that sets `messages` itself. Plain `/v1/*` requests are never rewritten, except for `model`
+(below).
+
+Models and LoRA adapters
+------------------------
+A route's `adapters` maps the model names clients ask for to the names its engine holds the
+adapters under (`name@digest12`: two versions of one adapter side by side in one engine).
+A JSON body (plain, templated, or a mirror's copy) whose `model` is one of the chosen
+route's adapters goes upstream with `model` set to the engine's name; any other body is
+forwarded byte for byte. When the route has `model` set, a request whose `model` is neither
+it nor one of its adapters gets 404 `{"error": {"message": "The model `x` does not exist
+...", "type": "NotFoundError", "code": 404}}` and reaches no upstream and no mirror (an
+engine's own name, `demo-json@...`, included); a mirror copy whose target does not serve
+the request's model is dropped. A rollback restores the previous adapters' mapping with its
+table.
 
 Feedback
 --------
@@ -152,7 +166,7 @@ Metrics (own CollectorRegistry; `env` is the gateway's environment)
 - `releasekit_gateway_stream_errors_total{env,release,reason}` counter: streams ended early
   (`timeout`, `upstream_error`, and the client's own: `client_disconnect`, `client_stalled`).
 - `releasekit_gateway_rejections_total{env,reason}` counter: `auth`, `rate_limit`,
-  `client_in_flight` (a client at its cap), `feedback_limit`,
+  `client_in_flight` (a client at its cap), `feedback_limit`, `unknown_model` (404),
   `queue_full`, `no_route`, `timeout` (504 and mid-stream), `client_timeout` (a non-stream
   504), `upstream_error` (502 and mid-stream), `bad_request` (404/405 paths, 413, 431,
   invalid or too deep JSON, template errors). Every label value comes from a fixed set, the
@@ -173,6 +187,7 @@ Modules
 - `errors`     the error tree (GatewayError and its subclasses)
 - `config`     the config file, the route table and the admin API's models
 - `templates`  prompt templates rendered into chat messages
+- `models`     a request's model checked against its route, adapters' names mapped
 - `routing`    the routing table and its weighted cursor
 - `limits`     per-key token buckets
 - `metrics`    the gateway's own Prometheus metrics

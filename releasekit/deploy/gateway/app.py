@@ -39,6 +39,7 @@ from releasekit.deploy.gateway.lease import Lease
 from releasekit.deploy.gateway.limits import header_bytes
 from releasekit.deploy.gateway.metrics import Metrics, endpoint_label
 from releasekit.deploy.gateway.mirror import Mirroring
+from releasekit.deploy.gateway.models import model_not_found, unknown_model
 from releasekit.deploy.gateway.pairs import MirrorPairs
 from releasekit.deploy.gateway.pairstore import PairStore, prune, prune_to_size
 from releasekit.deploy.gateway.relay import Flight
@@ -186,6 +187,7 @@ class Gateway:
                     share=t.share(r),
                     model=r.model,
                     prompts=sorted(r.prompts),
+                    adapters=dict(r.adapters),
                     has_api_key=r.api_key is not None,
                 )
                 for r in t.routes
@@ -463,6 +465,14 @@ class Gateway:
                     code="no_route",
                     headers={"retry-after": "1"},
                 )
+            # A model the route does not serve (an engine's own adapter name included) is
+            # refused here: it reaches no upstream and no mirror.
+            unknown = unknown_model(route, payload)
+            if unknown is not None:
+                adm.free()
+                adm.release_client(client)
+                self._metrics.reject("unknown_model")
+                return model_not_found(route, unknown)
             stream = isinstance(payload, dict) and payload.get("stream") is True
             pending = Flight(
                 adm,

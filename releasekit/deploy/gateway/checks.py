@@ -87,7 +87,7 @@ class ClientChecks:
         message: str,
         *,
         type_: str,
-        code: str,
+        code: str | int,
         headers: dict[str, str] | None = None,
     ) -> Response:
         """Count a refused request under `reason` and build its OpenAI-style error answer."""

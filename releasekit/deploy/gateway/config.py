@@ -45,6 +45,11 @@ class Route(BaseModel):
     prompts: dict[str, PromptTemplate] = Field(
         default_factory=dict, description="prompt name -> templates, for the templated route"
     )
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters: the model name a client asks for -> the name the engine "
+        "holds it under (the request's `model` is rewritten to it)",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -66,6 +71,15 @@ class Route(BaseModel):
             if not PROMPT_NAME.match(name):
                 raise ValueError(f"prompt name {name!r} must match [A-Za-z0-9_.-]{{1,128}}")
         return v
+
+    @model_validator(mode="after")
+    def _check_adapters(self) -> Route:
+        for name, engine in self.adapters.items():
+            if not name or not engine:
+                raise ValueError("an adapter's model name and engine name must not be empty")
+            if name == self.model:
+                raise ValueError(f"adapter {name!r} has the base's model name")
+        return self
 
 
 MirrorPurpose = Literal["shadow", "after_promotion", "canary"]
@@ -325,6 +339,9 @@ class RouteState(BaseModel):
     share: float = Field(description="fraction of new traffic it gets")
     model: str | None = None
     prompts: list[str] = Field(default_factory=list)
+    adapters: dict[str, str] = Field(
+        default_factory=dict, description="adapter model name -> the engine's name for it"
+    )
     has_api_key: bool = False
 
 

@@ -74,6 +74,7 @@ from releasekit.deploy.gateway.config import (
     paired_release,
 )
 from releasekit.deploy.gateway.errors import PromptTemplateError
+from releasekit.deploy.gateway.models import engine_body, unknown_model
 from releasekit.deploy.gateway.pairs import TEXT_MAX, MirrorPair, MirrorPairs, client_digest
 from releasekit.deploy.gateway.relay import CONTENT_RE, Relay
 from releasekit.deploy.gateway.templates import templated_body
@@ -507,6 +508,9 @@ class Mirroring:
         if self.in_flight + len(targets) > self.mirror.max_in_flight:
             self.drop()
             return None
+        if any(unknown_model(r, payload) is not None for r, _, _ in targets):
+            self.drop()  # a model one of its targets does not serve: no copy at all
+            return None
         bodies: list[bytes] = []
         try:
             for r, _, _ in targets:
@@ -515,7 +519,7 @@ class Mirroring:
                 bodies.append(
                     templated_body(r, prompt, copy.deepcopy(payload))
                     if prompt is not None
-                    else body
+                    else engine_body(r, body, payload)
                 )
         except PromptTemplateError:
             self.drop()

@@ -20,7 +20,7 @@ def error_response(
     message: str,
     *,
     type_: str,
-    code: str,
+    code: str | int,
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Response:

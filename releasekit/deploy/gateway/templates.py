@@ -8,6 +8,7 @@ from typing import Any
 
 from releasekit.deploy.gateway.config import Route
 from releasekit.deploy.gateway.errors import PromptTemplateError
+from releasekit.deploy.gateway.models import engine_payload
 from releasekit.deploy.gateway.responses import json_bytes
 
 # The project's prompt renderer, imported in this one place (it moved from releasekit.prompts
@@ -44,7 +45,8 @@ def render_prompt(route: Route, prompt: str, variables: Mapping[str, str]) -> li
 def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
     """The upstream chat-completions body of a templated request (`payload`, its parsed
     JSON body): `variables` rendered by the route's template `prompt` into `messages`,
-    `model` defaulting to the route's. `payload` itself is never changed (the body is built
+    `model` defaulting to the route's (an adapter's model name mapped to the engine's).
+    `payload` itself is never changed (the body is built
     from a copy), so one parsed request can be rendered for two routes (a mirror's copy).
 
     Raises PromptTemplateError for a body that is not a JSON object, sets `messages`, has
@@ -67,4 +69,4 @@ def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
     )
     if "model" not in payload and route.model is not None:
         payload["model"] = route.model
-    return json_bytes(payload)
+    return json_bytes(engine_payload(route, payload))

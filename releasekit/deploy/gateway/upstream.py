@@ -17,6 +17,7 @@ from releasekit.deploy.gateway.checks import ClientChecks
 from releasekit.deploy.gateway.config import GatewayConfig, Route
 from releasekit.deploy.gateway.errors import PromptTemplateError
 from releasekit.deploy.gateway.mirror import Mirroring, PairedRelay, PendingPair
+from releasekit.deploy.gateway.models import engine_body
 from releasekit.deploy.gateway.relay import (
     DROP_REQUEST,
     DisconnectFlag,
@@ -146,15 +147,17 @@ class Upstream:
         pair: PendingPair | None = None,
     ) -> Response:
         """Send the pinned request `flight` upstream (rendering the route's template
-        `prompt` first) and answer the relay of its response, or the error answer (400 for
-        a template, 504 for a timeout, 502 for a broken upstream, 499 when the client left);
-        every path finishes the flight once. With `pair`, the client's answer also goes
-        into that answer pair."""
+        `prompt` first; an adapter's model name mapped to the engine's) and answer the
+        relay of its response, or the error answer (400 for a template, 504 for a timeout,
+        502 for a broken upstream, 499 when the client left); every path finishes the
+        flight once. With `pair`, the client's answer also goes into that answer pair."""
         route = flight.route
         rel_header = flight.release_header()
         try:
             if prompt is not None:
                 body = templated_body(route, prompt, payload)
+            else:
+                body = engine_body(route, body, payload)
         except PromptTemplateError as exc:
             flight.finish(400, got_response=False)
             return self.checks.reject(

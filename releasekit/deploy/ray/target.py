@@ -77,6 +77,25 @@ _CHILD_ENV = {
 }
 
 
+NO_ADAPTERS = (
+    "the ray target does not carry LoRA adapters yet: deploy releases with adapters with the "
+    "local target"
+)
+
+
+class AdaptersNotCarriedError(ReleaseStartError):
+    """Raised before anything starts when a release with LoRA adapters is deployed with
+    the `ray` target (a failed start: the old release serves)."""
+
+    remedy = "set the environment's target to local for releases with adapters"
+
+
+def refuse_adapters(spec: ReleaseSpec) -> None:
+    """AdaptersNotCarriedError (one line) when `spec` has adapters."""
+    if spec.adapters or spec.adapters_problem is not None:
+        raise AdaptersNotCarriedError(NO_ADAPTERS)
+
+
 def app_name(env: str, release_id: str) -> str:
     """The Serve application of a release in an environment."""
     return f"rk-{env}-{release_id[:12]}"
@@ -103,7 +122,9 @@ def release_app_args(
     `RayTarget.start` deploys `build_app(args)`; `releasekit export kuberay` writes the
     same args into a Serve config, so the two cannot differ. Reads only. With autoscaling
     the options carry the environment's plan for this release (deploy/ray/autoscale.py);
-    NoKneeEvidenceError when it derives from a knee the release lacks."""
+    NoKneeEvidenceError when it derives from a knee the release lacks;
+    AdaptersNotCarriedError for a release with LoRA adapters."""
+    refuse_adapters(spec)
     from releasekit.deploy.ray.replica import AppArgs, ReplicaArgs, replica_options
 
     ray = config.ray
@@ -327,11 +348,19 @@ class RayTarget(LocalTarget):
 
     # -- servers -----------------------------------------------------------------------
 
+    def load_adapters(self, upstream: Upstream, spec: ReleaseSpec) -> builtins.list[str]:
+        """A reused application never gets adapters: AdaptersNotCarriedError when `spec`
+        has some."""
+        refuse_adapters(spec)
+        return []
+
     def start(self, spec: ReleaseSpec, *, on_spawn: OnSpawn | None = None) -> Upstream:
         """Deploy `spec` as a Serve application with this environment's replica count and
         wait until every replica is healthy. ReleaseDoesNotFitError before anything is
-        deployed when the cluster lacks the resources; ReleaseStartError (application
+        deployed when the cluster lacks the resources, or AdaptersNotCarriedError when the
+        release has LoRA adapters; ReleaseStartError (application
         deleted, record forgotten) when a replica never becomes healthy, quoting its log."""
+        refuse_adapters(spec)  # before anything starts
         from releasekit.deploy.ray.replica import build_app, routing_token
 
         auto = self.ray.autoscaling

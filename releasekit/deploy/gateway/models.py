@@ -1,0 +1,61 @@
+"""Model names on the gateway: a request's `model` checked against its route (the base's
+served name and its LoRA adapters' client names) and mapped to the name the engine holds the
+adapter under (`name@digest12`), which no client can name itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from releasekit.deploy.gateway.config import Route
+from releasekit.deploy.gateway.responses import error_response, json_bytes
+
+
+def unknown_model(route: Route, payload: Any) -> str | None:
+    """The `model` a request body asks for when `route` does not serve it (neither its
+    `model` nor one of its adapters), else None. A route without `model`, or a body without
+    `model` (the upstream's default, or the route's on the templated route), is never
+    refused."""
+    if route.model is None or not isinstance(payload, dict) or "model" not in payload:
+        return None
+    model = payload["model"]
+    if isinstance(model, str) and (model == route.model or model in route.adapters):
+        return None
+    return model if isinstance(model, str) else repr(model)
+
+
+def engine_payload(route: Route, payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` with an adapter's client name in `model` replaced by the engine's name
+    (a copy; `payload` itself is never changed), or `payload` when nothing maps."""
+    model = payload.get("model")
+    if isinstance(model, str) and model in route.adapters:
+        return {**payload, "model": route.adapters[model]}
+    return payload
+
+
+def engine_body(route: Route, body: bytes, payload: Any) -> bytes:
+    """The body `route`'s upstream gets for a plain request: `body` untouched, unless its
+    `model` names one of the route's adapters (then re-encoded with the engine's name)."""
+    if not route.adapters or not isinstance(payload, dict):
+        return body
+    mapped = engine_payload(route, payload)
+    return body if mapped is payload else json_bytes(mapped)
+
+
+def served_models(route: Route) -> list[str]:
+    """The model names a client may ask `route` for: the base's, then its adapters'."""
+    return ([route.model] if route.model is not None else []) + sorted(route.adapters)
+
+
+def model_not_found(route: Route, model: str) -> Response:
+    """The 404 a request for a model the route does not serve gets (OpenAI's shape, as
+    vLLM answers an unknown model); it names what the environment does serve."""
+    shown = model if len(model) <= 200 else model[:200] + "..."
+    names = ", ".join(served_models(route))
+    return error_response(
+        404,
+        f"The model `{shown}` does not exist (this environment serves: {names}).",
+        type_="NotFoundError",
+        code=404,
+    )
