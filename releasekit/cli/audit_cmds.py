@@ -18,6 +18,7 @@ from releasekit.cli._common import table as common_table
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
 from releasekit.promote.policy import verify_with_policies
+from releasekit.releases.adapter_view import AdapterInfo
 from releasekit.releases.queries import at, diff, event_gates, history, show
 from releasekit.releases.reconcile import checked_status, reconcile
 from releasekit.releases.resolve import parse_time
@@ -428,8 +429,16 @@ def show_cmd(
                 ("signed", f"register event #{w.signed_seq}" if w.signed_seq else "no"),
             ],
         )
-    if d.inputs:
-        table("lock digests", ["input", "sha256"], sorted(d.inputs.items()))
+    if d.adapters:
+        table(
+            "adapters (--json for each file's digest)",
+            ["name", "rank", "digest", "base"],
+            [(a.name, _val(a.rank), _val(a.digest), _val(a.base)) for a in d.adapters],
+        )
+    # An adapter's files are summed up by its digest above.
+    inputs = [(k, v) for k, v in sorted(d.inputs.items()) if not k.startswith("adapter/")]
+    if inputs:
+        table("lock digests", ["input", "sha256"], inputs)
     if d.metrics:
         table(
             "evidence (key figures; --json for all)", ["metric", "value"], _key_metrics(d.metrics)
@@ -477,6 +486,12 @@ def diff_cmd(
             if changes:
                 rows_ = [(c.key, _val(c.a), _val(c.b)) for c in changes]
                 table(title, ["key", "a", "b"], rows_)
+        if d.adapters:
+            table(
+                "adapters (rank, digest)",
+                ["adapter", "change", "a", "b"],
+                [(c.name, c.change, _adapter(c.a), _adapter(c.b)) for c in d.adapters],
+            )
         rows = [
             (m.name, _num(m.a), _num(m.b), _num(m.delta, signed=True))
             for m in d.metrics
@@ -495,6 +510,13 @@ def _val(v: Any) -> str:
     if isinstance(v, str) and len(v) == 64 and all(ch in "0123456789abcdef" for ch in v):
         return v[:12]
     return "" if v is None else str(v)
+
+
+def _adapter(a: AdapterInfo | None) -> str:
+    """An adapter in a diff's cell: `r8 1a2b3c4d5e6f` (rank, digest), `-` when absent."""
+    if a is None:
+        return "-"
+    return f"r{_val(a.rank) or '?'} {_val(a.digest)}".strip()
 
 
 def _num(v: float | None, *, signed: bool = False) -> str:

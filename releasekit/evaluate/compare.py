@@ -319,6 +319,7 @@ def compare(
     ev = lm.manifest.eval
     margins = {s.name: s.margin for s in ev.suites}
     kinds: dict[str, str] = {s.name: s.kind for s in ev.suites}
+    adapters: dict[str, str | None] = {s.name: s.adapter for s in ev.suites}
     names = list(dict.fromkeys([*margins, *candidate.suites, *baseline.suites]))
     suites: dict[str, SuiteComparison] = {}
     warnings: list[str] = []
@@ -327,6 +328,7 @@ def compare(
         summary = c_sum or b_sum
         margin = margins.get(name, summary.margin if summary else 0.0)
         kind = kinds.get(name, summary.kind if summary else "")
+        adapter = adapters.get(name, summary.adapter if summary else None)
         need = _min_paired(lm, name, min_paired)
         if c_sum is None or b_sum is None:
             side = (
@@ -336,6 +338,7 @@ def compare(
             )
             suites[name] = SuiteComparison(
                 kind=kind,
+                adapter=adapter,
                 verdict=Verdict.MISSING_EVIDENCE,
                 reasons=[f"suite {side}"],
                 margin=margin,
@@ -374,6 +377,7 @@ def compare(
                 problems.append(f"{side}: {problem}")
         update: dict[str, object] = {
             "kind": kind,
+            "adapter": adapter,
             "same_suite_file": same,
             "candidate_noise": candidate.noise.suites.get(name) if candidate.noise else None,
             "baseline_noise": baseline.noise.suites.get(name) if baseline.noise else None,

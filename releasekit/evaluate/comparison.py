@@ -69,6 +69,9 @@ class SuiteComparison(BaseModel):
     model_config = _STRICT
 
     kind: str = ""
+    adapter: str | None = Field(
+        None, description="the adapter whose answers the suite scores (None: the base's)"
+    )
     verdict: Verdict
     reasons: list[str] = Field(default_factory=list, description="why, in words")
     margin: float

@@ -88,6 +88,12 @@ class SuiteSummary(_Evidence):
     min_pass_rate: float | None = None
     path: str = ""
     digest: str = Field("", description="sha256 of the suite file")
+    model: str = Field(
+        "", description="the model name that answered: the base's served name, or the adapter"
+    )
+    adapter: str | None = Field(
+        None, description="the adapter whose answers the suite scores (None: the base's)"
+    )
 
 
 class SuiteNoise(_Evidence):
@@ -151,8 +157,8 @@ def build_prompt(lm: LoadedManifest) -> ChatPrompt:
     return ChatPrompt(system, user)
 
 
-def summarise(items: Sequence[ItemResult], ls: LoadedSuite) -> SuiteSummary:
-    """Count one suite's outcomes."""
+def summarise(items: Sequence[ItemResult], ls: LoadedSuite, *, model: str = "") -> SuiteSummary:
+    """Count one suite's outcomes; `model` is the model name that answered."""
     passed = sum(i.outcome == "pass" for i in items)
     failed = sum(i.outcome == "fail" for i in items)
     errors = sum(i.outcome == "error" for i in items)
@@ -169,6 +175,8 @@ def summarise(items: Sequence[ItemResult], ls: LoadedSuite) -> SuiteSummary:
         min_pass_rate=s.min_pass_rate,
         path=s.path.as_posix(),
         digest=ls.digest,
+        model=model,
+        adapter=s.adapter,
     )
 
 
@@ -176,6 +184,11 @@ NOISE_ITEMS = 256
 """Runs after the first send at most this many items of each suite (an even spread over the
 suite, the same every time): run-to-run noise is a rate, and a sample estimates it without
 sending a 1,440-item suite twice."""
+
+
+def suite_model(suite: Suite, served_name: str) -> str:
+    """The model name a suite's items are sent to: its adapter's, else the base's."""
+    return suite.adapter or served_name
 
 
 def noise_sample(ls: LoadedSuite, limit: int | None) -> LoadedSuite:
@@ -252,10 +265,12 @@ class _Runner:
         if progress:
             progress(label, 0, total)
 
+        model = suite_model(ls.suite, self.model)
+
         async def one(item: EvalItem) -> ItemResult:
             nonlocal done
             async with self.sem:
-                res = await self.run_item(item, ls.suite)
+                res = await self.run_item(item, ls.suite, model=model)
             done += 1
             if progress:
                 progress(label, done, total)
@@ -263,7 +278,7 @@ class _Runner:
 
         return list(await asyncio.gather(*(one(i) for i in ls.items)))
 
-    async def run_item(self, item: EvalItem, suite: Suite) -> ItemResult:
+    async def run_item(self, item: EvalItem, suite: Suite, *, model: str) -> ItemResult:
         scorer = item.scorer_for(suite)
         messages = self.prompt.messages(item.vars)
         rec: dict[str, Any] = {
@@ -276,7 +291,7 @@ class _Runner:
             "expect_error": item.expect_error,
         }
         body = {
-            "model": self.model,
+            "model": model,
             "messages": messages,
             "temperature": 0.0,
             "max_tokens": item.max_tokens or suite.max_tokens,
@@ -346,8 +361,8 @@ def _error_text(r: httpx.Response) -> str:
     return r.text[:500]
 
 
-async def _check_model(client: httpx.AsyncClient, model: str) -> None:
-    """Fail fast if the server is down or does not serve `model`."""
+async def _check_model(client: httpx.AsyncClient, model: str, adapters: Sequence[str] = ()) -> None:
+    """Fail fast if the server is down or does not serve `model` and each of `adapters`."""
     try:
         r = await client.get("/v1/models")
     except httpx.HTTPError as exc:
@@ -365,6 +380,15 @@ async def _check_model(client: httpx.AsyncClient, model: str) -> None:
             f"the server at {client.base_url} does not serve model {model!r} "
             f"(it serves: {', '.join(served) or 'nothing'})",
             remedy="pass the served model name of the release (model.served_name)",
+        )
+    missing = [a for a in adapters if a not in served]
+    if missing:
+        raise EvalError(
+            f"the server at {client.base_url} does not serve adapter(s) "
+            f"{', '.join(repr(a) for a in missing)} that suites score "
+            f"(it serves: {', '.join(served)})",
+            remedy="serve the release with its adapters loaded under their names "
+            "(`releasekit serve` does)",
         )
 
 
@@ -430,7 +454,8 @@ async def run_eval_async(
         ) as client,
         async_http_client(limits=limits) as judge_client,
     ):
-        await _check_model(client, model)
+        adapters = list(dict.fromkeys(s.suite.adapter for s in suites if s.suite.adapter))
+        await _check_model(client, model, adapters)
         runner = _Runner(
             client=client,
             judge_client=judge_client,
@@ -459,7 +484,11 @@ async def run_eval_async(
         started_at=started.isoformat(timespec="seconds"),
         duration_s=round(time.perf_counter() - t0, 3),
         suites={
-            ls.suite.name: summarise([i for i in first if i.suite == ls.suite.name], ls)
+            ls.suite.name: summarise(
+                [i for i in first if i.suite == ls.suite.name],
+                ls,
+                model=suite_model(ls.suite, model),
+            )
             for ls in suites
         },
         judge=judge.identity if judge else None,
@@ -498,7 +527,8 @@ def run_eval(
 ) -> EvalResult:
     """Evaluate a served release on its manifest's suites.
 
-    Sends every item to `base_url`'s /v1/chat/completions as `model` at temperature 0, with
+    Sends every item to `base_url`'s /v1/chat/completions as `model` (a suite with an
+    `adapter` as that adapter's model name) at temperature 0, with
     the release's prompts applied, at most `concurrency` requests in flight; scores each
     answer; runs all suites `noise_runs` times (>= 2 measures run-to-run noise; the first
     run's items are the result; later runs send at most `noise_items` items of each suite,

@@ -16,6 +16,12 @@ from pydantic import BaseModel, Field
 from releasekit._support.digests import sha256_bytes
 from releasekit._support.text import flatten
 from releasekit.config import Settings
+from releasekit.releases.adapter_view import (
+    AdapterChange,
+    AdapterInfo,
+    adapter_changes,
+    release_adapters,
+)
 from releasekit.releases.context import _Context, _context, _prompt_texts, _recipe, _serving
 from releasekit.releases.resolve import _open_ledger, resolve_release
 from releasekit.spec.lock import (
@@ -297,6 +303,9 @@ class ReleaseDetail(BaseModel):
     manifest_source: str | None = None
     manifest: dict[str, Any] | None = None
     inputs: dict[str, str] = Field(default_factory=dict)
+    adapters: list[AdapterInfo] = Field(
+        default_factory=list, description="its LoRA adapters (manifest and lock)"
+    )
     provenance: Provenance | None = None
     locked_at: str | None = None
     registry: RegistryLinks | None = None
@@ -353,6 +362,7 @@ def show(settings: Settings, ref: str, *, ledger: Ledger | None = None) -> Relea
         manifest_source=ctx.manifest_source,
         manifest=ctx.manifest.model_dump(mode="json", by_alias=True) if ctx.manifest else None,
         inputs=ctx.lock.inputs if ctx.lock else {},
+        adapters=release_adapters(ctx.manifest, ctx.lock.inputs if ctx.lock else {}),
         provenance=ctx.lock.provenance if ctx.lock else None,
         locked_at=ctx.lock.locked_at if ctx.lock else None,
         registry=_links(ctx.register),
@@ -422,6 +432,9 @@ class ReleaseDiff(BaseModel):
     quantisation: list[FieldChange] = Field(default_factory=list)
     serving: list[FieldChange] = Field(default_factory=list)
     model: list[FieldChange] = Field(default_factory=list)
+    adapters: list[AdapterChange] = Field(
+        default_factory=list, description="adapters added, removed or changed"
+    )
     inputs: list[FieldChange] = Field(default_factory=list)
     metrics: list[MetricDelta] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -447,7 +460,7 @@ def _side(ctx: _Context) -> ReleaseSide:
 
 def diff(settings: Settings, a: str, b: str, *, ledger: Ledger | None = None) -> ReleaseDiff:
     """Compare two releases: prompt text (unified diff), quantisation, serving arguments,
-    model digests, other inputs, and eval/bench/quantise metrics side by side."""
+    model digests, adapters, other inputs, and eval/bench/quantise metrics side by side."""
     led = _open_ledger(settings, ledger)
     ca = _context(settings, resolve_release(settings, a, ledger=led).release_id, led)
     cb = _context(settings, resolve_release(settings, b, ledger=led).release_id, led)
@@ -508,7 +521,8 @@ def diff(settings: Settings, a: str, b: str, *, ledger: Ledger | None = None) ->
     model = _changes(
         {k: v for k, v in ia.items() if is_model(k)}, {k: v for k, v in ib.items() if is_model(k)}
     )
-    shown = ("prompt/", "serving", "quantisation/recipe")
+    adapters = adapter_changes(release_adapters(ca.manifest, ia), release_adapters(cb.manifest, ib))
+    shown = ("prompt/", "serving", "quantisation/recipe", "adapter/")
     other = _changes(
         {k: v for k, v in ia.items() if not is_model(k) and not k.startswith(shown)},
         {k: v for k, v in ib.items() if not is_model(k) and not k.startswith(shown)},
@@ -536,6 +550,7 @@ def diff(settings: Settings, a: str, b: str, *, ledger: Ledger | None = None) ->
         quantisation=quant,
         serving=serving,
         model=model,
+        adapters=adapters,
         inputs=other,
         metrics=metrics,
         notes=notes,

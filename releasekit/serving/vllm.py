@@ -31,11 +31,14 @@ from releasekit._support.procs import (
 )
 from releasekit._support.retry import RetryPolicy
 from releasekit.errors import (
+    AdapterLoadError,
     ReleaseNotBuiltError,
     ServerError,
     ServerStartError,
     ServerUnreachableError,
 )
+from releasekit.serving.adapter_store import stage_adapters
+from releasekit.serving.adapters import RUNTIME_ENV, ensure_adapters, loaded_adapters
 from releasekit.serving.host import inherited_env, server_env
 
 if TYPE_CHECKING:
@@ -114,6 +117,10 @@ class VLLMServer:
     Use as a context manager; the process runs in its own process group so that
     stopping it also stops its engine workers. With `die_with_parent` (the default) the
     kernel also stops it if the process that started it dies without cleaning up.
+
+    `adapters` (engine model name -> adapter folder) are LoRA adapters loaded at run time once
+    the base is healthy; the server then runs with RUNTIME_ENV, and its engine arguments must
+    enable LoRA (enable-lora, max-loras, max-lora-rank).
     """
 
     def __init__(
@@ -130,11 +137,13 @@ class VLLMServer:
         start_timeout_s: float = 300.0,
         stop_grace_s: float = 10.0,
         die_with_parent: bool = True,
+        adapters: Mapping[str, Path] | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.served_name = served_name
         self.engine_args = dict(engine_args)
-        self.env = dict(env or {})
+        self.adapters = dict(adapters or {})
+        self.env = {**(env or {}), **(RUNTIME_ENV if self.adapters else {})}
         self.python = python
         self.log_path = log_path
         self.host = host
@@ -170,14 +179,17 @@ class VLLMServer:
         ]
 
     def start(self) -> ServerInfo:
-        """Start the server and block until /health and /v1/models answer.
+        """Start the server and block until /health and /v1/models answer, with the base and
+        each of `adapters` (loaded once the base is healthy) listed.
 
         Raises ServerStartError (quoting the log's last lines) if vLLM exits or is not
-        healthy within `start_timeout_s`; the process group is stopped either way. A port
-        lost to a concurrent starter is retried on another port when the port was not given.
+        healthy within `start_timeout_s`, AdapterLoadError (the engine's reason, one line)
+        if it refuses an adapter; the process group is stopped either way. A port lost to a
+        concurrent starter is retried on another port when the port was not given.
         """
         if not self.model_dir.is_dir():
             raise ServerStartError(f"model folder not found: {self.model_dir}")
+        self._check_adapter_args()
         tried: set[int] = set()
         while True:
             try:
@@ -227,6 +239,7 @@ class VLLMServer:
                 _LIVE.add(proc)
                 self._register(proc.pid)
             version = self._wait_ready()
+            self._load_adapters()
         except BaseException:
             self.stop()
             raise
@@ -293,6 +306,46 @@ class VLLMServer:
             log_tail=tail(self.log_path),
             log_path=self.log_path,
         )
+
+    def _check_adapter_args(self) -> None:
+        """Refuse, before starting anything, adapters the engine arguments cannot hold: no
+        enable-lora, or more than max-loras (vLLM would evict one on its own)."""
+        if not self.adapters:
+            return
+        if "enable-lora" not in self.engine_args:
+            raise AdapterLoadError(
+                f"{len(self.adapters)} adapter(s) to serve but the engine arguments lack "
+                "enable-lora (with max-loras and max-lora-rank)"
+            )
+        cap = self.engine_args.get("max-loras", "")
+        if cap.isdigit() and len(self.adapters) > int(cap):
+            raise AdapterLoadError(
+                f"{len(self.adapters)} adapters to serve, more than max-loras {cap}: "
+                f"{', '.join(sorted(self.adapters))}"
+            )
+
+    def _api_key(self) -> str | None:
+        return self.engine_args.get("api-key") or self.env.get("VLLM_API_KEY") or None
+
+    def _load_adapters(self) -> None:
+        """Load `adapters` into the healthy engine and check /v1/models lists each; an
+        engine that refuses one (or dies meanwhile) is an AdapterLoadError in one line."""
+        if not self.adapters:
+            return
+        key = self._api_key()
+        try:
+            ensure_adapters(self.base_url, self.adapters, api_key=key)
+            held = loaded_adapters(self.base_url, api_key=key)
+        except AdapterLoadError as exc:
+            raise AdapterLoadError(
+                f"{' '.join(exc.message.split())} (log: {self.log_path})"
+            ) from exc
+        missing = sorted(set(self.adapters) - set(held))
+        if missing:
+            raise AdapterLoadError(
+                f"the engine at {self.base_url} loaded but does not list adapter(s) "
+                f"{', '.join(missing)} in /v1/models (log: {self.log_path})"
+            )
 
     def check_alive(self) -> None:
         """Raise ServerStartError (quoting the log) if the server has died since start."""
@@ -406,12 +459,17 @@ def serve_release(
     """A (not yet started) server for a release: its model folder, the lock's exact engine
     arguments (`serving_args`) and the manifest's environment. Use it as a context manager.
 
+    The release's adapters are staged now (`stage_adapters`: checked against the lock and
+    copied under <state_dir>/adapters; AdapterLoadError on a mismatch) and loaded at start
+    under their own names, the names its suites and clients ask for.
+
     The log defaults to <state_dir>/logs/serve-<name>-<release>.log.
     """
     from releasekit.spec.lock import serving_args
 
     m = lm.manifest
     model_dir = release_model_dir(settings, lm, lock)
+    staged = stage_adapters(settings.state_dir / "adapters", m.adapters, lock.inputs, lm.resolve)
     log = log_path or settings.state_dir / "logs" / f"serve-{m.name}-{lock.short_id}.log"
     host_env = server_env(
         python=settings.python, preload=settings.server_preload, release_env=m.serving.env
@@ -427,6 +485,7 @@ def serve_release(
         port=port,
         start_timeout_s=settings.server_start_timeout_s,
         stop_grace_s=settings.server_stop_grace_s,
+        adapters={a.name: a.path for a in staged},
     )
 
 
