@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import webclient
 import yaml
 
 from releasekit.config import Settings
@@ -147,7 +148,7 @@ def test_adapters_are_loaded_under_their_names_once_the_base_is_healthy(tmp_path
     server = stand_in_server(tmp_path, {"json-ad": ad})
     assert server.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     with server:
-        models = httpx.get(f"{server.base_url}/v1/models").json()["data"]
+        models = webclient.get(f"{server.base_url}/v1/models").json()["data"]
         held = {m["id"]: m for m in models}
         assert held["json-ad"]["parent"] == "demo" and held["json-ad"]["root"] == str(ad)
     assert server.proc is None
@@ -270,7 +271,7 @@ def _real_server(demo_model: Path, log: Path, adapters: dict[str, Path]) -> Watc
 def _complete(base_url: str, model: str) -> httpx.Response:
     body = {"model": model, "prompt": "The capital of", "max_tokens": 4, "temperature": 0.0}
     body["logprobs"] = 1
-    return httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+    return webclient.post(f"{base_url}/v1/completions", json=body, timeout=60)
 
 
 @pytest.mark.slow
@@ -280,7 +281,7 @@ def test_the_real_engine_serves_an_adapter_by_name_and_refuses_a_rank_above_its_
     ad8 = _peft_adapter(demo_model, tmp_path / "r8", 8)
     ad16 = _peft_adapter(demo_model, tmp_path / "r16", 16)
     with _real_server(demo_model, tmp_path / "ok.log", {"json-ad": ad8}) as server:
-        models = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"]
+        models = webclient.get(f"{server.base_url}/v1/models", timeout=10).json()["data"]
         held = {m["id"]: m for m in models}
         assert held["json-ad"]["parent"] == "demo"
         base, lora = _complete(server.base_url, "demo"), _complete(server.base_url, "json-ad")
