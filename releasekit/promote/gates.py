@@ -142,19 +142,24 @@ def evaluate_gates(
             _evidence_gate("bench evidence (live)", lev.bench_problems, "the live release's bench"),
         ]
         if cand.eval is not None and lev.eval is not None:
+            # A suite the live release has must be the candidate's too, on the same file; a
+            # suite the live release lacks (a new one: an adapter's own) is held to its floor.
             diff = sorted(
                 n
-                for n in {*cand.eval.suites, *lev.eval.suites}
+                for n in lev.eval.suites
                 if (cand.eval.suites.get(n) and cand.eval.suites[n].digest)
-                != (lev.eval.suites.get(n) and lev.eval.suites[n].digest)
+                != lev.eval.suites[n].digest
             )
+            new = sorted(n for n in cand.eval.suites if n not in lev.eval.suites)
             gates.append(
                 GateResult(
                     name="same eval suites as live",
                     kind="evidence",
                     passed=not diff,
-                    rule="both releases were evaluated on the same suite files (sha256)",
-                    detail=(f"missing or mismatched evidence: {', '.join(diff)}" if diff else "ok"),
+                    rule="both releases were evaluated on the same suite files (sha256); a "
+                    "suite the live release lacks is held to its floor",
+                    detail=(f"missing or mismatched evidence: {', '.join(diff)}" if diff else "ok")
+                    + (f"; new: {', '.join(new)}" if new else ""),
                 )
             )
             margins = margins_here(candidate, policy)
@@ -163,7 +168,8 @@ def evaluate_gates(
                 comparison_source=source,
                 comparison_rule=cmp.rule,
             )
-            gates += _quality_relative(cmp, cand, margins)
+            gates += _quality_relative(cmp, cand, margins, live_suites=set(lev.eval.suites))
+            gates += _quality_absolute(cand, policy, only=new)
         else:
             gates.append(
                 GateResult(

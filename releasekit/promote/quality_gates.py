@@ -7,6 +7,7 @@ from releasekit.config import EnvironmentConfig, Settings
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.compare import Comparison, compare
 from releasekit.evaluate.comparison import parse_comparison
+from releasekit.evaluate.runner import SuiteSummary
 from releasekit.promote.context import ReleaseInfo
 from releasekit.promote.evidence_gates import Evidence
 from releasekit.promote.gate_results import GateResult
@@ -60,13 +61,21 @@ def _comparison(
 
 
 def _quality_relative(
-    cmp: Comparison, cand: Evidence, margins: dict[str, tuple[float, float]]
+    cmp: Comparison,
+    cand: Evidence,
+    margins: dict[str, tuple[float, float]],
+    *,
+    live_suites: set[str] | None = None,
 ) -> list[GateResult]:
+    """One gate a suite the two releases share (`live_suites`: the live release's; a suite
+    only the candidate has is judged by `_quality_absolute(..., only=...)`)."""
     gates: list[GateResult] = []
     conf = f"{100 * cmp.confidence:g}%"
     for name in [s.name for s in cand.info.lm.manifest.eval.suites] + [
         n for n in cmp.suites if n not in {s.name for s in cand.info.lm.manifest.eval.suites}
     ]:
+        if live_suites is not None and name not in live_suites:
+            continue
         sc = cmp.suites.get(name)
         if sc is None:
             gates.append(
@@ -128,12 +137,22 @@ def _floor(s: Suite, policy: EnvironmentConfig) -> tuple[float | None, str]:
     return own, "the manifest's min_pass_rate, stricter than the environment's"
 
 
-def _quality_absolute(cand: Evidence, policy: EnvironmentConfig) -> list[GateResult]:
+def _quality_absolute(
+    cand: Evidence, policy: EnvironmentConfig, *, only: list[str] | None = None
+) -> list[GateResult]:
+    """A gate a suite held to its floor: every suite when nothing is live; with `only`, the
+    suites the live release lacks, which must have a floor (a new suite compared with
+    nothing and held to nothing would pass whatever it scored)."""
     gates: list[GateResult] = []
     for s in cand.info.lm.manifest.eval.suites:
+        if only is not None and s.name not in only:
+            continue
         got = cand.eval.suites.get(s.name) if cand.eval else None
         rate = got.pass_rate if got else None
         need, source = _floor(s, policy)
+        if only is not None:
+            gates.append(_new_suite_gate(s, got, need, source))
+            continue
         ok = got is not None and rate is not None and (need is None or rate >= need)
         gates.append(
             GateResult(
@@ -153,3 +172,30 @@ def _quality_absolute(cand: Evidence, policy: EnvironmentConfig) -> list[GateRes
             )
         )
     return gates
+
+
+def _new_suite_gate(
+    s: Suite, got: SuiteSummary | None, need: float | None, source: str
+) -> GateResult:
+    """The gate of a suite the live release lacks: its pass rate against its floor."""
+    rate = got.pass_rate if got else None
+    what = f" (adapter {s.adapter})" if s.adapter else ""
+    if need is None:
+        return GateResult(
+            name=f"suite {s.name}",
+            kind="quality",
+            passed=False,
+            rule=f"a suite the live release lacks{what} is held to a floor",
+            candidate=rate,
+            detail="no floor: set eval.suites[].min_pass_rate (or the environment's "
+            "min_pass_rate for it) to say what it must score",
+        )
+    return GateResult(
+        name=f"suite {s.name}",
+        kind="quality",
+        passed=got is not None and rate is not None and rate >= need,
+        rule=f"pass rate >= {need:g} ({source}; the live release lacks this suite{what})",
+        candidate=rate,
+        limit=need,
+        detail=f"{got.passed}/{got.n} passed, {got.errors} errors" if got else "not evaluated",
+    )

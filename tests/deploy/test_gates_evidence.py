@@ -199,3 +199,63 @@ def test_report_renders_table_json_and_html_with_both_curves(kit: Kit) -> None:
     page = render_html(rep, comparison_href="../report/report.html")
     assert "data:image/png;base64," in page and 'href="../report/report.html"' in page
     assert len(rep.candidate_curve) == 4 and len(rep.live_curve) == 4
+
+
+EDGE_LINE = (
+    "    - {name: edge, kind: edge, path: pipelines/eval/edge.jsonl, scorer: refusal, "
+    "margin: 0.10}\n"
+)
+
+
+def _with_new_suite(k: Kit, name: str, floor: str) -> None:
+    """A variant of demo-bf16 with one suite the live release lacks (`extra`, on the edge
+    items), held to `floor` (a manifest field, or nothing)."""
+    k.variant(
+        "demo-bf16",
+        name,
+        {
+            "max-num-seqs: 32": "max-num-seqs: 16",
+            EDGE_LINE: EDGE_LINE
+            + "    - {name: extra, kind: edge, path: pipelines/eval/edge.jsonl, "
+            f"scorer: refusal{floor}}}\n",
+        },
+    )
+
+
+def test_a_suite_the_live_release_lacks_is_held_to_its_floor(kit: Kit) -> None:
+    """A new suite (an adapter's own, say) cannot be compared with the live release: it is
+    held to its min_pass_rate, and the suites both carry are compared as ever."""
+    kit.build("demo-bf16")
+    _with_new_suite(kit, "demo-new", ", min_pass_rate: 0.5")
+    kit.build("demo-new")
+    rep = _gates(kit, "demo-new", "demo-bf16")
+    assert rep.passed, [g for g in rep.gates if not g.passed]
+    same = _gate(rep, "same eval suites as live")
+    assert same.passed and "new: extra" in same.detail
+    extra = _gate(rep, "suite extra")
+    assert extra.limit == 0.5 and "the live release lacks this suite" in extra.rule
+    assert _gate(rep, "suite core").live == 1.0  # still compared with live
+
+    _with_new_suite(kit, "demo-weak", ", min_pass_rate: 0.9")
+    kit.build("demo-weak", fail={"extra": 20})
+    rep = _gates(kit, "demo-weak", "demo-bf16")
+    assert [g.name for g in rep.failed] == ["suite extra"]
+
+
+def test_a_new_suite_without_a_floor_fails_saying_what_to_set(kit: Kit) -> None:
+    kit.build("demo-bf16")
+    _with_new_suite(kit, "demo-new", "")
+    kit.build("demo-new")
+    rep = _gates(kit, "demo-new", "demo-bf16")
+    extra = _gate(rep, "suite extra")
+    assert not extra.passed and "min_pass_rate" in extra.detail
+    assert [g.name for g in rep.failed] == ["suite extra"]
+
+
+def test_a_suite_the_candidate_drops_is_still_missing_evidence(kit: Kit) -> None:
+    kit.build("demo-bf16")
+    kit.variant("demo-bf16", "demo-less", {"max-num-seqs: 32": "max-num-seqs: 16", EDGE_LINE: ""})
+    kit.build("demo-less")
+    rep = _gates(kit, "demo-less", "demo-bf16")
+    same = _gate(rep, "same eval suites as live")
+    assert not same.passed and "edge" in same.detail
