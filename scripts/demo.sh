@@ -378,6 +378,62 @@ expect blocked staging "$V2" --by "answers breach of these weights"
 releasekit history --env staging --type rollback --type mark_bad --limit 2
 # ---- end of the live-only regression ---------------------------------------------------
 
+# ---- LoRA adapters: one engine, adapters going live and back without a new server --------
+# demo-lora is bf16 on an engine started to take LoRA adapters at run time (enable-lora,
+# max-loras 2, max-lora-rank 8 in its committed serving args). demo-json adds the demo-json
+# adapter (models/adapters/demo-json: a peft fine-tune of demo-base, made by the
+# demo-adapter-json stage, that answers as {"answer": ...}); it differs from demo-lora in its
+# adapter alone, so promote loads the adapter into the running engine and moves the route.
+# demo-json-bad is the same adapter trained on mislabelled data: its own suite blocks it.
+LORA=manifests/demo-lora.yaml
+JSON=manifests/demo-json.yaml
+JSON_BAD=manifests/demo-json-bad.yaml
+step "adapters: build demo-lora, demo-json and demo-json-bad (each adapter scored by its own suite through the server)"
+releasekit build "$LORA" "$JSON" "$JSON_BAD"
+for m in "$LORA" "$JSON" "$JSON_BAD"; do
+  releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
+done
+
+step "demo-lora to staging: bf16 on an engine that takes adapters at run time (the one new engine of this part)"
+promote_or_stop "$LORA" --to staging --no-canary --reason "demo: an engine ready for adapters"
+expect promoted staging "$LORA"
+
+step "the demo-json adapter to staging on the running engine, under 4 streaming clients on the base"
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 4 >.releasekit/demo-adapter-traffic.out 2>&1 &
+BASE_CLIENTS=$!
+BG=("$BASE_CLIENTS")
+python scripts/demo_adapters.py engines >.releasekit/demo-engines-before.txt
+python scripts/demo_adapters.py ask --url "$STAGING_GW" --model demo-json
+PROMOTE_AT=$(date +%s.%N)
+python scripts/demo_adapters.py first-answer --url "$STAGING_GW" --model demo-json --since "$PROMOTE_AT" \
+  >.releasekit/demo-adapter-first.out 2>&1 &
+FIRST=$!
+promote_or_stop "$JSON" --to staging --no-canary --reason "demo: the demo-json adapter"
+wait "$FIRST" || true
+cat .releasekit/demo-adapter-first.out
+python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-before.txt || exit 1
+expect promoted staging "$JSON"
+
+step "demo-json-bad, the same adapter trained on mislabelled data: blocked by its suite"
+expect_blocked releasekit promote "$JSON_BAD" --to staging --no-canary --reason "demo: a bad adapter"
+expect blocked staging "$JSON_BAD" --by "suite json"
+
+step "roll the adapter back: staging's route moves back to demo-lora, the engine stays"
+releasekit rollback staging --reason "demo: take the adapter back"
+note "rolled back in staging: demo-json" --by "rollback: the route moved back, the engine stayed"
+python scripts/demo_adapters.py ask --url "$STAGING_GW" --model demo-json
+python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-before.txt || exit 1
+sleep 2
+kill "$BASE_CLIENTS"; wait "$BASE_CLIENTS" || true
+BG=()
+echo "the 4 streaming clients on the base through the adapter's promotion and rollback:"
+cat .releasekit/demo-adapter-traffic.out
+if grep -qv ", 0 failed" .releasekit/demo-adapter-traffic.out; then
+  echo "demo: stopped, a client on the base lost a request while the adapter moved (above)" >&2
+  exit 1
+fi
+# ---- end of LoRA adapters ----------------------------------------------------------------
+
 step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
 releasekit history --env staging --limit 6

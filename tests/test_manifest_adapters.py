@@ -168,3 +168,36 @@ def test_validate_reports_a_missing_adapter_folder_and_a_base_mismatch(proj: Pat
     res = runner.invoke(app, ["validate", str(path)])
     assert res.exit_code != 0
     assert "adapters[0].base: critic was trained on base weights 1111" in res.output
+
+
+def test_the_demos_adapter_releases_share_demo_loras_engine() -> None:
+    """demo-json and demo-json-bad differ from demo-lora in their adapter alone: one serving
+    key (promote reuses the running engine), three release ids; demo-bf16, without LoRA in
+    its engine arguments, is another engine."""
+    from releasekit.promote.context import serving_key
+
+    repo = Path(__file__).resolve().parents[1]
+    locks = {
+        name: lockmod.build_lock(load_manifest(repo / "manifests" / f"{name}.yaml", root=repo))
+        for name in ("demo-lora", "demo-json", "demo-json-bad", "demo-bf16")
+    }
+    keys = {name: serving_key(lk) for name, lk in locks.items()}
+    assert keys["demo-lora"] == keys["demo-json"] == keys["demo-json-bad"]
+    assert keys["demo-bf16"] != keys["demo-lora"]
+    assert len({lk.release_id for lk in locks.values()}) == 4
+    good, bad = (adapters_of(locks[n].inputs)["demo-json"] for n in ("demo-json", "demo-json-bad"))
+    assert good != bad
+    for name in ("demo-json", "demo-json-bad"):
+        committed = lockmod.read_lock(repo / "manifests" / f"{name}.lock.json")
+        assert committed.release_id == locks[name].release_id
+
+
+def test_a_builds_evidence_stage_depends_on_its_adapters() -> None:
+    """DVC reruns the evidence stage when an adapter's files change: the folder is a dep."""
+    from releasekit.build.pipeline import plan, stage_defs
+    from releasekit.config import load_settings
+
+    repo = Path(__file__).resolve().parents[1]
+    settings = load_settings(root=repo)
+    defs = stage_defs(settings, plan(settings, repo / "manifests" / "demo-json.yaml"))
+    assert "models/adapters/demo-json" in defs["demo-json-evidence"]["deps"]

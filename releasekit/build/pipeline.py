@@ -182,6 +182,7 @@ def stage_defs(settings: Settings, p: PlannedRelease) -> dict[str, dict[str, Any
     if m.prompts.system is not None:
         deps.append(r(p.lm.resolve(m.prompts.system.file)))
     deps += [r(p.lm.resolve(s.path)) for s in m.eval.suites]
+    deps += [r(p.lm.resolve(a.path)) for a in m.adapters]  # served and scored with the base
     if m.eval.judge is not None:
         deps.append(r(p.lm.resolve(m.eval.judge.prompt)))
     defs[stage_name(m.name, "evidence")] = stage(

@@ -30,6 +30,7 @@ PAGES = [
     "concepts/progressive-delivery.md",
     "concepts/live-answers.md",
     "concepts/live-quality.md",
+    "concepts/adapters.md",
     "concepts/ledger.md",
     "concepts/scale-out.md",
     "threat-models.md",
