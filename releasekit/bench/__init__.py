@@ -1,6 +1,7 @@
 """Load testing: a streaming load generator, latency/throughput statistics, server-side
 metric deltas, the cross-check of the client against the server, the knee of a repeated
-sweep (and whether it is stable) and its plot.
+sweep (and whether it is stable) and its plot; for a release with LoRA adapters, sweeps with
+1 to max-loras adapters in traffic and what each costs against the base alone.
 
     result = run_bench("http://127.0.0.1:8000", "demo", load_profile(path))
     write_outputs(result, Path("results/<release_id>/bench"))  # evidence and its plot
@@ -8,11 +9,13 @@ sweep (and whether it is stable) and its plot.
 
 from __future__ import annotations
 
+from releasekit.bench.adapter_cost import AdapterCostRow, adapter_cost
 from releasekit.bench.loadgen import LoadClient, RequestRecord
+from releasekit.bench.release import bench_release
+from releasekit.bench.result import AdapterSweep
 from releasekit.bench.runner import (
     DEFAULT_REPETITIONS,
     BenchResult,
-    bench_release,
     load_bench,
     point_label,
     profile_repetitions,
@@ -33,6 +36,8 @@ from releasekit.bench.stats import (
 
 __all__ = [
     "DEFAULT_REPETITIONS",
+    "AdapterCostRow",
+    "AdapterSweep",
     "BenchResult",
     "CrossCheck",
     "LatencySummary",
@@ -43,6 +48,7 @@ __all__ = [
     "RunSummary",
     "ServerDelta",
     "Spread",
+    "adapter_cost",
     "bench_release",
     "find_knee",
     "load_bench",

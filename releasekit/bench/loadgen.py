@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
@@ -167,14 +167,19 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
 
 def iter_specs(
     profile: LoadProfile,
-    model: str,
+    model: str | Sequence[str],
     *,
     key: int,
     tokens_per_word: float = 1.0,
     batch: int = 64,
 ) -> Iterator[RequestSpec]:
     """An endless, seeded stream of request specs for one load point (`key` keeps the
-    prompts of different points apart, so the prefix cache does not favour later points)."""
+    prompts of different points apart, so the prefix cache does not favour later points).
+    Given several models, request i asks for model i mod len(models): round-robin, the same
+    in every run."""
+    models = [model] if isinstance(model, str) else list(model)
+    if not models:
+        raise BenchError("no model to send requests to")
     rng = np.random.default_rng([profile.seed, key])
     tpw = max(tokens_per_word, 1e-3)
     index = 0
@@ -186,7 +191,7 @@ def iter_specs(
             text = " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=words))
             yield RequestSpec(
                 index=index,
-                body=request_body(profile, model, text, int(o_len)),
+                body=request_body(profile, models[index % len(models)], text, int(o_len)),
                 prompt_words=words,
                 max_tokens=int(o_len),
             )

@@ -1,5 +1,6 @@
 """The sweep plot: output-token throughput against TTFT and E2E percentiles, the knee marked,
-points the cross-check did not trust crossed out in red with their flags."""
+points the cross-check did not trust crossed out in red with their flags; below them, for a
+release with adapters, what serving N adapters costs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from releasekit._support import plots
+from releasekit.bench.adapter_cost import adapter_cost_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -109,10 +111,21 @@ def _panel(
 def plot_sweep(result: BenchResult, path: Path) -> None:
     """Write a PNG with two panels (TTFT, E2E) across the sweep; the knee is starred."""
     points = sorted(result.points, key=lambda p: p.load)
+    # With adapter sweeps, their cost table goes below the panels, in fixed-width text.
+    table = adapter_cost_text(result)
+    extra = 0.15 * (table.count("\n") + 1) + 0.15 if table else 0.0
+    height = 5 + extra
     # Fixed margins (the two panels' labels are short and known): see _support.plots.
     fig, (ax_ttft, ax_e2e) = plots.figure(
-        12, 5, dpi=110, margins=(0.06, 0.985, 0.11, 0.88), cols=2, wspace=0.22
+        12,
+        height,
+        dpi=110,
+        margins=(0.06, 0.985, (0.55 + extra) / height, 1 - 0.6 / height),
+        cols=2,
+        wspace=0.22,
     )
+    if table:
+        fig.text(0.06, 0.1 / height, table, family="monospace", fontsize=8, va="bottom")
     _panel(ax_ttft, points, "ttft", "TTFT", result.slo.ttft_s, result.knee)
     _panel(ax_e2e, points, "e2e", "E2E", result.slo.e2e_s, result.knee)
     who = result.release_id[:12] if result.release_id else result.model

@@ -1,4 +1,5 @@
-"""The load-test result: every load point of a sweep, the knee and how it was found."""
+"""The load-test result: every load point of a sweep, the knee and how it was found, and the
+sweeps with LoRA adapters in traffic."""
 
 from __future__ import annotations
 
@@ -12,6 +13,26 @@ from releasekit.spec.loadprofile import SLO
 from releasekit.spec.measured import MeasuredOn
 
 
+class AdapterSweep(BaseModel):
+    """One sweep of the profile's points (one run) with requests spread round-robin over the
+    base and `adapters` LoRA adapters on the same engine: what serving that many costs."""
+
+    adapters: int = Field(description="LoRA adapters in traffic (besides the base)")
+    models: list[str] = Field(description="the model names requests went to, round-robin")
+    copies: list[str] = Field(
+        default_factory=list,
+        description="extra copies of the release's adapters loaded for this sweep (a release "
+        "with fewer adapters than `adapters`), unloaded after",
+    )
+    points: list[PointResult]
+    knee: PointResult | None = None
+    knee_stop: str | None = Field(None, description="what stopped the knee where it is")
+    knee_rule: str | None = Field(None, description="the knee rule, in words")
+    ttft_p95_s_at_knee: float | None = None
+    goodput_at_knee: float | None = Field(None, description="req/s meeting every SLO")
+    client_cpu_s: float | None = None
+
+
 class BenchResult(BaseModel):
     """A load-test result: one PointResult per load point (pooled over its repetitions) and
     the knee. `requests` (the raw per-request records) is written to requests.jsonl, not
@@ -21,6 +42,10 @@ class BenchResult(BaseModel):
     profile_digest: str | None = None
     profile_name: str
     model: str
+    models: list[str] = Field(
+        default_factory=list,
+        description="the model names requests were spread over, round-robin (empty: `model` alone)",
+    )
     base_url: str
     api: Literal["chat", "completions"]
     mode: Literal["concurrency", "rate"]
@@ -66,4 +91,19 @@ class BenchResult(BaseModel):
     server_memory_peak_bytes: int | None = Field(
         None, description="the same, after the load test (weights plus the KV cache in use)"
     )
+    adapters: list[str] = Field(
+        default_factory=list, description="the LoRA adapters the release carries, by name"
+    )
+    adapter_sweeps: list[AdapterSweep] = Field(
+        default_factory=list,
+        description="after the main sweep (the base alone): one sweep per count of adapters "
+        "in traffic, 1 to the engine's max-loras (empty: a release without adapters)",
+    )
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+
+    @property
+    def adapter_sweep(self) -> AdapterSweep | None:
+        """The sweep with as many adapters in traffic as the release carries (None: no
+        adapters, or no such sweep)."""
+        n = len(self.adapters)
+        return next((s for s in self.adapter_sweeps if n and s.adapters == n), None)

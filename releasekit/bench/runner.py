@@ -1,7 +1,7 @@
 """Run a load profile against a server (warm-up, then the sweep `repetitions` times, each run
 of a point bracketed by /metrics scrapes and cross-checked against them), pool each point's
 runs with their spread, choose the knee and say whether reruns agree on it, write and read
-the outputs, and bench a locked release on its own vLLM server."""
+the outputs. Benching a locked release on its own vLLM server is `bench.release`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import datetime as dt
 import os
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit._support.http import async_http_client
-from releasekit._support.procs import sigterm_as_interrupt
 from releasekit._support.progress import (
     Progress,
 )
@@ -53,11 +52,8 @@ from releasekit.bench.stats import (
     runs_needed,
 )
 from releasekit.bench.streams import to_record
-from releasekit.config import Settings
 from releasekit.errors import BenchError
-from releasekit.serving.vllm import api_key_of, serve_release
-from releasekit.spec.loadprofile import LoadProfile, load_profile
-from releasekit.spec.lock import locked_release, serving_args
+from releasekit.spec.loadprofile import LoadProfile
 from releasekit.spec.measured import measure_host
 
 PointCallback = Callable[[PointResult], None]
@@ -122,7 +118,7 @@ def _run_async(coro: Coroutine[Any, Any, BenchResult]) -> BenchResult:
 
 def run_bench(
     base_url: str,
-    model: str,
+    model: str | Sequence[str],
     profile: LoadProfile,
     *,
     release_id: str | None = None,
@@ -135,6 +131,9 @@ def run_bench(
     max_num_seqs: int | None = None,
 ) -> BenchResult:
     """Run `profile` against the OpenAI-compatible server at `base_url` serving `model`.
+    Given a list of model names (a base and its LoRA adapters), each point's requests are
+    spread over them round-robin (request i asks for model i mod n; the same in every run),
+    and the result is recorded under the first.
 
     Warm-up requests run first and are excluded from statistics. The sweep then runs
     `repetitions` times (default: `profile_repetitions(profile)`); every run of a point is
@@ -150,15 +149,18 @@ def run_bench(
     --api-key.
 
     Raises ServerUnreachableError if the server does not answer, BenchError if it does not
-    serve `model` or if no request of the whole sweep completed.
+    serve `model` (each of them) or if no request of the whole sweep completed.
     """
     reps = repetitions if repetitions is not None else profile_repetitions(profile)
     if reps < 1:
         raise BenchError(f"repetitions must be at least 1, not {reps}")
+    models = [model] if isinstance(model, str) else list(model)
+    if not models:
+        raise BenchError("no model to load-test: give at least one model name")
     return _run_async(
         _bench(
             base_url.rstrip("/"),
-            model,
+            models,
             profile,
             release_id=release_id,
             profile_digest=profile_digest,
@@ -197,7 +199,7 @@ def pool_size(profile: LoadProfile) -> int:
 
 async def _bench(
     base_url: str,
-    model: str,
+    models: list[str],
     profile: LoadProfile,
     *,
     release_id: str | None,
@@ -221,6 +223,7 @@ async def _bench(
     runs: dict[int, list[PointResult]] = {i: [] for i in range(len(sweep.points))}
     point_records: dict[int, list[RequestRecord]] = {i: [] for i in range(len(sweep.points))}
     points: list[PointResult] = []
+    model = models[0]
     async with (
         LoadClient(
             base_url,
@@ -234,7 +237,8 @@ async def _bench(
             headers=auth_headers(api_key),
         ) as meta,
     ):
-        await check_server(meta, model)
+        for name in dict.fromkeys(models):
+            await check_server(meta, name)
         tpw = await tokens_per_word(meta, model)
 
         def ticker(label: str, total: int) -> Callable[[], None] | None:
@@ -256,7 +260,7 @@ async def _bench(
             raws = await run_closed_loop(
                 client,
                 path,
-                iter_specs(profile, model, key=_WARMUP_KEY, tokens_per_word=tpw),
+                iter_specs(profile, models, key=_WARMUP_KEY, tokens_per_word=tpw),
                 concurrency=min(warm_n, _WARMUP_CONCURRENCY),
                 requests=warm_n,
                 duration_s=None,
@@ -275,7 +279,7 @@ async def _bench(
                     label += f" (run {rep + 1}/{repetitions})"
                 # Each repetition sends the same requests: runs differ only by the server.
                 specs: Iterable[RequestSpec] = iter_specs(
-                    profile, model, key=idx, tokens_per_word=tpw
+                    profile, models, key=idx, tokens_per_word=tpw
                 )
                 if sweep.requests_per_point is not None:
                     # Build every body before the clock starts.
@@ -321,6 +325,7 @@ async def _bench(
         profile_digest=profile_digest,
         profile_name=profile.name,
         model=model,
+        models=models if len(models) > 1 else [],
         base_url=base_url,
         api=profile.api,
         mode=sweep.mode,
@@ -478,64 +483,3 @@ def load_bench(path: Path) -> BenchResult:
     except (ValidationError, ValueError, OSError) as exc:
         raise BenchError(f"unreadable bench result {file}: {exc}") from exc
     return result
-
-
-def bench_release(
-    manifest_path: Path | str,
-    *,
-    settings: Settings,
-    out_dir: Path | None = None,
-    port: int | None = None,
-    progress: Progress | None = None,
-    on_point: PointCallback | None = None,
-    repetitions: int | None = None,
-) -> tuple[BenchResult, Path]:
-    """Lock a manifest, serve its release (`releasekit.server.serve_release`: the quantised
-    model under results/<release_id>/ once built, else model.source; its exact engine
-    arguments and environment), run its load profile, write the outputs (default
-    results/<release_id>/bench) and stop the server, also on Ctrl-C or SIGTERM. The server
-    listens on `port`, or on a free one. `repetitions` overrides the profile's.
-
-    Raises ReleaseNotBuiltError for a quantised release that was not built yet.
-
-    Returns the result and the folder it was written to.
-    """
-    lm, lk = locked_release(manifest_path, root=settings.root)
-    m = lm.manifest
-    profile = load_profile(lm.resolve(m.load.profile))
-    out = out_dir or settings.release_dir(lk.release_id) / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    api_key = api_key_of(m)
-    max_num_seqs = _max_num_seqs(serving_args(m))
-    server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
-    with sigterm_as_interrupt():
-        if progress is not None:
-            progress("starting vLLM", 0, 0)
-        with server:
-            if progress is not None:
-                progress("starting vLLM", 1, 1)
-            result = run_bench(
-                server.base_url,
-                m.served_name,
-                profile,
-                release_id=lk.release_id,
-                profile_digest=lk.inputs.get("load/profile"),
-                progress=progress,
-                on_point=on_point,
-                api_key=api_key,
-                repetitions=repetitions,
-                max_num_seqs=max_num_seqs,
-            )
-            # A server that died during the sweep left errors, not evidence.
-            server.check_alive()
-    write_outputs(result, out)
-    return result, out
-
-
-def _max_num_seqs(args: dict[str, str]) -> int | None:
-    """The release's max-num-seqs engine argument, when it sets one."""
-    raw = args.get("max-num-seqs")
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        return None

@@ -109,9 +109,12 @@ def _stage_eval(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress)
 
 def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progress) -> Path:
     """Load test and evaluation on one vLLM server: a cold build starts vLLM once per release
-    (bench first, on an idle server; then the suites). Writes bench/ and eval/."""
+    (bench first, on an idle server: the main sweep on the base, then for a release with
+    adapters the sweeps with 1 to max-loras adapters in traffic; then the suites). Writes
+    bench/ and eval/."""
     from releasekit.bench import run_bench
     from releasekit.bench import write_outputs as write_bench
+    from releasekit.bench.release import add_adapter_sweeps
     from releasekit.evaluate import run_eval
     from releasekit.evaluate import write_outputs as write_eval
 
@@ -138,6 +141,8 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
         server.check_alive()
         bench.server_memory_bytes = loaded_bytes
         bench.server_memory_peak_bytes = server.memory_bytes()
+        add_adapter_sweeps(bench, server, m, profile, progress=say)
+        server.check_alive()
         evaluation = run_eval(
             server.base_url, m.served_name, lm, release_id=lk.release_id, progress=say
         )

@@ -29,6 +29,12 @@ from releasekit.capacity.evidence import (
     release_files,
     release_model_dir,
 )
+from releasekit.capacity.plan_adapters import (
+    adapter_bench,
+    adapter_note,
+    adapters_label,
+    in_traffic,
+)
 from releasekit.capacity.plan_arithmetic import (
     check_hand,
     check_traffic,
@@ -341,16 +347,24 @@ def plan_from_bench(
     `scale_cores`, when the per-unit rate and concurrency scale in proportion to the cores,
     shown as a step and a warning. A bench that records no host cannot be matched.
 
+    A release with LoRA adapters plans from the sweep with as many adapters in traffic as it
+    carries (`plan_adapters.adapter_bench`), and says so; one without adapter sweeps from
+    the base's.
+
     Raises CapacityError for bad numbers, CapacityEvidenceError when the sweep has no knee.
     """
     check_traffic(traffic)
+    full = bench
+    bench, sweep = adapter_bench(bench)
     knee = bench.knee
     who = f"release {release_id[:12]}" if release_id else f"bench of {bench.model}"
+    with_adapters = f", {adapters_label(sweep.adapters)}" if sweep is not None else ""
+    sweep_name = f"the sweep {in_traffic(sweep.adapters)}" if sweep is not None else "the sweep"
     factor = _cores_factor(who, bench, unit_cores, scale=scale_cores)
     if knee is None:
         why = bench.knee_stop or "no load point met its SLOs"
         raise CapacityEvidenceError(
-            f"{who}: the sweep has no knee to plan from ({why})",
+            f"{who}: {sweep_name} has no knee to plan from ({why})",
             remedy="add lighter load points to the load profile (or revisit its SLOs), fix "
             "what the bench flagged, and rerun `releasekit bench`; or plan by hand with "
             "--concurrency, --tokens-per-second, --output-tokens",
@@ -360,7 +374,7 @@ def plan_from_bench(
         raise CapacityEvidenceError(f"{who}: the knee has no completed request with an E2E time")
     peak = peak_rate(traffic.daily_requests, traffic.peak_hours, traffic.peak_factor)
     measured_rate = knee.request_throughput
-    where = point_label(bench.mode, knee.load)
+    where = point_label(bench.mode, knee.load) + with_adapters
     steps = [
         _peak_step(traffic, peak),
         Step(
@@ -452,7 +466,7 @@ def plan_from_bench(
     if max_num_seqs is None:
         max_num_seqs = bench.max_num_seqs
     measured = _measured(bench, knee, max_num_seqs)
-    notes = []
+    notes = [adapter_note(full, sweep)] if sweep is not None else []
     if max_num_seqs is None:
         notes.append("max-num-seqs is not set in the release's serving args (vLLM's default)")
     if bench.repetitions < 2:
@@ -470,7 +484,7 @@ def plan_from_bench(
         *_seqs_warning(concurrency, max_num_seqs),
         *_length_warnings(traffic, measured),
     ]
-    return _finish(
+    plan = _finish(
         traffic,
         peak=peak,
         unit=unit,
@@ -480,6 +494,8 @@ def plan_from_bench(
         measured=measured,
         release_id=release_id or bench.release_id,
     )
+    plan.adapters_in_traffic = sweep.adapters if sweep is not None else None
+    return plan
 
 
 def _cores_factor(who: str, bench: BenchResult, unit_cores: float | None, *, scale: bool) -> float:

@@ -131,6 +131,11 @@ class CapacityPlan(BaseModel):
     warnings: list[PlanWarning] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     measured: Measured | None = None
+    adapters_in_traffic: int | None = Field(
+        None,
+        description="planned from the knee of the sweep with this many LoRA adapters in "
+        "traffic, the count the release carries (None: the base's own sweep)",
+    )
     plot: str | None = None
 
 

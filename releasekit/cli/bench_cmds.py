@@ -18,6 +18,7 @@ from releasekit.bench import (
     run_bench,
     write_outputs,
 )
+from releasekit.bench.adapter_cost import HEADER, adapter_cost, adapter_cost_title, cells
 from releasekit.cli._common import (
     JsonOpt,
     State,
@@ -220,6 +221,21 @@ def knee_line(result: BenchResult) -> str:
     )
 
 
+def adapter_table(result: BenchResult) -> Table | None:
+    """What serving N adapters costs (`bench.adapter_cost`); None without adapter sweeps."""
+    rows = adapter_cost(result)
+    if not rows:
+        return None
+    t = Table(
+        title=adapter_cost_title(result), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    for col in HEADER:
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        t.add_row(*cells(r, result.mode))
+    return t
+
+
 @handle_errors
 def bench(
     manifest: Annotated[
@@ -259,7 +275,9 @@ def bench(
     json_out: JsonOpt = False,
 ) -> None:
     """Load-test a server: a repeated sweep of load points, latency percentiles, goodput, each
-    point cross-checked against the server's own metrics, and the knee with its spread."""
+    point cross-checked against the server's own metrics, and the knee with its spread. A
+    manifest with LoRA adapters also sweeps with 1 to max-loras adapters in traffic and shows
+    what each costs against the base alone."""
     by_url = url is not None or model is not None or profile is not None
     complete = url is not None and model is not None and profile is not None
     if (manifest is not None and by_url) or (manifest is None and not complete):
@@ -305,5 +323,8 @@ def bench(
         return
     out.print(summary_table(result))
     out.print(knee_line(result))
+    costs = adapter_table(result)
+    if costs is not None:
+        out.print(costs)
     if written is not None:
         out.print(f"wrote {esc(written)}/bench.json, bench.png, requests.jsonl")

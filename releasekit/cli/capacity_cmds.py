@@ -20,6 +20,7 @@ from releasekit.capacity import (
     roofline_release,
 )
 from releasekit.capacity.plan import Step, num
+from releasekit.capacity.plan_adapters import adapters_label
 from releasekit.capacity.plot import default_plot_path, plot_plan
 from releasekit.capacity.roofline import Memory
 from releasekit.cli._common import JsonOpt, State, emit_json, esc, handle_errors, out, table
@@ -59,6 +60,8 @@ def _print_steps(title: str, steps: list[Step]) -> None:
 
 def _print_plan(plan: CapacityPlan) -> None:
     who = f"release {plan.release_id[:12]}" if plan.release_id else "by hand"
+    if plan.adapters_in_traffic:
+        who += f", {adapters_label(plan.adapters_in_traffic)}"
     _print_steps(f"capacity plan ({who})", plan.steps)
     u = plan.unit
     rows: list[tuple[str, str]] = [
