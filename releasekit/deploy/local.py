@@ -5,9 +5,10 @@ Servers and the gateway outlive the releasekit command that started them (own se
 parent-death signal); their pids and ports live in the deploy state file
 (deploy/state.py), recorded as soon as a process exists. `LocalTarget.reconcile()` runs at
 the start of every command: it forgets processes that died, stops servers a crashed command
-left half-started, and stops warm servers whose warm period is over. A small detached
+left half-started, stops warm servers whose warm period is over and unloads the adapter
+versions kept warm on a live engine (deploy/warm_adapters.py) once theirs is. A small detached
 "expirer" (`python -m releasekit.deploy.local expire --state-dir DIR --env ENV`) does the
-last one on time when no command runs; it exits once no warm server is left.
+last two on time when no command runs; it exits once nothing warm is left.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from releasekit.deploy.target import (
     SmokeResult,
     Upstream,
 )
+from releasekit.deploy.warm_adapters import adapter_deadlines, drain_unrouted, unload_expired
 from releasekit.errors import AdapterLoadError, ServerUnreachableError
 from releasekit.serving.adapters import RUNTIME_ENV, ensure_adapters
 from releasekit.serving.host import (
@@ -268,8 +270,8 @@ class LocalTarget(DeployTarget):
 
     def reconcile(self, *, now: float | None = None) -> list[str]:
         """Bring the state in line with the processes: forget dead ones, stop servers a
-        crashed command left `starting`, stop warm servers past their warm period.
-        Returns what it did, in words."""
+        crashed command left `starting`, stop warm servers past their warm period and unload
+        warm adapters past theirs. Returns what it did, in words."""
         now = time.time() if now is None else now
         notes: list[str] = []
         st = self._state
@@ -293,6 +295,8 @@ class LocalTarget(DeployTarget):
                 continue
             keep.append(s)
         st.servers = keep
+        drain_s = self.config.drain_deadline_s
+        notes += unload_expired(st, now=now, drain=lambda: drain_unrouted(st, drain_s)).notes
         self.handle.save()
         return notes
 
@@ -569,8 +573,12 @@ class LocalTarget(DeployTarget):
     # -- warm period -------------------------------------------------------------------
 
     def spawn_expirer(self) -> None:
-        """Start the detached expirer that stops warm servers when their period ends."""
-        if not any(s.role == "warm" and s.warm_until for s in self._state.servers):
+        """Start the detached expirer that stops warm servers and unloads warm adapters when
+        their period ends."""
+        st = self._state
+        if not any(s.role == "warm" and s.warm_until for s in st.servers) and not (
+            adapter_deadlines(st)
+        ):
             return
         spawn_detached(
             [
@@ -601,8 +609,9 @@ def expire_warm(
     now: float | None = None,
 ) -> int:
     """Stop `env`'s warm servers whose warm period is over (under the env's lock), after
-    the gateway has nothing in flight to them (up to `drain_deadline_s`); returns how many
-    it stopped."""
+    the gateway has nothing in flight to them (up to `drain_deadline_s`), and unload the
+    warm adapters whose period is over (`unload_expired`); returns how many servers it
+    stopped and adapters it unloaded."""
     stopped = 0
     with env_lock(state_dir, env, timeout_s=3600):
         st = read_state(state_dir, env)
@@ -626,10 +635,12 @@ def expire_warm(
                 stopped += 1
                 continue
             keep.append(s)
-        if stopped:
-            st.servers = keep
+        had_adapters = bool(adapter_deadlines(st))
+        st.servers = keep
+        unloaded = unload_expired(st, now=t, drain=lambda: drain_unrouted(st, drain_deadline_s))
+        if stopped or had_adapters:
             write_state(state_dir, st)
-    return stopped
+    return stopped + len(unloaded.names)
 
 
 def _expire_loop(
@@ -644,6 +655,7 @@ def _expire_loop(
             time.sleep(poll_s)
             continue
         due = [s.warm_until for s in st.servers if s.role == "warm" and s.warm_until is not None]
+        due += adapter_deadlines(st)
         if not due:
             return 0
         if min(due) <= time.time():

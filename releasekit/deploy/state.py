@@ -18,6 +18,7 @@ State file format (`EnvState`, JSON, mode 0600: it holds the gateway's admin tok
                   "pid": 4343, "proc_start": 123456, "model": "demo", "log_path": ...,
                   "role": "live" | "warm" | "starting" | "shadow",
                   "warm_until": 1733050300.0 | null,
+                  "adapters_warm": {"demo-json@0123456789ab": 1733050300.0},
                   "started_at": ..., "target": "local"}, ...]}
 """
 
@@ -69,6 +70,11 @@ class ServerRecord(BaseModel):
     log_path: str
     role: Role
     warm_until: float | None = Field(None, description="unix time a warm server is stopped")
+    adapters_warm: dict[str, float] = Field(
+        default_factory=dict,
+        description="LoRA adapters (engine names) no route carries any more, kept loaded "
+        "for the warm window: engine name -> unix time they are unloaded",
+    )
     started_at: float
     target: str = "local"
     cpu_core: int | None = Field(None, description="the core its vLLM worker is bound to")

@@ -15,7 +15,9 @@ environment's status and `down` in `releasekit.promote.deploy_status`, `env_conf
 5. switch the gateway's table to it atomically;
 6. smoke it again through the environment's gateway;
 7. move the record (the caller's `record`: ledger event via `assign`, then aliases);
-8. drain the old upstream at the gateway, then keep its server warm for `warm_s` or stop it;
+8. drain the old upstream at the gateway, then keep its server warm for `warm_s` or stop it
+   (the adapter versions a reused engine served before and the new route drops stay loaded
+   as long, `ServerRecord.adapters_warm`, then are unloaded);
    after a promotion (`compare_previous`) with the policy's `after_promotion_compare_s` > 0,
    keep it warm at least that window (plus `drain_deadline_s`) and mirror the policy's
    `after_promotion_share` of live requests to it (`Mirror.purpose` `after_promotion`,
@@ -47,6 +49,7 @@ from releasekit.deploy.target import (
     SmokeResult,
     Upstream,
 )
+from releasekit.deploy.warm_adapters import mark_warm
 from releasekit.errors import AdapterLoadError, ReleasekitError
 from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.deploy_models import (
@@ -488,6 +491,13 @@ def _deploy_release(
             if window > 0 and prev is not None and keep.base_url == prev.base_url:
                 keep.warm_until = max(keep.warm_until, now + window + cfg.drain_deadline_s)
             out.warm.append(keep.release_id)
+        if rec is not None:  # adapter versions the new route dropped stay loaded as long
+            until = now + cfg.warm_s
+            if window > 0 and prev is not None and rec.base_url == prev.base_url:
+                until = max(until, now + window + cfg.drain_deadline_s)
+            kept = mark_warm(rec, previous_routes, handle.state.routes, until)
+            if kept:
+                out.notes.append(f"adapters kept loaded for {until - now:g} s: {', '.join(kept)}")
         handle.save()
         if window > 0 and prev is not None:
             _mirror_previous(out, handle, cfg, prev, window=window, until=now + window)

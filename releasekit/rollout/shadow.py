@@ -81,6 +81,7 @@ from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.state import EnvState, locked_state
 from releasekit.deploy.target import ReleaseSpec, ReleaseStartError, Upstream
+from releasekit.errors import AdapterLoadError
 from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.deploy import env_config, target_for
 from releasekit.promote.policy import environment_policy
@@ -253,7 +254,7 @@ def _start_server(target: Any, handle: Any, spec: ReleaseSpec, what: str) -> Ups
     """Start a server for the shadow and record it (role `shadow`: `shadow stop` ends it)."""
     try:
         up: Upstream = target.start(spec)
-    except ReleaseStartError as exc:
+    except (ReleaseStartError, AdapterLoadError) as exc:
         raise ShadowError(f"{what} did not start: {exc.message}") from exc
     rec = target.record(up)
     if rec is not None:

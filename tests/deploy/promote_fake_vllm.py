@@ -11,6 +11,11 @@ keeps streams whole. Steered by its environment (the manifest's `serving.env`):
   FAKE_CHUNK_DELAY_S  seconds between streamed chunks (default 0.01)
   FAKE_START_DELAY_S  seconds before it listens (default 0)
 Like vLLM's CPU build it binds itself to the core VLLM_CPU_OMP_THREADS_BIND names.
+Started with `--enable-lora` it has vLLM's run-time LoRA API: `/v1/load_lora_adapter` (a
+folder that does not exist: 404; a name it holds: 400), `/v1/unload_lora_adapter` (a name it
+does not hold: 404), its adapters listed on `/v1/models` with `parent` and `root`, and a
+request for a model it neither serves nor holds is vLLM's 404; `GET /fake/lora` answers the
+load and unload calls it took, in order. Without the flag those routes are absent.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-KNOWN_FLAGS = {"dtype", "max-model-len", "max-num-seqs", "enforce-eager", "api-key", "seed"}
+KNOWN_FLAGS = {"dtype", "max-model-len", "max-num-seqs", "enforce-eager", "api-key", "seed",
+               "enable-lora", "max-loras", "max-lora-rank"}  # fmt: skip
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -46,8 +52,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)  # unknown flag: "error: unrecognized arguments", exit 2
 
 
-def app(served: str) -> Starlette:
+def app(served: str, *, lora: bool = False) -> Starlette:
     answer = os.environ.get("FAKE_ANSWER", "The answer is 42.")
+    adapters: dict[str, str] = {}  # name -> folder
+    lora_calls: list[list[str]] = []
     delay = float(os.environ.get("FAKE_CHUNK_DELAY_S", "0.01"))
     wrong_on = os.environ.get("FAKE_WRONG_ON", "")
     seq = {"n": 0}
@@ -60,7 +68,43 @@ def app(served: str) -> Starlette:
         return Response(status_code=200)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": served, "object": "model"}]})
+        held = [
+            {"id": name, "object": "model", "parent": served, "root": path}
+            for name, path in adapters.items()
+        ]
+        return JSONResponse({"object": "list", "data": [{"id": served, "object": "model"}, *held]})
+
+    def not_found(message: str) -> Response:
+        return JSONResponse(
+            {"error": {"message": message, "type": "NotFoundError", "code": 404}}, 404
+        )
+
+    async def load_lora(request: Request) -> Response:
+        body = await request.json()
+        name, path = str(body["lora_name"]), str(body["lora_path"])
+        lora_calls.append(["load", name])
+        if name in adapters:
+            return JSONResponse({"error": {"message": f"{name} already loaded"}}, 400)
+        if not os.path.isdir(path):
+            return not_found(f"No adapter found for {path}")
+        adapters[name] = path
+        return Response(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(request: Request) -> Response:
+        name = str((await request.json())["lora_name"])
+        lora_calls.append(["unload", name])
+        if adapters.pop(name, None) is None:
+            return not_found(f"The lora adapter '{name}' cannot be found.")
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def lora_log(request: Request) -> Response:
+        return JSONResponse(lora_calls)
+
+    def unknown(body: dict[str, object]) -> Response | None:
+        model = body.get("model")
+        if lora and isinstance(model, str) and model != served and model not in adapters:
+            return not_found(f"The model `{model}` does not exist.")
+        return None
 
     async def version(request: Request) -> Response:
         return JSONResponse({"version": "fake"})
@@ -85,6 +129,8 @@ def app(served: str) -> Starlette:
 
     async def completions(request: Request) -> Response:
         body = await request.json()
+        if (refused := unknown(body)) is not None:
+            return refused
         n = int(body.get("max_tokens", 16))
         rid = next_id()
         if body.get("stream"):
@@ -93,6 +139,8 @@ def app(served: str) -> Starlette:
 
     async def chat(request: Request) -> Response:
         body = await request.json()
+        if (refused := unknown(body)) is not None:
+            return refused
         n = int(body.get("max_tokens", 16))
         rid = next_id()
         if body.get("stream"):
@@ -110,6 +158,11 @@ def app(served: str) -> Starlette:
             }
         )
 
+    lora_routes = [
+        Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
+        Route("/fake/lora", lora_log),
+    ]
     return Starlette(
         routes=[
             Route("/health", health),
@@ -118,6 +171,7 @@ def app(served: str) -> Starlette:
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            *(lora_routes if lora else []),
         ]
     )
 
@@ -131,7 +185,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # vLLM: abort in-flight requests
     server = uvicorn.Server(
         uvicorn.Config(
-            app(args.served_model_name), host=args.host, port=args.port, log_level="warning"
+            app(args.served_model_name, lora=args.enable_lora is not None),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
         )
     )
     # Served off the main thread, uvicorn installs no signal handlers: SIGTERM stays ours.

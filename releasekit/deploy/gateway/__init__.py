@@ -124,12 +124,16 @@ A route's `adapters` maps the model names clients ask for to the names its engin
 adapters under (`name@digest12`: two versions of one adapter side by side in one engine).
 A JSON body (plain, templated, or a mirror's copy) whose `model` is one of the chosen
 route's adapters goes upstream with `model` set to the engine's name; any other body is
-forwarded byte for byte. When the route has `model` set, a request whose `model` is neither
+forwarded byte for byte. A request whose `model` only some routed releases serve (a canary
+whose release adds an adapter the stable one lacks) goes to one of those, chosen by their
+weights renormalised. When the route has `model` set, a request whose `model` is neither
 it nor one of its adapters gets 404 `{"error": {"message": "The model `x` does not exist
 ...", "type": "NotFoundError", "code": 404}}` and reaches no upstream and no mirror (an
 engine's own name, `demo-json@...`, included); a mirror copy whose target does not serve
 the request's model is dropped. A rollback restores the previous adapters' mapping with its
-table.
+table. When every routed release has `model` set, `GET /v1/models` is answered by the
+gateway from the routes (OpenAI's list: each base's served name, then each adapter's client
+name with `parent` the base; never an engine's name), not relayed to one upstream.
 
 Feedback
 --------
@@ -187,7 +191,8 @@ Modules
 - `errors`     the error tree (GatewayError and its subclasses)
 - `config`     the config file, the route table and the admin API's models
 - `templates`  prompt templates rendered into chat messages
-- `models`     a request's model checked against its route, adapters' names mapped
+- `models`     a request's model checked against its route, adapters' names mapped,
+               the model list answered from the routes
 - `routing`    the routing table and its weighted cursor
 - `limits`     per-key token buckets
 - `metrics`    the gateway's own Prometheus metrics

@@ -39,7 +39,12 @@ from releasekit.deploy.gateway.lease import Lease
 from releasekit.deploy.gateway.limits import header_bytes
 from releasekit.deploy.gateway.metrics import Metrics, endpoint_label
 from releasekit.deploy.gateway.mirror import Mirroring
-from releasekit.deploy.gateway.models import model_not_found, unknown_model
+from releasekit.deploy.gateway.models import (
+    asked_model,
+    model_list,
+    model_not_found,
+    unknown_model,
+)
 from releasekit.deploy.gateway.pairs import MirrorPairs
 from releasekit.deploy.gateway.pairstore import PairStore, prune, prune_to_size
 from releasekit.deploy.gateway.relay import Flight
@@ -386,6 +391,12 @@ class Gateway:
             return admitted
         client, body, payload = admitted
         path = request.scope["path"]
+        if path == "/v1/models" and request.method == "GET":
+            # The routes' names (never an engine's own adapter names), not one upstream's.
+            self.check_lease()
+            listed = model_list(self._table.live(), int(self.started_at))
+            if listed is not None:
+                return listed
         return await self._forward(
             request,
             t0,
@@ -453,7 +464,7 @@ class Gateway:
             self.check_lease()
             # Pin and count in the same step (no await in between): a drain that sees 0 in
             # flight for a release no longer routed can trust it stays 0.
-            route = self._table.pick()
+            route = self._table.pick_for(asked_model(payload))
             if route is None:
                 adm.free()
                 adm.release_client(client)
@@ -465,8 +476,9 @@ class Gateway:
                     code="no_route",
                     headers={"retry-after": "1"},
                 )
-            # A model the route does not serve (an engine's own adapter name included) is
-            # refused here: it reaches no upstream and no mirror.
+            # The pick prefers routes that serve the model asked for; one none serves (an
+            # engine's own adapter name included) is refused here: it reaches no upstream
+            # and no mirror.
             unknown = unknown_model(route, payload)
             if unknown is not None:
                 adm.free()

@@ -1,15 +1,33 @@
 """Model names on the gateway: a request's `model` checked against its route (the base's
 served name and its LoRA adapters' client names) and mapped to the name the engine holds the
-adapter under (`name@digest12`), which no client can name itself."""
+adapter under (`name@digest12`), which no client can name itself; the model list
+(`GET /v1/models`) the gateway answers from its routes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.responses import Response
 
 from releasekit.deploy.gateway.config import Route
-from releasekit.deploy.gateway.responses import error_response, json_bytes
+from releasekit.deploy.gateway.responses import error_response, json_bytes, json_response
+
+
+def asked_model(payload: Any) -> str | None:
+    """The model name a request body asks for (None: no body, no `model`, or not a
+    string: any route takes it, or refuses it alike)."""
+    if isinstance(payload, dict):
+        model = payload.get("model")
+        if isinstance(model, str):
+            return model
+    return None
+
+
+def serves(route: Route, model: str) -> bool:
+    """Whether `route` serves the model name `model`: it has no `model` (anything goes to
+    it), or `model` is the base's served name or one of its adapters' client names."""
+    return route.model is None or model == route.model or model in route.adapters
 
 
 def unknown_model(route: Route, payload: Any) -> str | None:
@@ -20,7 +38,7 @@ def unknown_model(route: Route, payload: Any) -> str | None:
     if route.model is None or not isinstance(payload, dict) or "model" not in payload:
         return None
     model = payload["model"]
-    if isinstance(model, str) and (model == route.model or model in route.adapters):
+    if isinstance(model, str) and serves(route, model):
         return None
     return model if isinstance(model, str) else repr(model)
 
@@ -46,6 +64,31 @@ def engine_body(route: Route, body: bytes, payload: Any) -> bytes:
 def served_models(route: Route) -> list[str]:
     """The model names a client may ask `route` for: the base's, then its adapters'."""
     return ([route.model] if route.model is not None else []) + sorted(route.adapters)
+
+
+def model_list(routes: Sequence[Route], created: int) -> Response | None:
+    """The answer to `GET /v1/models` from the routed `routes`, OpenAI's list as vLLM
+    shapes it: each base's served name, then each route's adapters by their client names
+    (`parent`: the base), each name once; never an engine's own adapter name. None when
+    some route has no `model` (the gateway cannot tell what it serves: its upstream
+    answers) or none is routed."""
+    if not routes or any(r.model is None for r in routes):
+        return None
+    seen: dict[str, dict[str, Any]] = {}
+
+    def entry(name: str, parent: str | None) -> None:
+        seen.setdefault(
+            name,
+            {"id": name, "object": "model", "created": created, "owned_by": "releasekit",
+             "root": name, "parent": parent},
+        )  # fmt: skip
+
+    for r in routes:
+        entry(str(r.model), None)
+    for r in routes:
+        for name in sorted(r.adapters):
+            entry(name, r.model)
+    return json_response({"object": "list", "data": list(seen.values())}, 200)
 
 
 def model_not_found(route: Route, model: str) -> Response:

@@ -9,6 +9,7 @@ import random
 from collections.abc import Sequence
 
 from releasekit.deploy.gateway.config import Route
+from releasekit.deploy.gateway.models import serves
 
 # The OpenAI routes of vLLM's server the gateway forwards, with their methods. Anything else
 # (vLLM's admin and dev routes, other paths, other methods) never reaches an upstream; a path
@@ -30,7 +31,9 @@ _RNG = random.SystemRandom()
 class Table:
     """An immutable set of routes; `pick` chooses a live one at random in proportion to the
     weights (from the OS's random source: a client cannot predict, and so aim at, which
-    release its next request goes to)."""
+    release its next request goes to). A request for a model only some routes serve (a
+    canary whose release adds an adapter) is picked among those, their weights
+    renormalised."""
 
     __slots__ = ("_cum", "_live", "_total", "generation", "routes")
 
@@ -47,7 +50,12 @@ class Table:
     def routed(self, release_id: str) -> bool:
         return any(r.release_id == release_id for r in self._live)
 
+    def live(self) -> list[Route]:
+        """The routes that take traffic (weight > 0)."""
+        return list(self._live)
+
     def pick(self) -> Route | None:
+        """A routed route at random, in proportion to the weights."""
         live = self._live
         if len(live) == 1:
             return live[0]
@@ -55,3 +63,20 @@ class Table:
             return None
         i = bisect.bisect_right(self._cum, _RNG.random() * self._total)
         return live[min(i, len(live) - 1)]
+
+    def pick_for(self, model: str | None) -> Route | None:
+        """`pick()`, and when the route it picked does not serve `model`, a pick among the
+        routes that do (so each of those is chosen in proportion to its weight among them);
+        when none does, the first pick (which then refuses the model)."""
+        route = self.pick()
+        if route is None or model is None or serves(route, model):
+            return route
+        serving = [r for r in self._live if serves(r, model)]
+        return _weighted(serving) if serving else route
+
+
+def _weighted(routes: Sequence[Route]) -> Route:
+    """One of `routes` (weights > 0) at random, in proportion to their weights."""
+    cum = list(itertools.accumulate(r.weight for r in routes))
+    i = bisect.bisect_right(cum, _RNG.random() * cum[-1])
+    return routes[min(i, len(routes) - 1)]
