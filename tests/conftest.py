@@ -15,6 +15,7 @@ from project_copy import DEMO_MODEL, REPO, make_project
 from promote_kit import mlflow_template_db
 
 from releasekit.config import Settings, load_settings
+from releasekit.serving.adapters import RUNTIME_ENV
 from releasekit.serving.vllm import ServerInfo, VLLMServer
 
 # A shell without job control starts a background job (`cmd &`) with Ctrl-C ignored, and
@@ -116,6 +117,8 @@ def demo_model() -> Path:
 
 
 def _session_server(model: Path, log: Path) -> VLLMServer:
+    """The session's one vLLM: the demo model as demo-lora serves it (bf16, and ready to
+    load LoRA adapters at run time, which the adapter tests do)."""
     return VLLMServer(
         model,
         served_name="demo",
@@ -124,8 +127,11 @@ def _session_server(model: Path, log: Path) -> VLLMServer:
             "max-model-len": "512",
             "max-num-seqs": "32",
             "enforce-eager": "",
+            "enable-lora": "",
+            "max-loras": "2",
+            "max-lora-rank": "8",
         },
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", **RUNTIME_ENV},
         python=Path(sys.executable),
         log_path=log,
         start_timeout_s=300,

@@ -22,8 +22,14 @@ import yaml
 
 from releasekit.config import Settings
 from releasekit.errors import AdapterLoadError
-from releasekit.serving.adapters import RUNTIME_ENV
-from releasekit.serving.vllm import VLLMServer, serve_release
+from releasekit.serving.adapters import (
+    RUNTIME_ENV,
+    ensure_adapters,
+    load_adapter,
+    loaded_adapters,
+    unload_adapter,
+)
+from releasekit.serving.vllm import ServerInfo, VLLMServer, serve_release
 from releasekit.spec.adapters import weights_digest
 from releasekit.spec.lock import locked_release
 
@@ -249,25 +255,6 @@ def _peft_adapter(demo_model: Path, out: Path, rank: int) -> Path:
     return out
 
 
-def _real_server(demo_model: Path, log: Path, adapters: dict[str, Path]) -> WatchedServer:
-    return WatchedServer(
-        demo_model,
-        served_name="demo",
-        engine_args={
-            "dtype": "bfloat16",
-            "max-model-len": "512",
-            "max-num-seqs": "4",
-            "enforce-eager": "",
-            **LORA_ARGS,
-        },
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-        python=Path(sys.executable),
-        log_path=log,
-        start_timeout_s=300,
-        adapters=adapters,
-    )
-
-
 def _complete(base_url: str, model: str) -> httpx.Response:
     body = {"model": model, "prompt": "The capital of", "max_tokens": 4, "temperature": 0.0}
     body["logprobs"] = 1
@@ -276,24 +263,34 @@ def _complete(base_url: str, model: str) -> httpx.Response:
 
 @pytest.mark.slow
 def test_the_real_engine_serves_an_adapter_by_name_and_refuses_a_rank_above_its_max(
-    demo_model: Path, tmp_path: Path
+    vllm_server: ServerInfo, demo_model: Path, tmp_path: Path
 ) -> None:
+    """On the session's vLLM (started LoRA-ready, as a release with adapters is): an adapter
+    loaded at run time answers under its name and moves the base's probabilities; an unknown
+    name is a 404; a rank above the engine's max-lora-rank is refused in one line and the
+    engine keeps serving."""
+    url = vllm_server.base_url
     ad8 = _peft_adapter(demo_model, tmp_path / "r8", 8)
     ad16 = _peft_adapter(demo_model, tmp_path / "r16", 16)
-    with _real_server(demo_model, tmp_path / "ok.log", {"json-ad": ad8}) as server:
-        models = webclient.get(f"{server.base_url}/v1/models", timeout=10).json()["data"]
+    assert ensure_adapters(url, {"json-ad": ad8}) == ["json-ad"]
+    try:
+        assert ensure_adapters(url, {"json-ad": ad8}) == []  # held already: nothing loaded
+        assert loaded_adapters(url)["json-ad"] == str(ad8)
+        models = webclient.get(f"{url}/v1/models", timeout=10).json()["data"]
         held = {m["id"]: m for m in models}
         assert held["json-ad"]["parent"] == "demo"
-        base, lora = _complete(server.base_url, "demo"), _complete(server.base_url, "json-ad")
+        base, lora = _complete(url, "demo"), _complete(url, "json-ad")
         assert base.status_code == lora.status_code == 200, lora.text
         assert lora.json()["model"] == "json-ad"
         # A random adapter moves the base's token probabilities.
         lp = [r.json()["choices"][0]["logprobs"]["token_logprobs"] for r in (base, lora)]
         assert lp[0] != lp[1]
-        missing = _complete(server.base_url, "no-such-adapter")
-        assert missing.status_code == 404
-    big = _real_server(demo_model, tmp_path / "big.log", {"big": ad16})
-    with pytest.raises(AdapterLoadError, match="rank 16") as exc:
-        big.start()
-    assert "\n" not in str(exc.value)
-    assert big.proc is None and big.pgid is not None and gone(big.pgid)
+        assert _complete(url, "no-such-adapter").status_code == 404
+        with pytest.raises(AdapterLoadError, match="rank 16") as exc:
+            load_adapter(url, "big", ad16)
+        assert "\n" not in exc.value.message
+        assert "big" not in loaded_adapters(url)
+        assert _complete(url, "demo").status_code == 200
+    finally:
+        unload_adapter(url, "json-ad")
+    assert "json-ad" not in loaded_adapters(url)

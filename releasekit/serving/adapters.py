@@ -21,13 +21,14 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 
 def _reason(r: httpx.Response) -> str:
+    """The engine's reason for a refusal, on one line (its messages can span several)."""
     try:
         body = r.json()
     except ValueError:
-        return r.text.strip()[:300] or f"HTTP {r.status_code}"
+        return " ".join(r.text.split())[:300] or f"HTTP {r.status_code}"
     err = body.get("error") if isinstance(body, dict) else None
     msg = err.get("message") if isinstance(err, dict) else None
-    return str(msg or body)[:300]
+    return " ".join(str(msg or body).split())[:300]
 
 
 def loaded_adapters(
