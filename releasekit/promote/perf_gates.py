@@ -118,6 +118,9 @@ def _too_noisy(metric: str, spreads: dict[str, float], cap: float) -> GateResult
         name=f"{metric} at the knee",
         kind="evidence",
         passed=False,
+        # A comparison with the live release at its knee: where canary steps judge
+        # performance live (perf_by_canary), they judge this one too.
+        against_live=True,
         rule=f"each release's run-to-run spread of {metric} at the live knee load "
         f"((max - min) / median of its runs) at most {cap:g} (max_perf_spread)",
         limit=cap,

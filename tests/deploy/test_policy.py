@@ -327,7 +327,12 @@ def test_a_run_to_run_spread_of_1_fails_as_evidence_on_either_side(kit: Kit, sid
         g = _gate(rep, f"{metric} at the knee")
         assert not g.passed and g.kind == "evidence", g
         assert "too noisy to judge here (" in g.detail and f"{side} spread 1.00" in g.detail
+        assert g.against_live  # a comparison with live at its knee
     assert not rep.passed
+    # Where canary steps judge performance live (perf_by_canary), they judge this too.
+    live = rep.perf_judged_live()
+    assert all(g.advisory for g in live.gates if "too noisy" in g.detail)
+    assert not any(g.blocks for g in live.gates if g.kind in ("perf", "evidence")), live.failed
 
 
 def test_the_candidates_own_spread_never_widens_its_tolerance(kit: Kit) -> None:
