@@ -11,7 +11,12 @@
 # .releasekit/demo-logs/ and print one line, or their log's tail when they fail. Step times
 # go to .releasekit/demo-steps.tsv and each decision to .releasekit/demo-outcomes.jsonl;
 # the demo ends with the outcome table and where the time went (scripts/demo_outcome.py).
+#
+# DEMO_PARTS=adapters bash scripts/demo.sh runs the set-up, then the LoRA adapters part alone
+# (its three releases in a staging with nothing live before them), then the audit.
 set -euo pipefail
+DEMO_PARTS=${DEMO_PARTS:-all}
+case "$DEMO_PARTS" in all | adapters) ;; *) echo "DEMO_PARTS must be all or adapters" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 mkdir -p .releasekit/demo-logs
 export DEMO_STEPS="$PWD/.releasekit/demo-steps.tsv" DEMO_OUTCOMES="$PWD/.releasekit/demo-outcomes.jsonl"
@@ -123,8 +128,9 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
 else
   echo "note: this CPU has no AVX-512, which vLLM's CPU build needs to serve W4A16: skipping demo-w4a16"
 fi
+[ "$DEMO_PARTS" = all ] || MANIFESTS=()  # the adapters part builds its own
 step "validate the demo manifests (serving args against vLLM's own parser)"
-quiet validate releasekit validate "${MANIFESTS[@]}"
+[ ${#MANIFESTS[@]} -eq 0 ] || quiet validate releasekit validate "${MANIFESTS[@]}"
 
 step "lock: one content-addressed release per manifest"
 for m in "${MANIFESTS[@]}"; do
@@ -169,6 +175,8 @@ for m in "${MANIFESTS[@]}"; do
   releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 done
 
+STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
+if [ "$DEMO_PARTS" = all ]; then
 step "promote bf16 to staging (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
 expect promoted staging manifests/demo-bf16.yaml
@@ -239,7 +247,6 @@ python scripts/webhook_listener.py --port "$HOOK_PORT" --out "$HOOKS_LOG" >.rele
 LISTENER=$!
 # The same as a [[webhooks]] entry with this url in releasekit.toml.
 export RELEASEKIT_WEBHOOKS="[{\"url\": \"http://127.0.0.1:$HOOK_PORT/hook\"}]"
-STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 python scripts/demo_traffic.py --url "$STAGING_GW" --clients 6 >.releasekit/demo-traffic.out 2>&1 &
 TRAFFIC=$!
 BG=("$TRAFFIC" "$LISTENER")
@@ -377,6 +384,7 @@ expect_blocked releasekit promote "$V2" --to staging --no-canary --reason "demo:
 expect blocked staging "$V2" --by "answers breach of these weights"
 releasekit history --env staging --type rollback --type mark_bad --limit 2
 # ---- end of the live-only regression ---------------------------------------------------
+fi  # DEMO_PARTS=all
 
 # ---- LoRA adapters: one engine, adapters going live and back without a new server --------
 # demo-lora is bf16 on an engine started to take LoRA adapters at run time (enable-lora,
