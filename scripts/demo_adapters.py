@@ -11,7 +11,8 @@ adapter first answers through the gateway, and what a model name gets there.
 is. `first-answer` asks the model through the gateway until it answers (every 0.1 s, up to
 `--timeout`) and prints the seconds since `--since` (a Unix time) with the answer. `ask` asks
 once and prints the status, the release that answered (the gateway's x-releasekit-release
-header) and the answer, or the gateway's error. Reads only.
+header) and the answer, or the gateway's error. Questions go through the templated route:
+the release's own prompt, rendered by the gateway. Reads only.
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ def engines() -> list[int]:
 
 
 def _ask(url: str, model: str) -> tuple[int, str, str]:
+    """Ask `model` QUESTION through the gateway's templated route (the release's own prompt,
+    rendered by the gateway, as the demo's users ask)."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
-        "max_tokens": 16,
+        "variables": {"question": QUESTION},
+        "max_tokens": 24,
         "temperature": 0,
     }
     with httpx.Client(base_url=url, timeout=30, trust_env=False) as c:
-        r = c.post("/v1/chat/completions", json=body)
+        r = c.post("/v1/templates/chat/chat/completions", json=body)
     release = r.headers.get("x-releasekit-release", "-")[:12]
     try:
         data = r.json()

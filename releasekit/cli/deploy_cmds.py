@@ -241,7 +241,9 @@ def promote_cmd(
             if res.overridden
             else ""
         )
-        how = " (prompt-only: same vLLM server)" if d and d.reused_server else ""
+        how = (
+            " (same vLLM server: only prompts or adapters differ)" if d and d.reused_server else ""
+        )
         out.print(
             f"[green]{esc(res.environment)}[/green] -> {esc(who)}{how}{forced} "
             f"at {esc(res.gateway_url)}",
