@@ -13,9 +13,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from releasekit._support.digests import digest_obj, sha256_file
+from releasekit._support.digests import sha256_file
 from releasekit.errors import AdapterLoadError
 from releasekit.spec.adapters import Adapter, adapter_files
+from releasekit.spec.adapters import adapter_digest as pinned_digest
 
 
 class StagedAdapter(BaseModel):
@@ -31,15 +32,11 @@ class StagedAdapter(BaseModel):
 
 
 def adapter_digest(inputs: Mapping[str, str], name: str) -> str:
-    """The digest of one adapter in a lock (its files' digests and its declaration)."""
-    parts = {
-        k: v
-        for k, v in inputs.items()
-        if k == f"adapter/{name}" or k.startswith(f"adapter/{name}/")
-    }
-    if f"adapter/{name}" not in parts:
+    """The digest of one adapter in a lock; AdapterLoadError when the lock pins none."""
+    digest = pinned_digest(inputs, name)
+    if digest is None:
         raise AdapterLoadError(f"the release's lock pins no adapter named {name}")
-    return digest_obj(dict(sorted(parts.items())))
+    return digest
 
 
 def engine_name(name: str, digest: str) -> str:

@@ -187,18 +187,23 @@ def adapter_inputs(adapters: Sequence[Adapter], folders: Sequence[Path]) -> dict
     return out
 
 
+def adapter_digest(inputs: Mapping[str, str], name: str) -> str | None:
+    """The digest of one adapter in a lock's inputs (its files' digests and its
+    declaration), None when the lock pins no adapter `name`."""
+    parts = {
+        k: v
+        for k, v in inputs.items()
+        if k == f"adapter/{name}" or k.startswith(f"adapter/{name}/")
+    }
+    if f"adapter/{name}" not in parts:
+        return None
+    return digest_obj(dict(sorted(parts.items())))
+
+
 def adapters_of(inputs: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """A lock's adapters, from its inputs: name -> {"digest": the digest of its files and
     declaration}, for `show` and `diff`."""
     names = sorted(
         k.split("/", 1)[1] for k in inputs if k.startswith("adapter/") and k.count("/") == 1
     )
-    out: dict[str, dict[str, str]] = {}
-    for name in names:
-        parts = {
-            k: v
-            for k, v in inputs.items()
-            if k == f"adapter/{name}" or k.startswith(f"adapter/{name}/")
-        }
-        out[name] = {"digest": digest_obj(dict(sorted(parts.items())))}
-    return out
+    return {name: {"digest": str(adapter_digest(inputs, name))} for name in names}

@@ -495,3 +495,29 @@ class Streamer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+
+
+LORA_ARGS = (
+    "    enforce-eager: true\n    enable-lora: true\n    max-loras: 2\n    max-lora-rank: 8\n"
+)
+
+
+def adapter_release(k: Kit, name: str, weights: bytes, *, register: bool = True) -> str:
+    """A variant of demo-bf16 (LoRA enabled) serving one rank-8 adapter `demo-json` whose
+    weights are `weights` (its own folder per variant), locked and built."""
+    import json
+
+    from releasekit.spec.adapters import weights_digest
+
+    folder = k.root / "models" / "adapters" / name
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    (folder / "adapter_model.safetensors").write_bytes(weights)
+    base = weights_digest(k.root / "models" / "demo-base")
+    path = k.variant("demo-bf16", name, {"    enforce-eager: true\n": LORA_ARGS})
+    with path.open("a") as f:
+        f.write(
+            "adapters:\n"
+            f"  - {{name: demo-json, path: models/adapters/{name}, rank: 8, base: {base}}}\n"
+        )
+    return k.build(name, register=register)

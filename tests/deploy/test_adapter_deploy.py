@@ -5,12 +5,11 @@ engine that refuses one leaves the route where it was and is recorded as a faile
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import webclient
-from promote_kit import Kit, kit
+from promote_kit import Kit, adapter_release, kit
 
 from releasekit.deploy import local
 from releasekit.deploy.environments import env_config
@@ -19,35 +18,13 @@ from releasekit.deploy.target import ReleaseSpec
 from releasekit.promote.context import load_release, release_spec, serving_key, smoke_probe
 from releasekit.promote.deploy import deploy_release
 from releasekit.promote.promote import promote
-from releasekit.spec.adapters import weights_digest
 from releasekit.stores.ledger import EventType, Ledger
 
 __all__ = ["kit"]
 
-LORA_ARGS = (
-    "    enforce-eager: true\n    enable-lora: true\n    max-loras: 2\n    max-lora-rank: 8\n"
-)
-
 
 def _ledger(k: Kit) -> Ledger:
     return Ledger(k.settings.ledger_url or "")
-
-
-def _adapter_release(k: Kit, name: str, weights: bytes) -> str:
-    """A variant of demo-bf16 serving one rank-8 adapter `demo-json` whose weights are
-    `weights` (its own folder per variant), locked and built (not registered)."""
-    folder = k.root / "models" / "adapters" / name
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
-    (folder / "adapter_model.safetensors").write_bytes(weights)
-    base = weights_digest(k.root / "models" / "demo-base")
-    path = k.variant("demo-bf16", name, {"    enforce-eager: true\n": LORA_ARGS})
-    with path.open("a") as f:
-        f.write(
-            "adapters:\n"
-            f"  - {{name: demo-json, path: models/adapters/{name}, rank: 8, base: {base}}}\n"
-        )
-    return k.build(name, register=False)
 
 
 def _spec(k: Kit, rid: str) -> ReleaseSpec:
@@ -59,8 +36,8 @@ def test_a_releases_spec_carries_its_adapters_as_verified_copies(kit: Kit) -> No
     """The spec maps the adapter's model name to `name@digest12` and that name to a copy
     under the state folder; two releases differing only in the adapter's bytes share a
     serving key (one engine) but not the engine name."""
-    r1 = _adapter_release(kit, "demo-lora", b"\1" * 64)
-    r2 = _adapter_release(kit, "demo-lora2", b"\2" * 64)
+    r1 = adapter_release(kit, "demo-lora", b"\1" * 64, register=False)
+    r2 = adapter_release(kit, "demo-lora2", b"\2" * 64, register=False)
     s1, s2 = _spec(kit, r1), _spec(kit, r2)
     [(client, engine)] = s1.adapters.items()
     assert client == "demo-json" and engine.startswith("demo-json@") and len(engine) == 22
@@ -177,7 +154,7 @@ def test_an_adapter_edited_after_its_lock_is_a_failed_deploy_before_anything_sta
     rid = kit.build("demo-bf16")
     assert promote(kit.settings, "manifests/demo-bf16.yaml", env="staging").status == "promoted"
     [before] = read_state(kit.settings.state_dir, "staging").servers
-    lora = _adapter_release(kit, "demo-lora", b"\1" * 64)
+    lora = adapter_release(kit, "demo-lora", b"\1" * 64, register=False)
     (kit.root / "models" / "adapters" / "demo-lora" / "adapter_model.safetensors").write_bytes(
         b"\3" * 64
     )

@@ -6,13 +6,12 @@ route or running mirror names. The rules themselves on plain state records, too.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import pytest
 import webclient
-from promote_kit import Kit, kit
+from promote_kit import Kit, adapter_release, kit
 from typer.testing import CliRunner
 
 from releasekit.cli import app
@@ -26,32 +25,11 @@ from releasekit.promote.context import load_release, release_spec
 from releasekit.promote.deploy import deploy_release
 from releasekit.promote.promote import promote
 from releasekit.promote.rollback import rollback
-from releasekit.spec.adapters import weights_digest
 from releasekit.stores.ledger import Ledger
 
 __all__ = ["kit"]
 
-LORA_ARGS = (
-    "    enforce-eager: true\n    enable-lora: true\n    max-loras: 2\n    max-lora-rank: 8\n"
-)
 URL = "http://127.0.0.1:25999"
-
-
-def _lora_release(k: Kit, name: str, weights: bytes) -> str:
-    """A registered variant of demo-bf16 (LoRA enabled) serving one rank-8 adapter
-    `demo-json` whose weights are `weights`."""
-    folder = k.root / "models" / "adapters" / name
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
-    (folder / "adapter_model.safetensors").write_bytes(weights)
-    base = weights_digest(k.root / "models" / "demo-base")
-    path = k.variant("demo-bf16", name, {"    enforce-eager: true\n": LORA_ARGS})
-    with path.open("a") as f:
-        f.write(
-            "adapters:\n"
-            f"  - {{name: demo-json, path: models/adapters/{name}, rank: 8, base: {base}}}\n"
-        )
-    return k.build(name)
 
 
 def _lora_calls(base_url: str) -> list[list[str]]:
@@ -75,11 +53,11 @@ def test_the_old_adapter_stays_warm_a_rollback_needs_no_load_and_the_window_unlo
     no load call (the version it leaves goes warm instead); when the window ends the
     expiry unloads the unrouted version and leaves the routed one; going back to it after
     that loads it again."""
-    r1 = _lora_release(kit, "demo-lora", b"\1" * 64)
+    r1 = adapter_release(kit, "demo-lora", b"\1" * 64)
     assert promote(kit.settings, r1, env="staging").status == "promoted"
     [srv] = read_state(kit.settings.state_dir, "staging").servers
     [(_, e1)] = read_state(kit.settings.state_dir, "staging").routes[0].adapters.items()
-    r2 = _lora_release(kit, "demo-lora2", b"\2" * 64)
+    r2 = adapter_release(kit, "demo-lora2", b"\2" * 64)
     t0 = time.time()
     assert promote(kit.settings, r2, env="staging").status == "promoted"
     st = read_state(kit.settings.state_dir, "staging")
