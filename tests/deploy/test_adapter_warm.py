@@ -103,10 +103,10 @@ def test_the_old_adapter_stays_warm_a_rollback_needs_no_load_and_the_window_unlo
     assert list(read_state(kit.settings.state_dir, "staging").servers[0].adapters_warm) == [e1]
 
 
-def _server(base_url: str = URL, **warm: float) -> ServerRecord:
+def _server(warm: dict[str, float] | None = None, base_url: str = URL) -> ServerRecord:
     return ServerRecord(
         release_id="r-live", serving_key="k", base_url=base_url, port=25999, pid=1,
-        model="demo", log_path="-", role="live", started_at=0.0, adapters_warm=dict(warm),
+        model="demo", log_path="-", role="live", started_at=0.0, adapters_warm=dict(warm or {}),
     )  # fmt: skip
 
 
@@ -118,7 +118,7 @@ def test_mark_warm_keeps_dropped_versions_until_the_later_deadline() -> None:
     """The versions the old table sent to the server and the new one does not are marked
     (an earlier, later deadline kept); one the new table carries again leaves the list;
     another server's names are not this one's."""
-    s = _server(**{"demo-json@old": 5000.0, "demo-json@new": 100.0})
+    s = _server({"demo-json@old": 5000.0, "demo-json@new": 100.0})
     before = [_route("r1", "demo-json@old"), _route("rx", "other@1", "http://127.0.0.1:1")]
     after = [_route("r2", "demo-json@new")]
     assert mark_warm(s, before, after, 1000.0) == ["demo-json@old"]
@@ -141,7 +141,7 @@ def test_unload_expired_spares_versions_a_route_or_a_running_mirror_names(
         warm_adapters, "unload_adapter", lambda url, name, **kw: unloaded.append((url, name))
     )
     warm = {"e@gone": 10.0, "e@routed": 10.0, "e@mirrored": 10.0, "e@later": 500.0}
-    st = EnvState(env="t", servers=[_server(**warm)], routes=[_route("r2", "e@routed")])
+    st = EnvState(env="t", servers=[_server(warm)], routes=[_route("r2", "e@routed")])
     mirror_route = _route("r1", "e@mirrored")
     st.mirror = Mirror(route=mirror_route, share=0.5, purpose="after_promotion", until=200.0)
     drained: list[bool] = []
