@@ -245,6 +245,21 @@ def test_spread_is_min_median_max_across_runs() -> None:
     assert spread([None]).n == 0 and spread([]).median is None
 
 
+def test_from_five_runs_one_stray_run_each_side_is_set_aside() -> None:
+    """Three runs: the relative spread is (max - min) / median. Five runs: the single
+    highest and lowest are set aside, so one stall of a shared host (0.52 s among runs near
+    0.3 s, as seen at the demo's knee) does not make the point unjudgeable; two stalls still
+    do."""
+    three = spread([0.268, 0.305, 0.518])
+    assert three.trimmed_min is None and three.relative() == pytest.approx(0.25 / 0.305)
+    five = spread([0.268, 0.305, 0.518, 0.29, 0.31])
+    assert (five.trimmed_min, five.trimmed_max) == (0.29, 0.31)
+    assert five.relative() == pytest.approx(0.02 / 0.305)
+    two_stalls = spread([0.268, 0.305, 0.518, 0.29, 0.52])
+    assert two_stalls.relative() > 0.45
+    assert spread([1.0]).relative() == 0.0
+
+
 # --- the cross-check against the server -----------------------------------------------------
 
 
@@ -655,8 +670,9 @@ def test_demo_sweep_is_cross_checked_against_the_servers_own_figures(
     )
     assert result.tokens_per_word > 0 and result.repetitions == 2
     for p in result.points:
-        assert p.ok == p.n == 32, p.top_errors
-        assert p.output_tokens == 32 * 32  # ignore_eos: exactly max_tokens each
+        # Two runs, or four where they disagreed (the sweep's extra runs).
+        assert p.repetitions in (2, 4) and p.ok == p.n == 16 * p.repetitions, p.top_errors
+        assert p.output_tokens == 32 * p.n  # ignore_eos: exactly max_tokens each
         s = p.server
         assert s is not None
         for short in ("ttft", "itl", "e2e", "queue", "prefill", "decode", "tpot", "http"):

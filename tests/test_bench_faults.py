@@ -322,6 +322,7 @@ def profile(
     api: str = "completions",
     slo: SLO | None = None,
     max_in_flight: int = 256,
+    extra_runs: int = 0,
 ) -> LoadProfile:
     return LoadProfile(
         name="test-load",
@@ -337,6 +338,7 @@ def profile(
             requests_per_point=requests,
             duration_s=duration_s,
             max_in_flight=max_in_flight,
+            extra_runs=extra_runs,
         ),
         slo=slo or SLO(ttft_s=1.0, attainment=0.9, max_error_rate=0.01),
     )
@@ -596,6 +598,38 @@ def test_one_bad_repetition_in_three_does_not_remove_the_knee(lenient_check: Non
     assert result.knee is not None and result.knee.load == 4
     assert result.knee_stable is True
     assert result.knee_rule is not None and "2 of its 3 runs" in result.knee_rule
+
+
+def test_a_point_whose_runs_disagree_runs_again_and_sets_the_stray_run_aside(
+    lenient_check: None,
+) -> None:
+    """The second run's requests each wait 0.5 s for their first token (a stall of the host),
+    the others 0.05 s: the runs disagree on TTFT p95 far beyond settle_spread, so the point
+    runs twice more, back to back, with the same requests. Its spread then sets the stalled
+    run aside, its knee still needs the rule's share of all five runs, and the knee per
+    repetition of the sweep counts the three sweeps only."""
+
+    def stalls(n: int) -> str:
+        return "slow" if 8 <= n < 16 else "ok"
+
+    with FakeVLLM(stalls, first_delay_s=0.05) as f:
+        result = bench(f.base_url, profile(points=[1], extra_runs=2), repetitions=3)
+        assert f.requests == 5 * 8
+    p = result.points[0]
+    assert [r.repetition for r in p.runs] == [0, 1, 2, 3, 4] and p.n == 40
+    ttft = p.spread["ttft_p95_s"]
+    assert ttft.n == 5 and ttft.max is not None and ttft.max >= 0.5
+    assert ttft.trimmed_max is not None and ttft.trimmed_max < 0.5
+    assert result.knee_by_repetition == [1, 1, 1] and result.knee_stable
+    assert result.repetitions == 3
+
+
+def test_runs_that_agree_get_no_extra_run(fake: FakeVLLM, lenient_check: None) -> None:
+    """Extra runs are for disagreeing runs only: with a wide settle_spread nothing reruns."""
+    base = profile(points=[1], extra_runs=2)
+    prof = base.model_copy(update={"sweep": base.sweep.model_copy(update={"settle_spread": 1e6})})
+    bench(fake.base_url, prof, repetitions=3)
+    assert fake.requests == 3 * 8
 
 
 def test_two_bad_repetitions_in_three_stop_the_knee_and_say_why(lenient_check: None) -> None:

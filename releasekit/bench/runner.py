@@ -48,6 +48,7 @@ from releasekit.bench.stats import (
     knee_is_stable,
     knee_stop,
     knees_by_repetition,
+    noisy_keys,
     point_result,
     runs_needed,
 )
@@ -270,6 +271,13 @@ async def _bench(
             warm_ok = sum(1 for r in warm if r.status == "ok")
             records.extend(warm)
 
+        def point_specs(idx: int) -> Iterable[RequestSpec]:
+            # Each run of a point sends the same requests: runs differ only by the server.
+            specs = iter_specs(profile, models, key=idx, tokens_per_word=tpw)
+            if sweep.requests_per_point is None:
+                return specs
+            return list(islice(specs, sweep.requests_per_point))  # bodies before the clock
+
         # The whole sweep repeats (rather than each point back to back), so slow drift of a
         # shared machine spreads over every point instead of biasing one.
         for rep in range(repetitions):
@@ -277,18 +285,11 @@ async def _bench(
                 label = point_label(sweep.mode, load)
                 if repetitions > 1:
                     label += f" (run {rep + 1}/{repetitions})"
-                # Each repetition sends the same requests: runs differ only by the server.
-                specs: Iterable[RequestSpec] = iter_specs(
-                    profile, models, key=idx, tokens_per_word=tpw
-                )
-                if sweep.requests_per_point is not None:
-                    # Build every body before the clock starts.
-                    specs = list(islice(specs, sweep.requests_per_point))
                 result, recs = await _run_once(
                     client,
                     meta,
                     path,
-                    specs,
+                    point_specs(idx),
                     profile,
                     idx=idx,
                     load=load,
@@ -303,17 +304,50 @@ async def _bench(
                 records.extend(recs)
                 runs[idx].append(result)
                 point_records[idx].extend(recs)
-                if rep == repetitions - 1:
-                    pooled = combine_runs(
-                        runs[idx],
-                        point_records[idx],
+                if rep < repetitions - 1:
+                    continue
+
+                def pool(i: int = idx) -> PointResult:
+                    return combine_runs(
+                        runs[i],
+                        point_records[i],
                         slo=profile.slo,
                         max_num_seqs=max_num_seqs,
                         knee_share=sweep.knee_share,
                     )
-                    points.append(pooled)
-                    if on_point is not None:
-                        on_point(pooled)
+
+                pooled = pool()
+                noisy = noisy_keys(pooled, sweep.settle_spread) if repetitions > 1 else []
+                # Runs that disagree beyond the profile's bound get more runs of the same
+                # requests, back to back: from five runs one stray run on each side is set
+                # aside, so one stall of a shared host does not decide the point.
+                for extra in range(sweep.extra_runs if noisy else 0):
+                    label = f"{point_label(sweep.mode, load)} (extra run {extra + 1}/"
+                    label += f"{sweep.extra_runs}: runs disagree on {', '.join(noisy)})"
+                    result, recs = await _run_once(
+                        client,
+                        meta,
+                        path,
+                        point_specs(idx),
+                        profile,
+                        idx=idx,
+                        load=load,
+                        rep=repetitions + extra,
+                        run_start=run_start,
+                        gauge_every=every,
+                        tick=ticker(label, sweep.requests_per_point or 0),
+                        max_num_seqs=max_num_seqs,
+                    )
+                    if progress is not None:
+                        progress(label, len(recs), len(recs))
+                    records.extend(recs)
+                    runs[idx].append(result)
+                    point_records[idx].extend(recs)
+                if noisy and sweep.extra_runs:
+                    pooled = pool()
+                points.append(pooled)
+                if on_point is not None:
+                    on_point(pooled)
 
     if not any(p.ok for p in points):
         failures = [r.error for r in records if r.error and not r.warmup]
@@ -340,8 +374,8 @@ async def _bench(
         knee=knee,
         knee_share=sweep.knee_share,
         knee_rule=knee_rule(sweep.knee_share, repetitions),
-        knee_stable=knee_is_stable(points, knee, sweep.knee_share),
-        knee_by_repetition=knees_by_repetition(points),
+        knee_stable=knee_is_stable(points, knee, sweep.knee_share, repetitions),
+        knee_by_repetition=knees_by_repetition(points, repetitions),
         knee_stop=knee_stop(points, profile.slo),
         flagged_points=[p.load for p in points if not p.trusted],
         client_cpu_s=round(time.process_time() - cpu_start, 4),

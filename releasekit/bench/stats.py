@@ -77,12 +77,38 @@ TpotSource = Literal["client", "engine", "none"]
 
 
 class Spread(BaseModel):
-    """min / median / max of one figure across the repetitions of a point."""
+    """min / median / max of one figure across the repetitions of a point, and the range
+    left once the single most extreme run on each side is set aside (five runs or more)."""
 
     n: int
     min: float | None = None
     median: float | None = None
     max: float | None = None
+    trimmed_min: float | None = Field(
+        None, description="second lowest run (five runs or more): one outlying run set aside"
+    )
+    trimmed_max: float | None = Field(
+        None, description="second highest run (five runs or more): one outlying run set aside"
+    )
+
+    def relative(self) -> float:
+        """(max - min) / median, over the trimmed range where there is one (0 with fewer
+        than two values): how far the runs disagree, one stray run on each side set aside
+        once five or more ran."""
+        lo = self.trimmed_min if self.trimmed_min is not None else self.min
+        hi = self.trimmed_max if self.trimmed_max is not None else self.max
+        if self.n < 2 or lo is None or hi is None or not self.median:
+            return 0.0
+        return (hi - lo) / abs(self.median)
+
+
+TRIM_FROM_RUNS = 5
+"""From this many runs, a point's spread sets aside its most extreme run on each side: one
+stall of a shared host does not make the whole point unjudgeable."""
+
+NOISE_KEYS: tuple[str, ...] = ("ttft_p95_s", "goodput")
+"""The figures gates compare at the knee by default; a point whose runs disagree on one of
+them beyond the profile's `settle_spread` runs again (`sweep.extra_runs`)."""
 
 
 class RunSummary(BaseModel):
@@ -358,10 +384,24 @@ def run_summary(p: PointResult, repetition: int) -> RunSummary:
 
 def spread(values: Sequence[float | None]) -> Spread:
     """min / median / max of the present values."""
-    present = [v for v in values if v is not None]
+    present = sorted(v for v in values if v is not None)
     if not present:
         return Spread(n=0)
-    return Spread(n=len(present), min=min(present), median=median(present), max=max(present))
+    trim = len(present) >= TRIM_FROM_RUNS
+    return Spread(
+        n=len(present),
+        min=present[0],
+        median=median(present),
+        max=present[-1],
+        trimmed_min=present[1] if trim else None,
+        trimmed_max=present[-2] if trim else None,
+    )
+
+
+def noisy_keys(p: PointResult, limit: float) -> list[str]:
+    """The figures of NOISE_KEYS on which the point's runs disagree by more than `limit`
+    (relative spread, `Spread.relative`)."""
+    return [k for k in NOISE_KEYS if k in p.spread and p.spread[k].relative() > limit]
 
 
 def combine_runs(
@@ -498,9 +538,15 @@ def knee_stop(points: Sequence[PointResult], slo: SLO | None = None) -> str | No
     return None
 
 
-def knees_by_repetition(points: Sequence[PointResult]) -> list[float | None]:
-    """The knee each repetition of the sweep would give on its own."""
-    reps = max((len(p.runs) for p in points), default=0)
+def knees_by_repetition(
+    points: Sequence[PointResult], repetitions: int | None = None
+) -> list[float | None]:
+    """The knee each of the sweep's `repetitions` (default: as many as every point ran)
+    would give on its own; a point's extra runs, made where its repetitions disagreed, are
+    not repetitions of the sweep."""
+    reps = min((len(p.runs) for p in points), default=0)
+    if repetitions is not None:
+        reps = min(reps, repetitions)
     out: list[float | None] = []
     for i in range(reps):
         knee: float | None = None
@@ -514,11 +560,14 @@ def knees_by_repetition(points: Sequence[PointResult]) -> list[float | None]:
 
 
 def knee_is_stable(
-    points: Sequence[PointResult], knee: PointResult | None, share: float = 1.0
+    points: Sequence[PointResult],
+    knee: PointResult | None,
+    share: float = 1.0,
+    repetitions: int | None = None,
 ) -> bool:
     """True when at least two repetitions ran and at least `share` of them, each on its own,
     give the same knee as the rule (with the default share 1: every one)."""
-    per = knees_by_repetition(points)
+    per = knees_by_repetition(points, repetitions)
     target = knee.load if knee is not None else None
     if len(per) < 2:
         return False

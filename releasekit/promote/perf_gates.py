@@ -85,12 +85,11 @@ def _knee_gates(label: str, bench: BenchResult) -> list[GateResult]:
 
 
 def run_spread(p: PointResult, metric: str) -> float:
-    """(max - min) / median of `metric` over the repetitions of a load point (0 with fewer
-    than two runs, or for a figure the runs do not record): the host's own noise there."""
+    """(max - min) / median of `metric` over the runs of a load point, one outlying run on
+    each side set aside from five runs (`Spread.relative`; 0 with fewer than two runs, or
+    for a figure the runs do not record): the host's own noise there."""
     s = p.spread.get(metric)
-    if s is None or s.n < 2 or s.min is None or s.max is None or not s.median:
-        return 0.0
-    return (s.max - s.min) / abs(s.median)
+    return 0.0 if s is None else s.relative()
 
 
 def _tolerance(info: ReleaseInfo, metric: str, policy: EnvironmentConfig) -> tuple[float, str]:
@@ -122,7 +121,8 @@ def _too_noisy(metric: str, spreads: dict[str, float], cap: float) -> GateResult
         # performance live (perf_by_canary), they judge this one too.
         against_live=True,
         rule=f"each release's run-to-run spread of {metric} at the live knee load "
-        f"((max - min) / median of its runs) at most {cap:g} (max_perf_spread)",
+        f"((max - min) / median of its runs, one outlying run each side set aside from five "
+        f"runs) at most {cap:g} (max_perf_spread)",
         limit=cap,
         live=spreads.get("live"),
         candidate=spreads.get("candidate"),

@@ -55,6 +55,20 @@ class Sweep(_Strict):
         description="a point holds when its SLOs hold, unflagged, in at least this share of "
         "its runs (0.66: 2 of 3); 1 asks for every run",
     )
+    extra_runs: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="more runs of a point whose repetitions disagree on TTFT p95 or goodput "
+        "by more than settle_spread; from five runs its spread sets one outlying run aside "
+        "on each side (0: never)",
+    )
+    settle_spread: float = Field(
+        0.3,
+        gt=0,
+        description="relative spread ((max - min) / median of the runs) above which a point "
+        "gets its extra_runs",
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Sweep:
