@@ -278,6 +278,36 @@ async def _bench(
                 return specs
             return list(islice(specs, sweep.requests_per_point))  # bodies before the clock
 
+        async def run_point(idx: int, load: float, rep: int, label: str) -> None:
+            result, recs = await _run_once(
+                client,
+                meta,
+                path,
+                point_specs(idx),
+                profile,
+                idx=idx,
+                load=load,
+                rep=rep,
+                run_start=run_start,
+                gauge_every=every,
+                tick=ticker(label, sweep.requests_per_point or 0),
+                max_num_seqs=max_num_seqs,
+            )
+            if progress is not None:  # closes time-bound bars, whose total was unknown
+                progress(label, len(recs), len(recs))
+            records.extend(recs)
+            runs[idx].append(result)
+            point_records[idx].extend(recs)
+
+        def pool(idx: int) -> PointResult:
+            return combine_runs(
+                runs[idx],
+                point_records[idx],
+                slo=profile.slo,
+                max_num_seqs=max_num_seqs,
+                knee_share=sweep.knee_share,
+            )
+
         # The whole sweep repeats (rather than each point back to back), so slow drift of a
         # shared machine spreads over every point instead of biasing one.
         for rep in range(repetitions):
@@ -285,38 +315,10 @@ async def _bench(
                 label = point_label(sweep.mode, load)
                 if repetitions > 1:
                     label += f" (run {rep + 1}/{repetitions})"
-                result, recs = await _run_once(
-                    client,
-                    meta,
-                    path,
-                    point_specs(idx),
-                    profile,
-                    idx=idx,
-                    load=load,
-                    rep=rep,
-                    run_start=run_start,
-                    gauge_every=every,
-                    tick=ticker(label, sweep.requests_per_point or 0),
-                    max_num_seqs=max_num_seqs,
-                )
-                if progress is not None:  # closes time-bound bars, whose total was unknown
-                    progress(label, len(recs), len(recs))
-                records.extend(recs)
-                runs[idx].append(result)
-                point_records[idx].extend(recs)
+                await run_point(idx, load, rep, label)
                 if rep < repetitions - 1:
                     continue
-
-                def pool(i: int = idx) -> PointResult:
-                    return combine_runs(
-                        runs[i],
-                        point_records[i],
-                        slo=profile.slo,
-                        max_num_seqs=max_num_seqs,
-                        knee_share=sweep.knee_share,
-                    )
-
-                pooled = pool()
+                pooled = pool(idx)
                 noisy = noisy_keys(pooled, sweep.settle_spread) if repetitions > 1 else []
                 # Runs that disagree beyond the profile's bound get more runs of the same
                 # requests, back to back: from five runs one stray run on each side is set
@@ -324,27 +326,9 @@ async def _bench(
                 for extra in range(sweep.extra_runs if noisy else 0):
                     label = f"{point_label(sweep.mode, load)} (extra run {extra + 1}/"
                     label += f"{sweep.extra_runs}: runs disagree on {', '.join(noisy)})"
-                    result, recs = await _run_once(
-                        client,
-                        meta,
-                        path,
-                        point_specs(idx),
-                        profile,
-                        idx=idx,
-                        load=load,
-                        rep=repetitions + extra,
-                        run_start=run_start,
-                        gauge_every=every,
-                        tick=ticker(label, sweep.requests_per_point or 0),
-                        max_num_seqs=max_num_seqs,
-                    )
-                    if progress is not None:
-                        progress(label, len(recs), len(recs))
-                    records.extend(recs)
-                    runs[idx].append(result)
-                    point_records[idx].extend(recs)
+                    await run_point(idx, load, repetitions + extra, label)
                 if noisy and sweep.extra_runs:
-                    pooled = pool()
+                    pooled = pool(idx)
                 points.append(pooled)
                 if on_point is not None:
                     on_point(pooled)
