@@ -64,10 +64,11 @@ class Sweep(_Strict):
         "on each side (0: never)",
     )
     settle_spread: float = Field(
-        0.3,
+        0.4,
         gt=0,
         description="relative spread ((max - min) / median of the runs) above which a point "
-        "gets its extra_runs",
+        "gets its extra_runs (just under the demo environments' max_perf_spread, 0.45: a "
+        "point that the perf gates could still judge is not rerun)",
     )
 
     @model_validator(mode="after")
