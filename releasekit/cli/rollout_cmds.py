@@ -276,6 +276,14 @@ def shadow_compare_cmd(
             rows,
             row_line=lambda r: f"  {r[0]}: {r[1]} vs {r[2]} (limit {r[3]}, {r[4]}): {r[5]}",
         )
+        if res.unconfirmed is not None:
+            first = res.unconfirmed
+            gone = ", ".join(c.metric for c in first.checks if c.verdict == "breach")
+            out.print(
+                f"  {gone} breached in the first {first.window_end - first.window_start:.0f} s "
+                "and not in the next window, judged on its own: a start-up transient, not a "
+                "breach (the figures above are that window's)"
+            )
         if res.dropped:
             out.print(f"  {res.dropped} copies dropped (the mirror was at its in-flight cap)")
         if res.agreement is not None:

@@ -75,6 +75,11 @@ class ShadowComparison(BaseModel):
         description="what of the checks the environment's ceilings clamped "
         "(rollout.ceilings: 'clamped by staging's policy: ...'; empty: none)",
     )
+    unconfirmed: StepJudgement | None = Field(
+        None,
+        description="a first window whose live figures breached and the next window, judged "
+        "on its own, did not repeat (a start-up transient; `judgement` is that next window's)",
+    )
 
 
 def shadow_dir(settings: Settings) -> Path:

@@ -9,6 +9,8 @@ keeps streams whole. Steered by its environment (the manifest's `serving.env`):
   FAKE_WRONG_ON       a text: a chat question holding it gets FAKE_WRONG_ANSWER instead
                       (default "I cannot count."): a release wrong on one class of questions
   FAKE_CHUNK_DELAY_S  seconds between streamed chunks (default 0.01)
+  FAKE_SLOW_WHILE     a path: FAKE_CHUNK_DELAY_S holds only while that file exists, then
+                      0.01 (a server slow at start only)
   FAKE_START_DELAY_S  seconds before it listens (default 0)
 Like vLLM's CPU build it binds itself to the core VLLM_CPU_OMP_THREADS_BIND names.
 Started with `--enable-lora` it has vLLM's run-time LoRA API: `/v1/load_lora_adapter` (a
@@ -58,6 +60,7 @@ def app(served: str, *, lora: bool = False) -> Starlette:
     lora_calls: list[list[str]] = []
     delay = float(os.environ.get("FAKE_CHUNK_DELAY_S", "0.01"))
     wrong_on = os.environ.get("FAKE_WRONG_ON", "")
+    slow_while = os.environ.get("FAKE_SLOW_WHILE", "")
     seq = {"n": 0}
 
     def next_id() -> str:
@@ -118,8 +121,9 @@ def app(served: str, *, lora: bool = False) -> Starlette:
         return Response(text, media_type="text/plain")
 
     async def stream(n: int, field: str, rid: str) -> object:
+        pause = delay if not slow_while or os.path.exists(slow_while) else 0.01
         for i in range(n):
-            await asyncio.sleep(delay)
+            await asyncio.sleep(pause)
             if field == "text":
                 chunk = {"id": rid, "choices": [{"index": 0, "text": f"t{i} "}]}
             else:

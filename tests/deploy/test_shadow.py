@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -217,16 +218,70 @@ def test_mirroring_never_changes_a_clients_request(
     )
 
 
-def _slow_candidate(k: Kit) -> str:
-    path = k.variant("demo-bf16", "demo-shadow-slow", {"max-num-seqs: 32": "max-num-seqs: 1"})
+def _slow_candidate(k: Kit, *, slow_while: Path | None = None) -> str:
+    name = "demo-shadow-slow" if slow_while is None else "demo-shadow-slow-start"
+    path = k.variant("demo-bf16", name, {"max-num-seqs: 32": "max-num-seqs: 1"})
     kv = 'VLLM_CPU_KVCACHE_SPACE: "1"'
-    text = path.read_text().replace(kv, f'{kv}\n    FAKE_CHUNK_DELAY_S: "0.3"')
+    slow = f'{kv}\n    FAKE_CHUNK_DELAY_S: "0.3"'
+    if slow_while is not None:
+        slow += f'\n    FAKE_SLOW_WHILE: "{slow_while}"'
+    text = path.read_text().replace(kv, slow)
     text += (
         "promotion:\n  canary:\n    steps:\n      - {weight: 10}\n    checks:\n"
         "      - {metric: ttft_p95_s, tolerance: 0.5, slack: 0.1, min_samples: 10}\n"
     )
     path.write_text(text)
-    return k.build("demo-shadow-slow")
+    return k.build(name)
+
+
+def test_a_breach_in_the_first_window_must_hold_in_the_next(kit: Kit, tmp_path: Path) -> None:
+    """A candidate slow only at start (a fresh server warming up): its first window breaches
+    on TTFT, the next window, judged on its own, passes, so the comparison is no breach and
+    says so (the first window kept as `unconfirmed`, in the ledger too). A candidate slow
+    throughout breaches both windows: a breach."""
+    old = kit.build("demo-bf16")
+    assert promote_progressive(kit.settings, old, env="staging", reason="base").ok
+    flag = tmp_path / "slow-at-start"
+    flag.touch()
+    cand = _slow_candidate(kit, slow_while=flag)
+    start_shadow(kit.settings, cand, env="staging", share=0.5, reason="try it")
+
+    def sleep(s: float) -> None:
+        time.sleep(s)
+        if s == 5:  # a window (not the 4 s settle): the start-up ends after the first
+            flag.unlink(missing_ok=True)
+
+    with (
+        Streamer(kit.gateway("staging"), chunks=15) as s1,
+        Streamer(kit.gateway("staging"), chunks=15) as s2,
+    ):
+        s1.wait_for(2)
+        cmp = compare_shadow(kit.settings, env="staging", window_s=5, max_window_s=15, sleep=sleep)
+    assert s1.failures == [] and s2.failures == []
+    assert cmp.unconfirmed is not None, cmp.reason
+    assert [c.verdict for c in cmp.unconfirmed.checks] == ["breach"]
+    [ttft] = cmp.judgement.checks
+    assert ttft.verdict == "pass" and cmp.verdict != "breach", cmp.reason
+    assert cmp.judgement.window_start >= cmp.unconfirmed.window_end - 1e-6
+    [rec] = [
+        r
+        for r in Ledger(kit.settings.ledger_url or "").records(types=["shadow"])
+        if r.evidence.get("action") == "compare"
+    ]
+    assert rec.evidence["unconfirmed_breach"]["breached"] == ["ttft_p95_s"]
+    stop_shadow(kit.settings, env="staging")
+    # Slow throughout: the next window repeats the breach.
+    slow = _slow_candidate(kit)
+    start_shadow(kit.settings, slow, env="staging", share=0.5, reason="try it")
+    with (
+        Streamer(kit.gateway("staging"), chunks=15) as s1,
+        Streamer(kit.gateway("staging"), chunks=15) as s2,
+    ):
+        s1.wait_for(2)
+        cmp = compare_shadow(kit.settings, env="staging", window_s=5, max_window_s=15)
+    assert cmp.verdict == "breach" and cmp.unconfirmed is None, cmp.reason
+    assert cmp.window_s >= 10  # then on while the answers lack pairs
+    stop_shadow(kit.settings, env="staging")
 
 
 def test_shadow_comparison_of_a_slow_candidate_blocks_its_promotion(kit: Kit) -> None:
