@@ -1,10 +1,11 @@
 """A release's LoRA adapters as `show` and `diff` report them: each adapter's name, rank,
-digest and base from its manifest and lock, and what changed between two releases."""
+digest and base from its manifest and lock, its MLflow model version from the register
+event, and what changed between two releases."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,6 +22,9 @@ class AdapterInfo(BaseModel):
     digest: str | None = Field(None, description="over its locked files and declaration")
     base: str | None = Field(None, description="weights digest of the base it was trained on")
     path: str | None = None
+    model_uri: str | None = Field(
+        None, description="its MLflow model version (models:/<name>/<version>), if registered"
+    )
 
 
 class AdapterChange(BaseModel):
@@ -32,9 +36,24 @@ class AdapterChange(BaseModel):
     b: AdapterInfo | None = None
 
 
-def release_adapters(manifest: Manifest | None, inputs: Mapping[str, str]) -> list[AdapterInfo]:
-    """A release's adapters, in name order: declared by its manifest (rank, base, path) and
-    pinned by its lock (digest); an adapter known to only one of them is still listed."""
+def registered_adapters(register_evidence: Mapping[str, Any] | None) -> dict[str, str]:
+    """Adapter name -> model URI, from a register event's evidence (`adapters`); empty for
+    a release not registered, without adapters, or registered before adapters were."""
+    raw = (register_evidence or {}).get("adapters")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in raw.items() if isinstance(v, str)}
+
+
+def release_adapters(
+    manifest: Manifest | None,
+    inputs: Mapping[str, str],
+    registered: Mapping[str, str] | None = None,
+) -> list[AdapterInfo]:
+    """A release's adapters, in name order: declared by its manifest (rank, base, path),
+    pinned by its lock (digest) and, given `registered` (`registered_adapters`), each one's
+    MLflow model version; an adapter known to only one of them is still listed."""
+    links = registered or {}
     declared = {a.name: a for a in manifest.adapters} if manifest is not None else {}
     pinned = adapters_of(inputs)
     out: list[AdapterInfo] = []
@@ -47,6 +66,7 @@ def release_adapters(manifest: Manifest | None, inputs: Mapping[str, str]) -> li
                 digest=pinned.get(name, {}).get("digest"),
                 base=a.base if a else None,
                 path=a.path.as_posix() if a else None,
+                model_uri=links.get(name),
             )
         )
     return out

@@ -1,5 +1,5 @@
-"""Register a release: one MLflow run and model version per release id, prompts in the
-prompt registry, a ledger event; idempotent."""
+"""Register a release: one MLflow run and model version per release id, a model version per
+LoRA adapter linked to it, prompts in the prompt registry, a ledger event; idempotent."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from releasekit._support.digests import sha256_bytes
+from releasekit._support.digests import digest_obj, sha256_bytes
 from releasekit._support.text import flatten, redact_url
 from releasekit.config import Settings
 from releasekit.errors import LockError, RegistryError
+from releasekit.spec.adapters import Adapter, adapters_of
 from releasekit.spec.lock import Lock, lock_path_for, read_lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.spec.prompts import read_template, render
@@ -32,18 +33,28 @@ from releasekit.stores.mlflow import (
     _MAX_KEY,
     _MAX_PARAM_VALUE,
     _PARAM_KEY,
+    ADAPTER_MODEL_TAG,
     LINKED_PROMPTS,
+    TAG_ADAPTER_DIGEST,
+    TAG_ADAPTER_NAME,
+    TAG_ADAPTER_RANK,
+    TAG_ADAPTER_RELEASE,
+    TAG_ADAPTER_URIS,
+    TAG_BASE_MODEL_URI,
+    TAG_BASE_WEIGHTS,
     TAG_BUILDER,
     TAG_COMMIT,
     TAG_MANIFEST,
     TAG_PROMPT,
     TAG_RELEASE,
     TAG_RUN,
+    _adapter_versions,
     _ensure_registered_model,
     _experiment,
     _link_prompt_to_experiment,
     _prompt_version,
     _search_versions,
+    adapter_model_name,
     client_for,
     mlflow_errors,
     tracking_uri,
@@ -55,6 +66,18 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 REGISTER_LOCK_TIMEOUT_S = 900.0  # a concurrent register of the same release may log for a while
+
+
+class RegisteredAdapter(BaseModel):
+    """One LoRA adapter of the release as registered: a version of its own registered model
+    (`<manifest name>~lora~<adapter name>`); `created` is False when it already was."""
+
+    name: str
+    digest: str = Field(description="over its locked files and declaration")
+    model_name: str
+    version: str
+    model_uri: str = Field(description="models:/<name>/<version>")
+    created: bool
 
 
 class RegisterResult(BaseModel):
@@ -73,6 +96,9 @@ class RegisterResult(BaseModel):
     ledger_seq: int | None = Field(None, description="seq of the register event, if written now")
     warnings: list[str] = Field(
         default_factory=list, description="what did not stop it (e.g. the git anchor)"
+    )
+    adapters: list[RegisteredAdapter] = Field(
+        default_factory=list, description="its LoRA adapters' model versions"
     )
 
 
@@ -94,6 +120,28 @@ def release_prompts(lm: LoadedManifest, lk: Lock) -> list[dict[str, str]]:
             )
         messages.append({"role": role, "content": text})
     return messages
+
+
+def locked_adapters(lm: LoadedManifest, lk: Lock) -> list[tuple[Adapter, str]]:
+    """The release's adapters with their digests, in name order: the manifest's
+    declarations, checked against the lock so MLflow never records a rank or base the
+    release was not locked with."""
+    declared = {a.name: a for a in lm.manifest.adapters}
+    pinned = adapters_of(lk.inputs)
+    out: list[tuple[Adapter, str]] = []
+    for name in sorted(set(declared) | set(pinned)):
+        a = declared.get(name)
+        # The declaration's digest as spec.adapters.adapter_inputs pins it.
+        if a is None or lk.inputs.get(f"adapter/{name}") != digest_obj(
+            {"rank": a.rank, "base": a.base}
+        ):
+            raise LockError(
+                f"{lm.path}: adapter '{name}' changed since the lock; the manifest does not "
+                "declare it as the locked release does",
+                remedy="run `releasekit lock MANIFEST` (a new release) or restore the manifest",
+            )
+        out.append((a, pinned[name]["digest"]))
+    return out
 
 
 def release_params(lm: LoadedManifest, lk: Lock) -> dict[str, str]:
@@ -200,8 +248,12 @@ def register_release(
     One run (params: flattened manifest and lock digests; metrics: eval and bench figures;
     artifacts: manifest, lock, reports, bench JSON and plot), the prompts in the prompt
     registry, and a version of the registered model named after the manifest, tagged with
-    release_id, git_commit, builder and run_id. Registering the same release id again
-    returns the existing version (created=False) and writes nothing; two processes
+    release_id, git_commit, builder and run_id. Each LoRA adapter of the release is a
+    version of its own registered model (`<name>~lora~<adapter>`), tagged with its digest,
+    rank, base weights digest and release id, and linked to the release's version
+    (`base_model_uri`), which lists the adapters' URIs (`adapter_model_uris`). Registering
+    the same release id again returns the existing version (created=False), completes any
+    adapter a stopped register left out, and otherwise writes nothing; two processes
     registering one release at once serialise on the release's lock in the ledger database
     and yield one model version.
     """
@@ -212,6 +264,7 @@ def register_release(
     if lk.name != name:
         raise LockError(f"{lock_path_for(lm.path)} belongs to manifest '{lk.name}', not '{name}'")
     messages = release_prompts(lm, lk)
+    adapters = locked_adapters(lm, lk)
     rid = lk.release_id
     uri = tracking_uri(settings)
     client = client_for(settings)
@@ -220,7 +273,7 @@ def register_release(
     with led.lock(f"release:{rid}", timeout_s=REGISTER_LOCK_TIMEOUT_S):
         # Check-then-create under the release's lock: a second registerer waits here, then
         # finds the version the first one made.
-        res = _register_locked(settings, lm, lk, messages, client, led, builder, uri, say)
+        res = _register_locked(settings, lm, lk, messages, adapters, client, led, builder, uri, say)
     return res.model_copy(update={"warnings": list(led.warnings)})
 
 
@@ -229,6 +282,7 @@ def _register_locked(
     lm: LoadedManifest,
     lk: Lock,
     messages: list[dict[str, str]],
+    adapters: list[tuple[Adapter, str]],
     client: MlflowClient,
     led: Ledger,
     builder: str,
@@ -253,6 +307,13 @@ def _register_locked(
             logged_model_id=v.tags.get("logged_model_id"),
             tracking_uri=redact_url(uri),
         )
+        if adapters:
+            # A register that stopped after the release's version completes its adapters.
+            with mlflow_errors(what, uri=uri):
+                regs = _register_adapters(
+                    client, lk, v.model_name, v.version, v.tags, v.run_id, adapters, builder, say
+                )
+            result = result.model_copy(update={"adapters": regs})
         if not _register_event_exists(led, rid):
             # A crash between creating the version and recording it: record it now, with
             # the digests of its evidence as the first attempt would have signed them.
@@ -315,6 +376,9 @@ def _register_locked(
             description=f"release {rid}",
             model_id=lm_model.model_id,
         )
+        regs = _register_adapters(
+            client, lk, name, str(mv.version), tags, run_id, adapters, builder, say
+        )
     result = RegisterResult(
         release_id=rid,
         model_name=name,
@@ -326,9 +390,108 @@ def _register_locked(
         logged_model_id=lm_model.model_id,
         prompt_uri=tags[TAG_PROMPT],
         tracking_uri=redact_url(uri),
+        adapters=regs,
     )
     rec = led.append(_register_event(result, lk, ev, builder))
     return result.model_copy(update={"ledger_seq": rec.seq})
+
+
+def _register_adapters(
+    client: MlflowClient,
+    lk: Lock,
+    model_name: str,
+    version: str,
+    version_tags: dict[str, str],
+    run_id: str | None,
+    adapters: list[tuple[Adapter, str]],
+    builder: str,
+    say: Progress,
+) -> list[RegisteredAdapter]:
+    """Each adapter as a version of its own registered model, linked to the release's version
+    `model_name`/`version` (the base it is served on), then that version tagged with the
+    adapters' model URIs. One adapter version per adapter digest and release: a later
+    release that carries the same adapter gets a version of its own, linked to its own base
+    version (a version's link is one tag, so it names one base). Whatever already exists is
+    kept, so a rerun completes a registration that stopped part way and writes nothing new
+    for one that finished."""
+    if not adapters:
+        return []
+    if not run_id:
+        raise RegistryError(
+            f"{model_name} version {version} (release {lk.short_id}) names no run; its "
+            "adapters cannot be linked to it"
+        )
+    base_uri = f"models:/{model_name}/{version}"
+    out: list[RegisteredAdapter] = []
+    for a, digest in adapters:
+        model = adapter_model_name(model_name, a.name)
+        v, created = _adapter_version(client, lk, model, a, digest, base_uri, run_id, builder, say)
+        out.append(
+            RegisteredAdapter(
+                name=a.name,
+                digest=digest,
+                model_name=model,
+                version=v,
+                model_uri=f"models:/{model}/{v}",
+                created=created,
+            )
+        )
+    uris = ",".join(r.model_uri for r in out)
+    if version_tags.get(TAG_ADAPTER_URIS) != uris:
+        client.set_model_version_tag(model_name, version, TAG_ADAPTER_URIS, uris)
+    return out
+
+
+def _adapter_version(
+    client: MlflowClient,
+    lk: Lock,
+    model: str,
+    a: Adapter,
+    digest: str,
+    base_uri: str,
+    run_id: str,
+    builder: str,
+    say: Progress,
+) -> tuple[str, bool]:
+    """(version, created) of adapter `a`'s model version for this release: found, or made."""
+    found = _adapter_versions(client, model, lk.release_id, digest)
+    if found:
+        mv = found[0]
+        if (mv.tags or {}).get(TAG_BASE_MODEL_URI) != base_uri:
+            # The release's version was made again (it had been deleted): follow it.
+            client.set_model_version_tag(model, str(mv.version), TAG_BASE_MODEL_URI, base_uri)
+        return str(mv.version), False
+    say(f"registering adapter {a.name}")
+    _ensure_registered_model(
+        client,
+        model,
+        f"LoRA adapter {a.name} of {lk.name}: each version is the adapter of one release, "
+        f"linked to that release's version of {lk.name} (tag {TAG_BASE_MODEL_URI})",
+        tags={"releasekit": ADAPTER_MODEL_TAG, TAG_ADAPTER_NAME: a.name, "base_model": lk.name},
+    )
+    tags = {
+        TAG_ADAPTER_NAME: a.name,
+        TAG_ADAPTER_DIGEST: digest,
+        TAG_ADAPTER_RANK: str(a.rank),
+        TAG_BASE_WEIGHTS: a.base,
+        TAG_ADAPTER_RELEASE: lk.release_id,
+        TAG_BASE_MODEL_URI: base_uri,
+        TAG_RUN: run_id,
+        TAG_BUILDER: builder,
+        TAG_MANIFEST: lk.manifest,
+    }
+    if lk.provenance.commit:
+        tags[TAG_COMMIT] = lk.provenance.commit
+    # The source is the release's run (its `release/` artifacts: the manifest and the lock
+    # that pins the adapter's files); the files themselves are not copied into MLflow.
+    mv = client.create_model_version(
+        model,
+        source=f"runs:/{run_id}/release",
+        run_id=run_id,
+        tags=tags,
+        description=f"adapter {a.name} of release {lk.release_id} (base {base_uri})",
+    )
+    return str(mv.version), True
 
 
 def _evidence_to_sign(settings: Settings, lk: Lock) -> Evidence:
@@ -406,6 +569,8 @@ def _register_event(result: RegisterResult, lk: Lock, ev: Evidence, builder: str
         evidence["logged_model_id"] = result.logged_model_id
     if lk.provenance.commit:
         evidence["git_commit"] = lk.provenance.commit
+    if result.adapters:
+        evidence["adapters"] = {a.name: a.model_uri for a in result.adapters}
     if digests:
         evidence["reports"] = digests
     # The manifest's deciding sections (gates, environments, promotion, watch) are not in

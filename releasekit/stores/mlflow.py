@@ -1,5 +1,6 @@
-"""The MLflow registry adapter: one run and one model version per release, its prompts in the
-prompt registry, and environment aliases (`models:/<name>@<env>`) kept in step with the ledger.
+"""The MLflow registry adapter: one run and one model version per release (and one version per
+LoRA adapter of it, linked to the release's), its prompts in the prompt registry, and
+environment aliases (`models:/<name>@<env>`) kept in step with the ledger.
 
 MLflow is imported inside functions only, so the CLI starts fast. Every MlflowException is
 re-raised as RegistryError (`from exc`) where it enters; a tracking server that does not
@@ -408,7 +409,9 @@ def _link_prompt_to_experiment(client: MlflowClient, prompt: str, exp_id: str) -
         client.set_prompt_tag(prompt, PROMPT_EXPERIMENT_IDS_TAG_KEY, f",{','.join(ids)},")
 
 
-def _ensure_registered_model(client: MlflowClient, name: str, description: str) -> None:
+def _ensure_registered_model(
+    client: MlflowClient, name: str, description: str, *, tags: dict[str, str] | None = None
+) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -419,11 +422,55 @@ def _ensure_registered_model(client: MlflowClient, name: str, description: str) 
             raise
     try:
         client.create_registered_model(
-            name, tags={"releasekit": "deployment"}, description=description or None
+            name,
+            tags=tags if tags is not None else {"releasekit": "deployment"},
+            description=description or None,
         )
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+
+
+# -- adapters --------------------------------------------------------------------------------
+
+# Each LoRA adapter of a release is a version of a registered model of its own. Its version
+# names the release under `adapter_release_id`, never `release_id`: a lookup of a release by
+# `tags.release_id` (find_version, assign) must find the release's own model version only.
+TAG_ADAPTER_NAME = "adapter_name"
+TAG_ADAPTER_RELEASE = "adapter_release_id"
+TAG_ADAPTER_DIGEST = "adapter_digest"
+TAG_ADAPTER_RANK = "adapter_rank"
+TAG_BASE_WEIGHTS = "base_weights_digest"
+TAG_BASE_MODEL_URI = "base_model_uri"  # models:/<release model>/<version>: the base's version
+TAG_ADAPTER_URIS = "adapter_model_uris"  # on the release's version: its adapters' model URIs
+ADAPTER_MODEL_TAG = "adapter"  # the registered model's `releasekit` tag
+
+
+def adapter_model_name(model_name: str, adapter: str) -> str:
+    """The registered model that holds adapter `adapter` of manifest `model_name`'s releases:
+    `<manifest name>~lora~<adapter name>` (e.g. `demo~lora~demo-json`).
+
+    Manifest and adapter names are `[a-z0-9._-]` only, so a name with `~` is never a
+    manifest's model, nor its prompt (`<name>.chat`), whatever either is called. MLflow
+    refuses only `/` and `:` in model names, and `~` is unreserved in URIs, so
+    `models:/demo~lora~demo-json/3` needs no escaping. One model per manifest and adapter:
+    the same adapter name on two bases is two lineages, not one."""
+    return f"{model_name}~lora~{adapter}"
+
+
+def _adapter_versions(
+    client: MlflowClient, name: str, release_id: str, digest: str
+) -> list[ModelVersion]:
+    """The versions of adapter model `name` registered for this release and adapter digest
+    (oldest first; one, unless a registry was edited by hand)."""
+    hexes = re.compile(r"[0-9a-f]{1,64}")
+    if not (hexes.fullmatch(release_id) and hexes.fullmatch(digest)):
+        return []
+    found = client.search_model_versions(
+        f"name = '{name}' and tags.{TAG_ADAPTER_RELEASE} = '{release_id}' "
+        f"and tags.{TAG_ADAPTER_DIGEST} = '{digest}'"
+    )
+    return sorted(found, key=lambda v: int(v.version))
 
 
 # -- assign ----------------------------------------------------------------------------------
