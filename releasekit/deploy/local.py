@@ -8,7 +8,8 @@ the start of every command: it forgets processes that died, stops servers a cras
 left half-started, stops warm servers whose warm period is over and unloads the adapter
 versions kept warm on a live engine (deploy/warm_adapters.py) once theirs is. A small detached
 "expirer" (`python -m releasekit.deploy.local expire --state-dir DIR --env ENV`) does the
-last two on time when no command runs; it exits once nothing warm is left.
+last two on time when no command runs; it exits once nothing warm is left. What a deploy
+loads into a running engine goes again when it fails part-way (deploy/adapter_loads.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from releasekit._support.http import http_client
 from releasekit._support.procs import group_alive, last_error_line, tail
 from releasekit._support.retry import RetryPolicy
 from releasekit.config import EnvironmentConfig
+from releasekit.deploy.adapter_loads import DeployLoads
 from releasekit.deploy.gateway import (
     GatewayConfig,
     GatewayError,
@@ -242,6 +244,9 @@ class LocalTarget(DeployTarget):
         self.env = env
         self.config = config
         self.handle = handle
+        self.loads = DeployLoads(  # what this deploy loads into a running engine
+            handle, hold_s=config.warm_s, drain_s=config.drain_deadline_s, after=self.spawn_expirer
+        )
 
     # -- state -------------------------------------------------------------------------
 
@@ -408,10 +413,10 @@ class LocalTarget(DeployTarget):
         self.handle.save()
 
     def load_adapters(self, upstream: Upstream, spec: ReleaseSpec) -> list[str]:
-        """Load `spec`'s adapters the running server lacks (`load_release_adapters`)."""
+        """Load `spec`'s adapters the running server lacks (`DeployLoads.load`)."""
         if not spec.adapters and spec.adapters_problem is None:
             return []
-        return load_release_adapters(upstream, spec)
+        return self.loads.load(upstream, spec, load_release_adapters)
 
     def health(self, upstream: Upstream) -> bool:
         """True while the server answers /health and lists its model."""
@@ -421,7 +426,7 @@ class LocalTarget(DeployTarget):
         """Run `probe` through a private gateway in this process whose only route is the
         candidate (the same templating, relaying and adapter names as the environment's
         gateway), so the release and each of its adapters are checked before any client
-        reaches them."""
+        reaches them. A failed smoke unloads the adapters this deploy loaded and says so."""
         config = GatewayConfig(
             env=f"{self.env}-preview",
             host="127.0.0.1",
@@ -430,14 +435,17 @@ class LocalTarget(DeployTarget):
             routes=[upstream.route(spec)],
             log_level="error",
         )
-        with ThreadedGateway(config) as tg:
-            return run_smoke(
+        with self.loads.unloaded_on_error(), ThreadedGateway(config) as tg:
+            res = run_smoke(
                 tg.url,
                 probe,
                 release_id=spec.release_id,
                 where="preview",
                 adapters=sorted(spec.adapters),
             )
+        if res.problem is not None:
+            res.problem += self.loads.unload()
+        return res
 
     def stop(self, upstream: Upstream, *, grace_s: float = 10.0) -> None:
         """Stop the server's process group and forget it."""
@@ -545,12 +553,14 @@ class LocalTarget(DeployTarget):
         return launched.url
 
     def route(self, routes: Sequence[Route]) -> None:
-        """Swap the gateway's table atomically and record it."""
+        """Swap the gateway's table atomically and record it; adapters this deploy loaded
+        that the table no longer names (a switch back) are unloaded once drained."""
         with self._client() as c:
             c.set_routes(list(routes))
         self._state.routes = list(routes)
         self._state.mirror = None  # a new table ends mirroring
         self.handle.save()
+        self.loads.unload(drain=True)
 
     def wait_drained(self, release_id: str, *, deadline_s: float) -> bool:
         """True once the gateway has nothing in flight to `release_id`."""
@@ -637,7 +647,12 @@ def expire_warm(
             keep.append(s)
         had_adapters = bool(adapter_deadlines(st))
         st.servers = keep
-        unloaded = unload_expired(st, now=t, drain=lambda: drain_unrouted(st, drain_deadline_s))
+        unloaded = unload_expired(  # an engine that is gone has nothing left to unload
+            st,
+            now=t,
+            drain=lambda: drain_unrouted(st, drain_deadline_s),
+            alive=lambda s: process_alive(s.pid, s.proc_start),
+        )
         if stopped or had_adapters:
             write_state(state_dir, st)
     return stopped + len(unloaded.names)

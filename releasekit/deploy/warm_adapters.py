@@ -8,14 +8,23 @@ it finds them loaded and moves the route back at once), recorded per server in
 `ServerRecord.adapters_warm` (engine name -> unix time). When the window ends, the expirer or
 the next command's reconcile unloads each one that no route and no running mirror of the
 environment names any more (a rollback that brings one back after the window loads it again).
+
+An unload the engine does not do (it is down, or answers 5xx) keeps its entry, with the time
+it was due: it is tried again at `next_unload_try` (a backoff from that time, 5 s doubling
+up to 5 min between tries), and `deploy-status` says it is overdue. One whose engine is gone
+leaves the list (nothing is loaded any more).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from releasekit._support.retry import RetryPolicy
 from releasekit.deploy.gateway import GatewayError, Route
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import EnvState, ServerRecord
@@ -55,9 +64,48 @@ def mark_warm(
     return gone
 
 
-def adapter_deadlines(state: EnvState) -> list[float]:
-    """When each warm adapter of the environment's servers is due to be unloaded."""
-    return [t for s in state.servers for t in s.adapters_warm.values()]
+UNLOAD_RETRY = RetryPolicy(base_s=5.0, cap_s=300.0, jitter=False)
+"""The waits between tries of an unload the engine did not do (only its backoff is used:
+the expirer and each command's reconcile are the loop)."""
+
+
+def next_unload_try(due: float, now: float) -> float:
+    """When an unload due at `due` and still not done at `now` is tried next: the first of
+    due + w1, due + w1 + w2, ... after `now` (w the UNLOAD_RETRY backoff, so every try's
+    time follows from the due time alone); `due` itself while it is in the future."""
+    if due > now:
+        return due
+    t, attempt = due, 1
+    while True:
+        wait = UNLOAD_RETRY.backoff(attempt)
+        if t + wait > now:
+            return t + wait
+        if wait >= UNLOAD_RETRY.cap_s:  # from here every cap_s
+            return t + (math.floor((now - t) / wait) + 1) * wait
+        t, attempt = t + wait, attempt + 1
+
+
+def overdue_unloads(server: ServerRecord, now: float) -> dict[str, float]:
+    """The warm adapters of `server` whose unload is overdue (due more than the first
+    retry's wait ago and still listed: the engine did not unload them, or nothing ran to do
+    it): engine name -> when it is tried next."""
+    grace = UNLOAD_RETRY.backoff(1)
+    return {
+        name: next_unload_try(due, now)
+        for name, due in sorted(server.adapters_warm.items())
+        if now >= due + grace
+    }
+
+
+def adapter_deadlines(state: EnvState, *, now: float | None = None) -> list[float]:
+    """When each warm adapter of the environment's servers is due to be unloaded, or, for
+    one past due (an unload the engine did not do), tried again."""
+    t = time.time() if now is None else now
+    return [next_unload_try(due, t) for s in state.servers for due in s.adapters_warm.values()]
+
+
+def _utc(t: float) -> str:
+    return f"{dt.datetime.fromtimestamp(t, dt.UTC):%H:%M:%S} UTC"
 
 
 def drain_unrouted(state: EnvState, deadline_s: float) -> None:
@@ -85,12 +133,18 @@ class Unloaded(NamedTuple):
 
 
 def unload_expired(
-    state: EnvState, *, now: float, drain: Callable[[], None] | None = None
+    state: EnvState,
+    *,
+    now: float,
+    drain: Callable[[], None] | None = None,
+    alive: Callable[[ServerRecord], bool] | None = None,
 ) -> Unloaded:
     """Unload the warm adapters whose window is over from their engines (after `drain`,
     once, when there is one to unload) and take them off the warm lists. One a route names
     again is live (off the list, still loaded); one only a running mirror names waits for
-    the mirror's end. An engine that cannot unload one leaves it loaded (unrouted)."""
+    the mirror's end. One the engine does not unload stays listed with its due time (tried
+    again at `next_unload_try`), unless `alive` says its engine is gone: then it leaves the
+    list, as there is nothing left to unload."""
     out = Unloaded([], [])
     due: list[tuple[ServerRecord, str]] = []
     for s in state.servers:
@@ -111,12 +165,23 @@ def unload_expired(
     if due and drain is not None:
         drain()
     for s, name in due:
-        del s.adapters_warm[name]
         try:
             unload_adapter(s.base_url, name, api_key=s.api_key)
         except ReleasekitError as exc:
-            out.notes.append(f"adapter {name} stays loaded on {s.base_url}: {exc.message}")
+            if alive is not None and not alive(s):
+                del s.adapters_warm[name]
+                out.notes.append(
+                    f"adapter {name} left the warm list: its engine at {s.base_url} "
+                    f"(pid {s.pid}) is gone"
+                )
+                continue
+            again = next_unload_try(s.adapters_warm[name], now)
+            out.notes.append(
+                f"adapter {name} stays loaded on {s.base_url}: {exc.message}; "
+                f"the unload is tried again at {_utc(again)}"
+            )
             continue
+        del s.adapters_warm[name]
         out.names.append(name)
         out.notes.append(f"unloaded adapter {name} from {s.base_url} (warm period over)")
     return out

@@ -1,5 +1,6 @@
 """An environment as it runs now: `deploy_status` (gateway, routes, servers, a `ray`
-release's replicas and scale, the mirror), the releases it serves, and `down`."""
+release's replicas and scale, the adapter versions a server keeps loaded after its route moved
+on, the mirror), the releases it serves, and `down`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from releasekit.deploy.gateway import GatewayError
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import check_health
 from releasekit.deploy.state import EnvState, locked_state, read_state
+from releasekit.deploy.warm_adapters import overdue_unloads
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release, release_knee
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
@@ -133,6 +135,16 @@ class ServerStatus(BaseModel):
         default_factory=list, description="the `ray` target's replicas, with their nodes"
     )
     scale: ScaleStatus | None = Field(None, description="`ray`: replica count and range")
+    adapters_warm: dict[str, dt.datetime] = Field(
+        default_factory=dict,
+        description="LoRA adapter versions (engine names) it keeps loaded though no route "
+        "names them any more: engine name -> when they are unloaded",
+    )
+    adapters_overdue: dict[str, dt.datetime] = Field(
+        default_factory=dict,
+        description="those of `adapters_warm` whose unload is overdue (the engine did not "
+        "unload them when due): engine name -> when the unload is tried next",
+    )
 
 
 class MirrorStatus(BaseModel):
@@ -249,6 +261,38 @@ def _scale(
     return out
 
 
+def _utc(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.UTC)
+
+
+def warm_adapter_lines(envs: list[EnvDeployStatus]) -> list[str]:
+    """`deploy-status`'s lines on warm adapters: per environment, the versions its engines
+    keep loaded for the warm window and when the first is unloaded, then one line per
+    unload that is overdue (the engine did not do it), with when it is tried next."""
+    lines: list[str] = []
+    for e in envs:
+        warm: dict[str, dt.datetime] = {}
+        late: list[str] = []
+        for s in e.servers:
+            for name, until in s.adapters_warm.items():
+                if name in s.adapters_overdue:
+                    again = s.adapters_overdue[name]
+                    late.append(
+                        f"{e.environment}: adapter {name} is still loaded on {s.base_url}: "
+                        f"its unload is overdue (due {until:%Y-%m-%d %H:%M:%S} UTC; "
+                        f"tried again at {again:%H:%M:%S} UTC)"
+                    )
+                else:
+                    warm[name] = until
+        if warm:
+            lines.append(
+                f"{e.environment}: adapters kept loaded (warm): {', '.join(sorted(warm))}; "
+                f"unloaded from {min(warm.values()):%Y-%m-%d %H:%M:%S} UTC"
+            )
+        lines += late
+    return lines
+
+
 def deploy_status(
     settings: Settings, *, env: str | None = None, ledger: Ledger | None = None
 ) -> list[EnvDeployStatus]:
@@ -260,6 +304,7 @@ def deploy_status(
     led = ledger or open_ledger(settings, read_only=True)
     names = [env] if env else sorted({*settings.environments, *list_envs(settings.state_dir)})
     out: list[EnvDeployStatus] = []
+    now = time.time()
     for name in names:
         st = read_state(settings.state_dir, name)
         gw = st.gateway
@@ -282,6 +327,8 @@ def deploy_status(
                 app=s.app,
                 replicas=_replicas(settings, name, s.app),
                 scale=_scale(settings, name, s.app, s.release_id, led),
+                adapters_warm={n: _utc(t) for n, t in sorted(s.adapters_warm.items())},
+                adapters_overdue={n: _utc(t) for n, t in overdue_unloads(s, now).items()},
             )
             for s in st.servers
         ]
@@ -301,7 +348,7 @@ def deploy_status(
                 serving=gw_ok and bool(live) and routed == [live.to_release if live else None],
                 agrees=(not gw_ok and not routed)
                 or (bool(live) and routed == [live.to_release if live else None]),
-                mirror=_mirror_status(st, gw_ok, time.time()),
+                mirror=_mirror_status(st, gw_ok, now),
             )
         )
     return out
