@@ -432,8 +432,11 @@ def show_cmd(
     if d.adapters:
         table(
             "adapters (--json for each file's digest)",
-            ["name", "rank", "digest", "base"],
-            [(a.name, _val(a.rank), _val(a.digest), _val(a.base)) for a in d.adapters],
+            ["name", "rank", "digest", "base", "registry"],
+            [
+                (a.name, _val(a.rank), _val(a.digest), _val(a.base), _val(a.model_uri))
+                for a in d.adapters
+            ],
         )
     # An adapter's files are summed up by its digest above.
     inputs = [(k, v) for k, v in sorted(d.inputs.items()) if not k.startswith("adapter/")]

@@ -330,28 +330,6 @@ def down_cmd(
     out.print(f"{esc(env)}: stopped {esc(', '.join(what) or 'nothing (nothing ran)')}")
 
 
-def _print_warm_adapters(envs: list[str]) -> None:
-    """One line per environment whose live engine keeps old adapter versions loaded for
-    the warm window: the engine names and when the first is unloaded."""
-    import datetime as dt
-
-    from releasekit.deploy.state import read_state
-
-    for env in envs:
-        warm = {
-            name: until
-            for s in read_state(State.settings().state_dir, env).servers
-            for name, until in s.adapters_warm.items()
-        }
-        if warm:
-            first = dt.datetime.fromtimestamp(min(warm.values()), dt.UTC)
-            out.print(
-                f"{esc(env)}: adapters kept loaded (warm): {esc(', '.join(sorted(warm)))}; "
-                f"unloaded from {first:%Y-%m-%d %H:%M:%S} UTC",
-                highlight=False,
-            )
-
-
 @handle_errors
 def deploy_status_cmd(
     env: Annotated[str | None, typer.Argument(help="one environment (default: all)")] = None,
@@ -360,6 +338,7 @@ def deploy_status_cmd(
     """What runs for each environment: its gateway, routes and servers, and whether the
     gateway serves the ledger's live release."""
     from releasekit.promote.deploy import deploy_status
+    from releasekit.promote.deploy_status import warm_adapter_lines
 
     envs = deploy_status(State.settings(), env=env)
     if json_:
@@ -416,7 +395,8 @@ def deploy_status_cmd(
             f"mirrored, {left}{counts}",
             highlight=False,
         )
-    _print_warm_adapters([e.environment for e in envs])
+    for line in warm_adapter_lines(envs):  # warm adapters, overdue unloads
+        out.print(esc(line), highlight=False)
     for e in envs:
         for s in e.servers:
             sc = s.scale

@@ -20,6 +20,7 @@ from releasekit.releases.adapter_view import (
     AdapterChange,
     AdapterInfo,
     adapter_changes,
+    registered_adapters,
     release_adapters,
 )
 from releasekit.releases.context import _Context, _context, _prompt_texts, _recipe, _serving
@@ -362,7 +363,11 @@ def show(settings: Settings, ref: str, *, ledger: Ledger | None = None) -> Relea
         manifest_source=ctx.manifest_source,
         manifest=ctx.manifest.model_dump(mode="json", by_alias=True) if ctx.manifest else None,
         inputs=ctx.lock.inputs if ctx.lock else {},
-        adapters=release_adapters(ctx.manifest, ctx.lock.inputs if ctx.lock else {}),
+        adapters=release_adapters(
+            ctx.manifest,
+            ctx.lock.inputs if ctx.lock else {},
+            registered_adapters(ctx.register.evidence if ctx.register else None),
+        ),
         provenance=ctx.lock.provenance if ctx.lock else None,
         locked_at=ctx.lock.locked_at if ctx.lock else None,
         registry=_links(ctx.register),

@@ -15,6 +15,7 @@ from mlflow.store.artifact.utils.models import _parse_model_uri
 from releasekit.errors import LockError, RegistryError
 from releasekit.releases import register as register_mod
 from releasekit.releases.adapter_view import registered_adapters, release_adapters
+from releasekit.releases.queries import show
 from releasekit.releases.register import register_release
 from releasekit.spec.adapters import adapter_digest, weights_digest
 from releasekit.spec.manifest import load_manifest
@@ -110,6 +111,10 @@ def test_each_adapter_is_a_version_linked_to_the_release_version(mlproj: Proj) -
     assert [(a.name, a.model_uri) for a in shown] == [
         ("demo-json", "models:/lora-rel~lora~demo-json/1"),
         ("demo-sql", "models:/lora-rel~lora~demo-sql/1"),
+    ]
+    detail = show(mlproj.settings, lk.release_id)
+    assert [(a.name, a.model_uri) for a in detail.adapters] == [
+        (a.name, a.model_uri) for a in shown
     ]
 
 
