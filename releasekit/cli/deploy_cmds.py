@@ -105,6 +105,26 @@ def _print_gates(report: object, *, explain: bool) -> None:
         )
 
 
+def _print_gates_passed(report: object, html: str | None) -> None:
+    """One line for a gate report whose every gate passed (`promote --brief`)."""
+    from releasekit.promote.gates import GateReport
+
+    if not isinstance(report, GateReport):
+        return
+    against = (
+        f"{report.live_name} {_short(report.live_release_id)}"
+        if report.live_release_id
+        else "nothing live (absolute checks)"
+    )
+    out.print(
+        f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
+        f"{report.environment} (against {against}): all {len(report.gates)} passed"
+        + (f" (report: {html})" if html else ""),
+        markup=False,
+        highlight=False,
+    )
+
+
 class ForceKind(StrEnum):
     """A kind of gate `--force` may override, named on its own."""
 
@@ -127,6 +147,14 @@ def promote_cmd(
         ),
     ] = False,
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
+    brief: Annotated[
+        bool,
+        typer.Option(
+            "--brief",
+            help="when every gate passes, one line for them instead of the table (a failed "
+            "or advisory gate still prints the table); for logs of many promotions",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the gate report; change nothing")
     ] = False,
@@ -179,7 +207,10 @@ def promote_cmd(
             raise typer.Exit(1)
         return
     if res.report is not None:
-        _print_gates(res.report, explain=explain)
+        if brief and not explain and res.report.passed and not res.report.advisory_failed:
+            _print_gates_passed(res.report, res.report_html)
+        else:
+            _print_gates(res.report, explain=explain)
     if explain and res.canary_power:
         print_canary_power(res.canary_power)
     if res.canary is not None:

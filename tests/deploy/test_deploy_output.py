@@ -78,3 +78,10 @@ def test_promote_prints_the_quality_rule_only_with_explain(kit: Kit) -> None:
     assert any(line.startswith("suite ") and " pass " in line for line in rows), plain.stdout
     assert "  rule: " not in plain.stdout and "  kind: " not in plain.stdout
     assert "  rule: " in explained.stdout and "  kind: quality" in explained.stdout
+    # --brief: every gate passed, so one line says so instead of the table.
+    brief = runner.invoke(_app(), [*args, "--brief"])
+    assert brief.exit_code == 0, brief.output
+    [said] = [line for line in brief.stdout.splitlines() if line.startswith("gates: ")]
+    assert " -> staging (against demo-bf16 " in said
+    assert said.split("): all ", 1)[1].split(" passed", 1)[0].isdigit(), said
+    assert not any(line.startswith("gate ") for line in brief.stdout.splitlines())
