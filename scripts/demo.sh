@@ -62,13 +62,15 @@ trap on_exit EXIT
 step "setup: install the toolkit, and the system packages vLLM's CPU build and watch need"
 quiet install bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Piped into a log, output wraps at COLUMNS (80 unless set): the demo's log is read wide.
+export COLUMNS="${COLUMNS:-120}"
 export RELEASEKIT_ACTOR="${RELEASEKIT_ACTOR:-demo <demo@releasekit.local>}"
 # A decision the step's exit status announces (demo_expect.py records those the ledger shows).
 note() { python scripts/demo_outcome.py note "$@"; }
 # Every promotion goes through the gates. One that fails stops the demo here: promote has
 # printed the gate report (and where its HTML is), which says what failed and why.
 promote_or_stop() {
-  if ! releasekit promote "$@"; then
+  if ! releasekit promote --brief "$@"; then
     echo "demo: stopped, a gate failed (report above). Nothing was overridden." >&2
     exit 1
   fi

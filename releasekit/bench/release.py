@@ -13,7 +13,7 @@ from releasekit.bench.runner import PointCallback, run_bench, write_outputs
 from releasekit.config import Settings
 from releasekit.serving.vllm import VLLMServer, api_key_of, serve_release
 from releasekit.spec.loadprofile import LoadProfile, load_profile
-from releasekit.spec.lock import locked_release, serving_args
+from releasekit.spec.lock import Lock, locked_release, serving_args
 from releasekit.spec.manifest import Manifest
 
 
@@ -55,6 +55,33 @@ def max_num_seqs_of(args: dict[str, str]) -> int | None:
         return None
 
 
+def bench_served(
+    server: VLLMServer,
+    manifest: Manifest,
+    lock: Lock,
+    profile: LoadProfile,
+    *,
+    progress: Progress | None = None,
+    on_point: PointCallback | None = None,
+    repetitions: int | None = None,
+) -> BenchResult:
+    """The main sweep of `profile` on `server`, which serves the locked release: as its
+    served model, with its API key and max-num-seqs, the result tagged with its release id
+    and the profile's locked digest. `repetitions` overrides the profile's."""
+    return run_bench(
+        server.base_url,
+        manifest.served_name,
+        profile,
+        release_id=lock.release_id,
+        profile_digest=lock.inputs.get("load/profile"),
+        progress=progress,
+        on_point=on_point,
+        api_key=api_key_of(manifest),
+        repetitions=repetitions,
+        max_num_seqs=max_num_seqs_of(serving_args(manifest)),
+    )
+
+
 def bench_release(
     manifest_path: Path | str,
     *,
@@ -81,8 +108,6 @@ def bench_release(
     profile = load_profile(lm.resolve(m.load.profile))
     out = out_dir or settings.release_dir(lk.release_id) / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    api_key = api_key_of(m)
-    max_num_seqs = max_num_seqs_of(serving_args(m))
     server = serve_release(settings, lm, lk, port=port, log_path=out / "server.log")
     with sigterm_as_interrupt():
         if progress is not None:
@@ -90,17 +115,14 @@ def bench_release(
         with server:
             if progress is not None:
                 progress("starting vLLM", 1, 1)
-            result = run_bench(
-                server.base_url,
-                m.served_name,
+            result = bench_served(
+                server,
+                m,
+                lk,
                 profile,
-                release_id=lk.release_id,
-                profile_digest=lk.inputs.get("load/profile"),
                 progress=progress,
                 on_point=on_point,
-                api_key=api_key,
                 repetitions=repetitions,
-                max_num_seqs=max_num_seqs,
             )
             add_adapter_sweeps(result, server, m, profile, progress=progress)
             # A server that died during the sweeps left errors, not evidence.

@@ -221,7 +221,15 @@ def _histogram_window(before: Metrics, after: Metrics, family: str) -> Histogram
     b_before = before.buckets.get(family, {})
     bounds = sorted(b_after)
     deltas = [max(b_after[le] - b_before.get(le, 0.0), 0.0) for le in bounds]
-    qs = histogram_quantiles(bounds, deltas, QUANTILES) if count > 0 else [None] * 4
+    return _window(count, total, bounds, deltas)
+
+
+def _window(
+    count: float, total: float | None, bounds: list[float], counts: list[float]
+) -> HistogramWindow:
+    """The window of `count` observations summing to `total`, with its buckets' counts
+    (by upper bound): the mean and the quantiles from them."""
+    qs = histogram_quantiles(bounds, counts, QUANTILES) if count > 0 and bounds else [None] * 4
     return HistogramWindow(
         count=count,
         mean_s=(total / count) if (total is not None and count > 0) else None,
@@ -229,7 +237,7 @@ def _histogram_window(before: Metrics, after: Metrics, family: str) -> Histogram
         p90=qs[1],
         p95=qs[2],
         p99=qs[3],
-        buckets=list(zip(bounds, deltas, strict=True)),
+        buckets=list(zip(bounds, counts, strict=True)),
         sum_s=total,
     )
 
@@ -366,18 +374,7 @@ def _merge_windows(windows: Sequence[HistogramWindow]) -> HistogramWindow:
         for le, c in w.buckets:
             merged[le] += c
     bounds = sorted(merged)
-    counts = [merged[le] for le in bounds]
-    qs = histogram_quantiles(bounds, counts, QUANTILES) if count > 0 and bounds else [None] * 4
-    return HistogramWindow(
-        count=count,
-        mean_s=(total / count) if (total is not None and count > 0) else None,
-        p50=qs[0],
-        p90=qs[1],
-        p95=qs[2],
-        p99=qs[3],
-        buckets=list(zip(bounds, counts, strict=True)),
-        sum_s=total,
-    )
+    return _window(count, total, bounds, [merged[le] for le in bounds])
 
 
 def merge_deltas(deltas: Sequence[ServerDelta]) -> ServerDelta:

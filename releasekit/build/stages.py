@@ -14,10 +14,10 @@ from releasekit._support.progress import (
 )
 from releasekit.config import Settings
 from releasekit.errors import BuildError, LockMismatchError
-from releasekit.serving.vllm import api_key_of, serve_release
+from releasekit.serving.vllm import serve_release
 from releasekit.spec import lock as lockmod
 from releasekit.spec.loadprofile import load_profile
-from releasekit.spec.lock import Lock, serving_args
+from releasekit.spec.lock import Lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.stores.results import ReleasePaths
 
@@ -112,9 +112,8 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     (bench first, on an idle server: the main sweep on the base, then for a release with
     adapters the sweeps with 1 to max-loras adapters in traffic; then the suites). Writes
     bench/ and eval/."""
-    from releasekit.bench import run_bench
     from releasekit.bench import write_outputs as write_bench
-    from releasekit.bench.release import add_adapter_sweeps
+    from releasekit.bench.release import add_adapter_sweeps, bench_served
     from releasekit.evaluate import run_eval
     from releasekit.evaluate import write_outputs as write_eval
 
@@ -123,21 +122,11 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     paths.bench_dir.mkdir(parents=True, exist_ok=True)
     paths.eval_dir.mkdir(parents=True, exist_ok=True)
     profile = load_profile(lm.resolve(m.load.profile))
-    seqs = serving_args(m).get("max-num-seqs")
     say("starting vLLM", 0, 0)
     with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as server:
         say("starting vLLM", 1, 1)
         loaded_bytes = server.memory_bytes()
-        bench = run_bench(
-            server.base_url,
-            m.served_name,
-            profile,
-            release_id=lk.release_id,
-            profile_digest=lk.inputs.get("load/profile"),
-            progress=say,
-            api_key=api_key_of(m),
-            max_num_seqs=int(seqs) if seqs and seqs.isdigit() else None,
-        )
+        bench = bench_served(server, m, lk, profile, progress=say)
         server.check_alive()
         bench.server_memory_bytes = loaded_bytes
         bench.server_memory_peak_bytes = server.memory_bytes()

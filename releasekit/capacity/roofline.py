@@ -20,7 +20,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -236,6 +236,28 @@ def _bandwidth(
     return measure_bandwidth_gbs(), "measured on this host", None
 
 
+class _MemoryRead(TypedDict):
+    """What `roofline_of` takes of the memory the weights are read from: its bandwidth,
+    where that figure came from, and the step that counts the bytes read."""
+
+    bandwidth_gbs: float
+    bandwidth_source: BandwidthSource
+    accelerator: str | None
+    steps: list[Step]
+
+
+def _memory_read(
+    weight_bytes: float, counted: str, bandwidth_gbs: float | None, memory: Memory
+) -> _MemoryRead:
+    """`bandwidth_gbs`, or the measured bandwidth of `memory`, and the step "bytes read per
+    step": `weight_bytes`, as `counted` says they were counted."""
+    bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)
+    step = Step(name="bytes read per step", working=counted, value=weight_bytes, unit="bytes")
+    return _MemoryRead(
+        bandwidth_gbs=bandwidth, bandwidth_source=source, accelerator=accelerator, steps=[step]
+    )
+
+
 def _verdict(share: float | None) -> tuple[Nearest, str]:
     if share is None:
         return "not measured", "no single-stream measurement: only the ceiling is known"
@@ -392,20 +414,11 @@ def roofline_by_hand(
     """
     _check("params", params)
     _check("bytes-per-weight", bytes_per_weight)
-    bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)
     weight_bytes = params * bytes_per_weight
-    step = Step(
-        name="bytes read per step",
-        working=f"{_params(params)} parameters x {num(bytes_per_weight)} bytes",
-        value=weight_bytes,
-        unit="bytes",
-    )
+    counted = f"{_params(params)} parameters x {num(bytes_per_weight)} bytes"
     return roofline_of(
         weight_bytes,
-        bandwidth_gbs=bandwidth,
-        bandwidth_source=source,
-        accelerator=accelerator,
-        steps=[step],
+        **_memory_read(weight_bytes, counted, bandwidth_gbs, memory),
         params=params,
         bytes_per_weight=bytes_per_weight,
     )
@@ -454,21 +467,13 @@ def roofline_release(
             raise  # not as signed: refused, not shown as "no bench"
         bench = None
         notes.append(f"{exc.message}: only the ceiling is shown")
-    bandwidth, source, accelerator = _bandwidth(bandwidth_gbs, memory)
-    step = Step(
-        name="bytes read per step",
-        working=f"{len(files)} safetensors file(s) in {model_dir}"
-        + (f", served as {dtype}" if dtype else ""),
-        value=weight_bytes,
-        unit="bytes",
+    counted = f"{len(files)} safetensors file(s) in {model_dir}" + (
+        f", served as {dtype}" if dtype else ""
     )
     return roofline_of(
         weight_bytes,
-        bandwidth_gbs=bandwidth,
-        bandwidth_source=source,
-        accelerator=accelerator,
+        **_memory_read(weight_bytes, counted, bandwidth_gbs, memory),
         bench=bench,
-        steps=[step],
         release_id=release_id,
         model_dir=model_dir,
         weight_files=[f.relative_to(model_dir).as_posix() for f in files],

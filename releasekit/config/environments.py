@@ -63,6 +63,13 @@ DEFAULT_MAX_CANARY_SUSTAIN = 5
 """The most breaching judgements in a row a canary may wait for before aborting, by default."""
 
 
+def _ceilings(description: str, defaults: dict[str, float]) -> Any:
+    """A field of ceilings on what a manifest sets (metric -> largest, "*" for the rest),
+    empty unless configured; `{defaults}` in `description` lists `defaults`."""
+    listed = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
+    return Field(default_factory=dict, description=description.format(defaults=listed))
+
+
 class AnswerJudgeConfig(BaseModel):
     """The pinned judge a `judge` answer comparison asks (any OpenAI-compatible endpoint):
     "same substance?", both orders, at temperature 0."""
@@ -384,12 +391,11 @@ class EnvironmentConfig(BaseModel):
         f'name -> largest margin, "*" for every other suite (default {DEFAULT_MAX_MARGIN:g}); '
         "a larger margin is clamped to the ceiling",
     )
-    max_perf_tolerance: dict[str, float] = Field(
-        default_factory=dict,
-        description="ceilings on the perf tolerances the manifest sets at the knee: "
-        'bench.knee metric -> largest tolerance, "*" for the rest (defaults: '
-        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_PERF_TOLERANCE.items())
-        + "); a wider tolerance is clamped to the ceiling",
+    max_perf_tolerance: dict[str, float] = _ceilings(
+        "ceilings on the perf tolerances the manifest sets at the knee: bench.knee metric -> "
+        'largest tolerance, "*" for the rest (defaults: {defaults}); a wider tolerance is '
+        "clamped to the ceiling",
+        DEFAULT_MAX_PERF_TOLERANCE,
     )
     max_perf_spread: float = Field(
         DEFAULT_MAX_PERF_SPREAD,
@@ -401,20 +407,17 @@ class EnvironmentConfig(BaseModel):
         "widened to s, goodput must stay above live x (1 - s), so a halved goodput always "
         "fails (and a doubled TTFT, above live x (1 + s))",
     )
-    max_canary_tolerance: dict[str, float] = Field(
-        default_factory=dict,
-        description="ceilings on the relative tolerance of the candidate manifest's canary "
-        'checks (also used by its shadow comparisons): metric -> largest, "*" for the rest '
-        "(default "
-        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_CANARY_TOLERANCE.items())
-        + "); a wider one is clamped to the ceiling and reported",
+    max_canary_tolerance: dict[str, float] = _ceilings(
+        "ceilings on the relative tolerance of the candidate manifest's canary checks (also "
+        'used by its shadow comparisons): metric -> largest, "*" for the rest (default '
+        "{defaults}); a wider one is clamped to the ceiling and reported",
+        DEFAULT_MAX_CANARY_TOLERANCE,
     )
-    max_canary_slack: dict[str, float] = Field(
-        default_factory=dict,
-        description="ceilings on the absolute slack of the candidate manifest's canary checks: "
-        'metric -> largest, "*" for the rest (defaults: '
-        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MAX_CANARY_SLACK.items())
-        + "); a wider one is clamped to the ceiling and reported",
+    max_canary_slack: dict[str, float] = _ceilings(
+        "ceilings on the absolute slack of the candidate manifest's canary checks: metric -> "
+        'largest, "*" for the rest (defaults: {defaults}); a wider one is clamped to the '
+        "ceiling and reported",
+        DEFAULT_MAX_CANARY_SLACK,
     )
     max_canary_confidence: float = Field(
         DEFAULT_MAX_CANARY_CONFIDENCE,

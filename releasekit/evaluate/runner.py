@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import itertools
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -429,7 +430,18 @@ async def run_eval_async(
     api_key: str | None = None,
     noise_items: int | None = NOISE_ITEMS,
 ) -> EvalResult:
-    """Async form of `run_eval`."""
+    """Evaluate a served release on its manifest's suites (`run_eval`: the same, blocking).
+
+    Sends every item to `base_url`'s /v1/chat/completions as `model` (a suite with an
+    `adapter` as that adapter's model name) at temperature 0, with
+    the release's prompts applied, at most `concurrency` requests in flight; scores each
+    answer; runs all suites `noise_runs` times (>= 2 measures run-to-run noise; the first
+    run's items are the result; later runs send at most `noise_items` items of each suite,
+    an even spread, None: all). `progress(label, done, total)` is called as items finish.
+
+    Raises EvalError for bad suites or prompts (before any request), ServerUnreachableError
+    if the server does not answer.
+    """
     if noise_runs < 1:
         raise EvalError(f"noise_runs must be at least 1, got {noise_runs}")
     if concurrency < 1:
@@ -506,51 +518,26 @@ def _quiet_interrupts(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) 
     loop.default_exception_handler(context)
 
 
-def _run(coro: Coroutine[Any, Any, EvalResult]) -> EvalResult:
-    with asyncio.Runner() as runner:
-        runner.get_loop().set_exception_handler(_quiet_interrupts)
-        return runner.run(coro)
+P = ParamSpec("P")
 
 
-def run_eval(
-    base_url: str,
-    model: str,
-    lm: LoadedManifest,
-    *,
-    release_id: str | None = None,
-    noise_runs: int = 2,
-    progress: Progress | None = None,
-    concurrency: int = 16,
-    timeout_s: float = 120.0,
-    api_key: str | None = None,
-    noise_items: int | None = NOISE_ITEMS,
-) -> EvalResult:
-    """Evaluate a served release on its manifest's suites.
+def _blocking(
+    evaluate: Callable[P, Coroutine[Any, Any, EvalResult]], *, name: str
+) -> Callable[P, EvalResult]:
+    """The blocking form of the coroutine function `evaluate`, called `name`: each call runs
+    on an event loop of its own (an interrupt reaches the caller without asyncio's noise)."""
 
-    Sends every item to `base_url`'s /v1/chat/completions as `model` (a suite with an
-    `adapter` as that adapter's model name) at temperature 0, with
-    the release's prompts applied, at most `concurrency` requests in flight; scores each
-    answer; runs all suites `noise_runs` times (>= 2 measures run-to-run noise; the first
-    run's items are the result; later runs send at most `noise_items` items of each suite,
-    an even spread, None: all). `progress(label, done, total)` is called as items finish.
+    @functools.wraps(evaluate)
+    def blocking(*args: P.args, **kwargs: P.kwargs) -> EvalResult:
+        with asyncio.Runner() as runner:
+            runner.get_loop().set_exception_handler(_quiet_interrupts)
+            return runner.run(evaluate(*args, **kwargs))
 
-    Raises EvalError for bad suites or prompts (before any request), ServerUnreachableError
-    if the server does not answer.
-    """
-    return _run(
-        run_eval_async(
-            base_url,
-            model,
-            lm,
-            release_id=release_id,
-            noise_runs=noise_runs,
-            progress=progress,
-            concurrency=concurrency,
-            timeout_s=timeout_s,
-            api_key=api_key,
-            noise_items=noise_items,
-        )
-    )
+    blocking.__name__ = blocking.__qualname__ = name
+    return blocking
+
+
+run_eval = _blocking(run_eval_async, name="run_eval")
 
 
 EVAL_JSON = "eval.json"

@@ -31,8 +31,10 @@ what it was by itself, and records why.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec
 
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.environments import EnvironmentNotConfiguredError, env_config, target_for
@@ -107,34 +109,6 @@ def _fail_event(
     )
 
 
-def _adapters_failed(
-    out: DeployOutcome,
-    step: Any,
-    since: float,
-    exc: ReleasekitError,
-    ledger: Ledger,
-    spec: ReleaseSpec,
-    live_now: str | None,
-    actor: str | None,
-) -> DeployOutcome:
-    """An adapter that did not load (or a target that carries none): recorded as a failed
-    deploy at stage `adapters`, as a failed start is; the route has not moved."""
-    first = exc.message.splitlines()[0]
-    step("adapters", False, since, first)
-    out.failed_stage, out.failure = "adapters", first
-    out.failure_event = _fail_event(
-        ledger,
-        env=out.environment,
-        release_id=spec.release_id,
-        previous=live_now,
-        stage="adapters",
-        failure=first,
-        actor=actor,
-        extra={"adapters": dict(spec.adapters)},
-    )
-    return out
-
-
 def _smoke_summary(s: SmokeResult | None) -> dict[str, Any] | None:
     if s is None:
         return None
@@ -148,6 +122,28 @@ def _smoke_summary(s: SmokeResult | None) -> dict[str, Any] | None:
     }
 
 
+P = ParamSpec("P")
+
+
+def _naming_what_serves(
+    deploy: Callable[Concatenate[Settings, P], DeployOutcome],
+) -> Callable[Concatenate[Settings, P], DeployOutcome]:
+    """`deploy`, whose failed outcome also says what still serves its environment (read
+    once the deploy lock is released)."""
+
+    @functools.wraps(deploy)
+    def deploy_naming_what_serves(
+        settings: Settings, /, *args: P.args, **kwargs: P.kwargs
+    ) -> DeployOutcome:
+        out = deploy(settings, *args, **kwargs)
+        if not out.ok:
+            out.serving = serving_releases(settings, out.environment)
+        return out
+
+    return deploy_naming_what_serves
+
+
+@_naming_what_serves
 def deploy_release(
     settings: Settings,
     *,
@@ -175,43 +171,6 @@ def deploy_release(
     `compare_previous` (a promotion, not a rollback): mirror to the previous release for
     the policy's `after_promotion_compare_s` (the caller checked the policy is committed).
     A failed outcome says what still serves the environment (`serving`)."""
-    out = _deploy_release(
-        settings,
-        env=env,
-        spec=spec,
-        probe=probe,
-        record=record,
-        ledger=ledger,
-        expected_live=expected_live,
-        actor=actor,
-        lock_timeout_s=lock_timeout_s,
-        started_at=started_at,
-        shift=shift,
-        replicas=replicas,
-        compare_previous=compare_previous,
-    )
-    if not out.ok:
-        out.serving = serving_releases(settings, env)
-    return out
-
-
-def _deploy_release(
-    settings: Settings,
-    *,
-    env: str,
-    spec: ReleaseSpec,
-    probe: SmokeProbe | None,
-    record: RecordFn,
-    ledger: Ledger,
-    expected_live: str | None,
-    actor: str | None = None,
-    lock_timeout_s: float = 600.0,
-    started_at: float | None = None,
-    shift: ShiftFn | None = None,
-    replicas: int | None = None,
-    compare_previous: bool = False,
-) -> DeployOutcome:
-    """The steps of `deploy_release`."""
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -231,10 +190,33 @@ def _deploy_release(
                 f"not {str(expected_live)[:12]}"
             )
         out.previous_release_id = live_now
+
+        def fail(
+            stage: DeployStage, failure: str, extra: dict[str, Any] | None = None
+        ) -> DeployOutcome:
+            """The deploy failed at `stage`: say why, and record a `deploy_failed` event."""
+            out.failed_stage, out.failure = stage, failure
+            out.failure_event = _fail_event(
+                ledger,
+                env=env,
+                release_id=spec.release_id,
+                previous=live_now,
+                stage=stage,
+                failure=failure,
+                actor=actor,
+                extra=extra,
+            )
+            return out
+
+        def adapters_failed(since: float, exc: ReleasekitError) -> DeployOutcome:
+            """An adapter that did not load (or a target that carries none): a failed deploy
+            at stage `adapters`, as a failed start is; the route has not moved."""
+            first = exc.message.splitlines()[0]
+            step("adapters", False, since, first)
+            return fail("adapters", first, {"adapters": dict(spec.adapters)})
+
         if spec.adapters_problem is not None:  # its adapters' files are not the locked ones
-            ts = time.monotonic()
-            bad = AdapterLoadError(spec.adapters_problem)
-            return _adapters_failed(out, step, ts, bad, ledger, spec, live_now, actor)
+            return adapters_failed(time.monotonic(), AdapterLoadError(spec.adapters_problem))
         target = target_for(settings, env, cfg, handle, replicas=replicas)
         out.notes += target.reconcile()
         handle.state.routes = _routes_alive(handle.state)
@@ -258,7 +240,7 @@ def _deploy_release(
             try:
                 loaded = target.load_adapters(up, spec)
             except (AdapterLoadError, ReleaseStartError) as exc:
-                return _adapters_failed(out, step, ta, exc, ledger, spec, live_now, actor)
+                return adapters_failed(ta, exc)
             step("adapters", True, ta, f"loaded {', '.join(loaded)}" if loaded else "held")
         if up is None:
             try:
@@ -267,21 +249,14 @@ def _deploy_release(
                 step("server", True, ts, f"started {up.base_url} (pid {up.handle.get('pid')})")
             except AdapterLoadError as exc:  # started, then stopped: the engine refused one
                 step("server", False, ts, "started, then stopped: an adapter did not load")
-                return _adapters_failed(out, step, ts, exc, ledger, spec, live_now, actor)
+                return adapters_failed(ts, exc)
             except ReleaseStartError as exc:
                 step("server", False, ts, exc.message.splitlines()[0])
-                out.failed_stage, out.failure = "start", exc.message.splitlines()[0]
-                out.failure_event = _fail_event(
-                    ledger,
-                    env=env,
-                    release_id=spec.release_id,
-                    previous=live_now,
-                    stage="start",
-                    failure=out.failure,
-                    actor=actor,
-                    extra={"log": exc.log_path, "log_tail": exc.log_tail[-2000:]},
+                return fail(
+                    "start",
+                    exc.message.splitlines()[0],
+                    {"log": exc.log_path, "log_tail": exc.log_tail[-2000:]},
                 )
-                return out
 
         def drop_new() -> None:
             if newly_started and up is not None:
@@ -302,18 +277,7 @@ def _deploy_release(
             step("smoke (preview)", problem is None, ts, problem or "passed")
             if problem is not None:
                 drop_new()
-                out.failed_stage, out.failure = "smoke", problem
-                out.failure_event = _fail_event(
-                    ledger,
-                    env=env,
-                    release_id=spec.release_id,
-                    previous=live_now,
-                    stage="smoke",
-                    failure=problem,
-                    actor=actor,
-                    extra={"smoke": _smoke_summary(out.smoke_preview)},
-                )
-                return out
+                return fail("smoke", problem, {"smoke": _smoke_summary(out.smoke_preview)})
 
         # 5a. canary steps: part of the traffic first, judged live (the shift's own job)
         previous_routes = list(handle.state.routes)
@@ -368,17 +332,7 @@ def _deploy_release(
         except (GatewayError, DeployError) as exc:
             step("switch", False, ts, str(exc))
             drop_new()
-            out.failed_stage, out.failure = "switch", str(exc)
-            out.failure_event = _fail_event(
-                ledger,
-                env=env,
-                release_id=spec.release_id,
-                previous=live_now,
-                stage="switch",
-                failure=str(exc),
-                actor=actor,
-            )
-            return out
+            return fail("switch", str(exc))
         out.switched = True
         out.switch_s = round(time.monotonic() - t0, 3)
         step("switch", True, ts)
@@ -408,18 +362,9 @@ def _deploy_release(
                 if out.reverted:
                     target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
                 drop_new()
-            out.failed_stage, out.failure = stage, problem
-            out.failure_event = _fail_event(
-                ledger,
-                env=env,
-                release_id=spec.release_id,
-                previous=live_now,
-                stage=stage,
-                failure=problem,
-                actor=actor,
-                extra={**extra, "reverted": out.reverted, "reverted_to": live_now},
+            return fail(
+                stage, problem, {**extra, "reverted": out.reverted, "reverted_to": live_now}
             )
-            return out
 
         # 6. smoke through the environment's gateway
         if probe is not None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from releasekit.bench.runner import BenchResult
 from releasekit.bench.stats import PointResult
-from releasekit.config import EnvironmentConfig
+from releasekit.config import HIGHER_BETTER_PERF, EnvironmentConfig
 from releasekit.promote.context import ReleaseInfo
 from releasekit.promote.evidence_gates import Evidence
 from releasekit.promote.gate_results import CurvePoint, GateResult
 
 DEFAULT_TOLERANCES: dict[str, float] = {"ttft_p95_s": 0.25, "goodput": 0.10}
 """Relative tolerances at the knee when the manifest names no gate for the metric."""
-_HIGHER_BETTER = {"goodput", "output_token_throughput", "request_throughput", "load"}
 
 
 def curve(bench: BenchResult | None) -> list[CurvePoint]:
@@ -182,7 +181,7 @@ def _relative_perf(cand: Evidence, live: Evidence, policy: EnvironmentConfig) ->
         tol, how = _tolerance(cand.info, metric, policy)
         c = point_metric(at, metric) if at else None
         v = point_metric(lk, metric)
-        higher = metric in _HIGHER_BETTER
+        higher = metric in HIGHER_BETTER_PERF
         c_spread = run_spread(at, metric) if at else 0.0
         l_spread = run_spread(lk, metric)
         noisy = _too_noisy(metric, {"candidate": c_spread, "live": l_spread}, cap)

@@ -26,10 +26,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from releasekit._support.digests import sha256_file
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.environments import env_config
@@ -68,7 +66,7 @@ from releasekit.promote.records import (
     move_record,
     was_live_in,
 )
-from releasekit.promote.report import write_report
+from releasekit.promote.report import write_gate_report
 from releasekit.releases.resolve import resolve_release
 from releasekit.stores.ledger import Event, EventType, Ledger
 
@@ -208,8 +206,11 @@ def run_promotion(
 
     stem = f"{request.env}-{target.info.name}-{target.info.short_id}-"
     stem += f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
-    jpath, hpath = write_report(report, settings.state_dir / "reports", stem=stem)
-    result = result.model_copy(update={"report_json": str(jpath), "report_html": str(hpath)})
+    written = write_gate_report(report, settings.state_dir / "reports", stem=stem)
+    result = result.model_copy(
+        update={"report_json": str(written.json_path), "report_html": str(written.html_path)}
+    )
+    sha = written.json_sha256  # what the record vouches for: the bytes written, not re-read
     failed = blocking_failures(report, target.cfg)
     forced = set(request.force)
     kinds = {g.name: g.kind for g in report.gates}
@@ -218,11 +219,21 @@ def run_promotion(
         name for name in failed if kinds.get(name) not in forced or kinds.get(name) == "approval"
     ]
     if unforced:
-        return record_block(request, target, result, report, failed=unforced, ledger=led)
+        return record_block(
+            request, target, result, report, failed=unforced, ledger=led, report_sha256=sha
+        )
 
     say("deploying", 0, 0)
     return deploy_and_record(
-        settings, request, target, result, report, failed=failed, ledger=led, shift=shift
+        settings,
+        request,
+        target,
+        result,
+        report,
+        failed=failed,
+        ledger=led,
+        shift=shift,
+        report_sha256=sha,
     )
 
 
@@ -309,9 +320,10 @@ def record_block(
     *,
     failed: list[str],
     ledger: Ledger,
+    report_sha256: str | None,
 ) -> PromoteResult:
     """A gate failed and nothing forces it: a `gate_failed` event naming the failed gates
-    and the report."""
+    and the report (`report_sha256`: the digest of its JSON as written)."""
     rec = ledger.append(
         Event(
             type=EventType.GATE_FAILED,
@@ -322,7 +334,7 @@ def record_block(
             evidence={
                 "gates": _gate_summary(report),
                 "report": result.report_json,
-                **_report_digest(result),
+                **_report_digest(report_sha256),
                 **_policy_evidence(target),
             },
             live=False,
@@ -332,12 +344,10 @@ def record_block(
     return result.model_copy(update={"status": "blocked", "record": rec})
 
 
-def _report_digest(result: PromoteResult) -> dict[str, str]:
-    """The sha256 of the gate report JSON the event links, so the record vouches for the
-    file (an auditor's page shows a swapped report as failed)."""
-    if not result.report_json:
-        return {}
-    return {"gate_report_sha256": sha256_file(Path(result.report_json))}
+def _report_digest(report_sha256: str | None) -> dict[str, str]:
+    """The sha256 of the gate report JSON the event links, as it was written, so the record
+    vouches for the file (an auditor's page shows a swapped report as failed)."""
+    return {"gate_report_sha256": report_sha256} if report_sha256 else {}
 
 
 def deploy_and_record(
@@ -350,10 +360,11 @@ def deploy_and_record(
     failed: list[str],
     ledger: Ledger,
     shift: ShiftFn | None = None,
+    report_sha256: str | None,
 ) -> PromoteResult:
     """Blue/green deploy of the candidate (after `shift`'s canary steps, when given); once
     traffic is on it, move the record (a `promote` event, or `override` listing `failed`
-    when forced over them)."""
+    when forced over them; `report_sha256`: the digest of the gate report JSON as written)."""
     info, env = target.info, request.env
     spec = release_spec(settings, info, ledger=ledger)
     probe = smoke_probe(target.cfg, info)
@@ -373,7 +384,7 @@ def deploy_and_record(
         evidence: dict[str, Any] = {
             "gates": _gate_summary(report),
             "gate_report": result.report_json,
-            **_report_digest(result),
+            **_report_digest(report_sha256),
             "gateway": url,
             "serving_key": spec.serving_key,
             **_policy_evidence(target),

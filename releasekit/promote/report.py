@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from releasekit._support import plots
+from releasekit._support.digests import sha256_bytes
 from releasekit._support.files import write_atomic
 from releasekit._support.html import Markup, Templates
 from releasekit.promote.gates import CurvePoint, GateReport, GateResult
@@ -214,15 +216,34 @@ def render_html(report: GateReport, *, comparison_href: str | None = None) -> st
     )
 
 
-def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path, Path]:
-    """Write `<stem>.json` and `<stem>.html` into `out_dir` atomically; returns both paths."""
+@dataclass(frozen=True)
+class WrittenReport:
+    """A gate report's two files as written, and the sha256 of the JSON bytes written (what
+    a record that links the report vouches for)."""
+
+    json_path: Path
+    html_path: Path
+    json_sha256: str
+
+
+def write_gate_report(report: GateReport, out_dir: Path, *, stem: str) -> WrittenReport:
+    """Write `<stem>.json` and `<stem>.html` into `out_dir` atomically; returns both paths
+    and the digest of the JSON bytes it wrote."""
     j = out_dir / f"{stem}.json"
     h = out_dir / f"{stem}.html"
-    write_atomic(j, report_json(report))
+    data = report_json(report)
+    write_atomic(j, data)
     write_atomic(h, render_html(report).encode())
     for p in (j, h):
         p.chmod(0o644)
-    return j, h
+    return WrittenReport(json_path=j, html_path=h, json_sha256=sha256_bytes(data))
+
+
+def write_report(report: GateReport, out_dir: Path, *, stem: str) -> tuple[Path, Path]:
+    """Write `<stem>.json` and `<stem>.html` into `out_dir` atomically; returns both paths
+    (`write_gate_report` also returns the JSON's digest)."""
+    written = write_gate_report(report, out_dir, stem=stem)
+    return written.json_path, written.html_path
 
 
 def agreement_html(a: Agreement) -> Markup:

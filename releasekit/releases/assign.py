@@ -225,26 +225,33 @@ def assign(
             else None
         )
         on_target = _alias(client, target.model_name, env)
-        if (
-            not force
-            and prev_rid == rid
-            and on_target is not None
-            and on_target.version == target.version
-        ):
+
+        def result(
+            changed: bool, previous_version: str | None, record: LedgerRecord | None
+        ) -> AssignResult:
+            """What this assign did: `changed`, recorded as `record`."""
             return AssignResult(
                 release_id=rid,
                 model_name=target.model_name,
                 version=target.version,
                 environment=env,
                 event_type=etype.value,
-                changed=False,
+                changed=changed,
                 previous_release_id=prev_rid,
                 previous_model_name=prev_model,
-                previous_version=target.version,
-                record=current,
+                previous_version=previous_version,
+                record=record,
                 repaired=repaired.record if repaired else None,
                 warnings=list(led.warnings),
             )
+
+        if (
+            not force
+            and prev_rid == rid
+            and on_target is not None
+            and on_target.version == target.version
+        ):
+            return result(False, target.version, current)
         if current is not None:
             ev["previous_model_version"] = current.evidence.get("model_version")
         with deferred_signals():
@@ -274,17 +281,4 @@ def assign(
                     environment=env,
                     seq=rec.seq,
                 ) from exc
-    return AssignResult(
-        release_id=rid,
-        model_name=target.model_name,
-        version=target.version,
-        environment=env,
-        event_type=etype.value,
-        changed=True,
-        previous_release_id=prev_rid,
-        previous_model_name=prev_model,
-        previous_version=prev_version,
-        record=rec,
-        repaired=repaired.record if repaired else None,
-        warnings=list(led.warnings),
-    )
+    return result(True, prev_version, rec)

@@ -20,7 +20,6 @@ what it did, in the same chain, so an auditor sees it where the failure is:
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
 
 from sqlalchemy import Connection, select
@@ -28,17 +27,20 @@ from sqlalchemy import Connection, select
 from releasekit._support.text import redact_url
 from releasekit.errors import LedgerError, SigningRequiredError
 from releasekit.stores.ledger.chain import VerifiedPrefix
+from releasekit.stores.ledger.rows import (
+    insert_chained,
+    insert_signatures,
+    recorded_already,
+    records_of,
+)
 from releasekit.stores.ledger.schema import (
     GENESIS,
     Event,
     EventType,
     LedgerRecord,
-    chained_rows,
     events_table,
     format_time,
     head_table,
-    parse_stored_time,
-    signatures_table,
 )
 from releasekit.stores.ledger.store import Ledger
 
@@ -93,34 +95,17 @@ class PastFailureLedger(Ledger):
             .order_by(events_table.c.seq.desc())
             .limit(1)
         ).first()
-        ids = [ev.event_id for ev in events]
-        dupes = (
-            conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(ids)))
-            .scalars()
-            .all()
-        )
+        dupes = recorded_already(conn, [ev.event_id for ev in events])
         if dupes:
             raise LedgerError(f"event already recorded: {', '.join(dupes)}")
-        prev_seq = int(last.seq) if last is not None else 0
-        prev_hash = str(last.hash) if last is not None else GENESIS
+        after = (int(last.seq), str(last.hash)) if last is not None else (0, GENESIS)
         # Time follows the verified records, not whatever a bad row claims.
         verified_time = self.prefix.records[-1].time if self.prefix.records else None
         now = format_time(max(dt.datetime.now(dt.UTC), verified_time or dt.datetime.now(dt.UTC)))
-        rows = chained_rows(
-            list(events),
-            prev_seq=prev_seq,
-            prev_hash=prev_hash,
-            time=now,
-            default_actor=self._default_actor(),
+        rows, (prev_seq, prev_hash) = insert_chained(
+            conn, events, after=after, time=now, default_actor=self._default_actor()
         )
-        if rows:
-            prev_seq, prev_hash = rows[-1]["seq"], rows[-1]["hash"]
-        conn.execute(events_table.insert(), rows)
-        sigs = {r["seq"]: self.signer.sign(r["hash"]) for r in rows}
-        conn.execute(
-            signatures_table.insert(),
-            [{"seq": k, "key_id": self.signer.key_id, "signature": v} for k, v in sigs.items()],
-        )
+        sigs = insert_signatures(conn, rows, self.signer)
         if head is None:
             conn.execute(head_table.insert().values(id=1, seq=prev_seq, hash=prev_hash, time=now))
         else:
@@ -129,15 +114,4 @@ class PastFailureLedger(Ledger):
                 .where(head_table.c.id == 1)
                 .values(seq=prev_seq, hash=prev_hash, time=now)
             )
-        return [
-            LedgerRecord(
-                **{
-                    **r,
-                    "time": parse_stored_time(r["time"]),
-                    "evidence": json.loads(r["evidence"]),
-                },
-                key_id=self.signer.key_id,
-                signature=sigs[r["seq"]],
-            )
-            for r in rows
-        ]
+        return records_of(rows, sigs)

@@ -4,7 +4,6 @@ ledger from its settings."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -46,17 +45,21 @@ from releasekit.stores import anchor as anchors
 from releasekit.stores import locks
 from releasekit.stores.ledger.chain import LedgerVerification
 from releasekit.stores.ledger.queries import LedgerQueries
+from releasekit.stores.ledger.rows import (
+    insert_chained,
+    insert_signatures,
+    recorded_already,
+    records_of,
+)
 from releasekit.stores.ledger.schema import (
     GENESIS,
     Event,
     EventType,
     LedgerRecord,
     _meta,
-    chained_rows,
     events_table,
     format_time,
     head_table,
-    parse_stored_time,
     signatures_table,
 )
 from releasekit.stores.signing import (
@@ -435,38 +438,21 @@ class Ledger(LedgerQueries, LedgerVerification):
         else:
             self._refuse_untrusted(head.seq + 1 if head is not None else 1)
         ids = [ev.event_id for ev in events]
-        dupes = (
-            conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(ids)))
-            .scalars()
-            .all()
-        )
+        dupes = recorded_already(conn, ids)
         if dupes or len(set(ids)) != len(ids):
             raise LedgerError(f"event already recorded: {', '.join(dupes) or 'duplicate in batch'}")
-        prev_seq = head.seq if head is not None else 0
-        prev_hash = head.hash if head is not None else GENESIS
         prev_time = head.time if head is not None else ""
         # Times never go backwards along the chain, so "what was live at T" can trust order.
         now = max(format_time(dt.datetime.now(dt.UTC)), prev_time)
-        rows = chained_rows(
-            list(events),
-            prev_seq=prev_seq,
-            prev_hash=prev_hash,
-            time=now,
-            default_actor=self._default_actor(),
+        after = (head.seq, head.hash) if head is not None else (0, GENESIS)
+        rows, (prev_seq, prev_hash) = insert_chained(
+            conn, events, after=after, time=now, default_actor=self._default_actor()
         )
-        if rows:
-            prev_seq, prev_hash = rows[-1]["seq"], rows[-1]["hash"]
-        conn.execute(events_table.insert(), rows)
         sigs: dict[int, tuple[str, str]] = {}
         if self.signer is not None:
             if not self._has_sigs:  # pragma: no cover - create=True always makes the table
                 raise LedgerError("this ledger was opened read-only; it cannot sign records")
-            for r in rows:
-                sigs[r["seq"]] = (self.signer.key_id, self.signer.sign(r["hash"]))
-            conn.execute(
-                signatures_table.insert(),
-                [{"seq": k, "key_id": v[0], "signature": v[1]} for k, v in sigs.items()],
-            )
+            sigs = insert_signatures(conn, rows, self.signer)
         if head is None:
             conn.execute(head_table.insert().values(id=1, seq=prev_seq, hash=prev_hash, time=now))
         else:
@@ -477,18 +463,7 @@ class Ledger(LedgerQueries, LedgerVerification):
             )
             if res.rowcount != 1:
                 raise _Contention("head moved")
-        return [
-            LedgerRecord(
-                **{
-                    **r,
-                    "time": parse_stored_time(r["time"]),
-                    "evidence": json.loads(r["evidence"]),
-                },
-                key_id=sigs[r["seq"]][0] if r["seq"] in sigs else None,
-                signature=sigs[r["seq"]][1] if r["seq"] in sigs else None,
-            )
-            for r in rows
-        ]
+        return records_of(rows, sigs)
 
 
 def _retryable(exc: OperationalError) -> bool:
