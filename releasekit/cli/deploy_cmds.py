@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +21,9 @@ from releasekit.cli._common import (
     short_table,
     table,
 )
+
+if TYPE_CHECKING:
+    from releasekit.promote.gates import GateReport
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +42,19 @@ RESULT_STYLES = {"pass": "green", "FAIL": "bold red", "fail (advisory)": "yellow
 """How a gate's result is drawn on a terminal."""
 
 
+def _gates_title(report: GateReport) -> str:
+    """`gates: CANDIDATE ID -> ENV (against LIVE ID)`, the first line of a gate report."""
+    against = (
+        f"{report.live_name} {_short(report.live_release_id)}"
+        if report.live_release_id
+        else "nothing live (absolute checks)"
+    )
+    return (
+        f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
+        f"{report.environment} (against {against})"
+    )
+
+
 def _print_gates(report: object, *, explain: bool) -> None:
     """The gate report: a title line, then one line a gate (gate, result, the figure that
     decided, its limit), one line of why for each failed gate, and which failures are
@@ -55,14 +71,8 @@ def _print_gates(report: object, *, explain: bool) -> None:
 
     if not isinstance(report, GateReport):
         return
-    against = (
-        f"{report.live_name} {_short(report.live_release_id)}"
-        if report.live_release_id
-        else "nothing live (absolute checks)"
-    )
     out.print(
-        f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
-        f"{report.environment} (against {against})",
+        _gates_title(report),
         markup=False,
         highlight=False,
     )
@@ -111,14 +121,8 @@ def _print_gates_passed(report: object, html: str | None) -> None:
 
     if not isinstance(report, GateReport):
         return
-    against = (
-        f"{report.live_name} {_short(report.live_release_id)}"
-        if report.live_release_id
-        else "nothing live (absolute checks)"
-    )
     out.print(
-        f"gates: {report.candidate_name} {_short(report.candidate_release_id)} -> "
-        f"{report.environment} (against {against}): all {len(report.gates)} passed"
+        f"{_gates_title(report)}: all {len(report.gates)} passed"
         + (f" (report: {html})" if html else ""),
         markup=False,
         highlight=False,
