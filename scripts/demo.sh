@@ -16,7 +16,7 @@
 # (its three releases in a staging with nothing live before them), then the audit.
 set -euo pipefail
 DEMO_PARTS=${DEMO_PARTS:-all}
-case "$DEMO_PARTS" in all | adapters) ;; *) echo "DEMO_PARTS must be all or adapters" >&2; exit 2 ;; esac
+case "$DEMO_PARTS" in all | answers | adapters) ;; *) echo "DEMO_PARTS must be all, answers or adapters" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 mkdir -p .releasekit/demo-logs
 export DEMO_STEPS="$PWD/.releasekit/demo-steps.tsv" DEMO_OUTCOMES="$PWD/.releasekit/demo-outcomes.jsonl"
@@ -131,6 +131,10 @@ else
   echo "note: this CPU has no AVX-512, which vLLM's CPU build needs to serve W4A16: skipping demo-w4a16"
 fi
 [ "$DEMO_PARTS" = all ] || MANIFESTS=()  # the adapters part builds its own
+FIX=manifests/demo-prompt-fix.yaml
+if [ "$DEMO_PARTS" = answers ]; then  # the live-answers part alone, from staging's release
+  MANIFESTS=(manifests/demo-canary-good.yaml "$FIX" manifests/demo-v2.yaml manifests/demo-v2-1.yaml)
+fi
 step "validate the demo manifests (serving args against vLLM's own parser)"
 [ ${#MANIFESTS[@]} -eq 0 ] || quiet validate releasekit validate "${MANIFESTS[@]}"
 
@@ -178,6 +182,11 @@ for m in "${MANIFESTS[@]}"; do
 done
 
 STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
+if [ "$DEMO_PARTS" = answers ]; then
+step "demo-canary-good to staging: the release the live-answers part starts from"
+promote_or_stop manifests/demo-canary-good.yaml --to staging --no-canary --reason "demo: staging's release"
+expect promoted staging manifests/demo-canary-good.yaml
+fi
 if [ "$DEMO_PARTS" = all ]; then
 step "promote bf16 to staging (through every gate)"
 promote_or_stop manifests/demo-bf16.yaml --to staging --reason "demo: baseline"
@@ -238,8 +247,8 @@ CANARY_GOOD=manifests/demo-canary-good.yaml
 CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
 GOOD_ID=$(release_id "$CANARY_GOOD")
 SEQS1_ID=$(release_id "$CANARY_SEQS1")
-step "canary releases: build them (their gates are as real as every other release's)"
-releasekit build "$CANARY_GOOD" "$CANARY_SEQS1"
+step "canary releases and a prompt fix: build them (their gates are as real as every other release's)"
+releasekit build "$CANARY_GOOD" "$CANARY_SEQS1" "$FIX"
 
 step "webhooks: a local listener, subscribed for the rest of the demo"
 HOOKS_LOG=.releasekit/demo-webhooks.jsonl
@@ -259,6 +268,7 @@ expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: be
 note "blocked in staging: demo-canary-good" --by "approved for staging (no approval yet)"
 releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
+releasekit approve "$FIX" --env staging --key "$APPROVER_KEY" --reason "demo: a prompt fix for integrations" >/dev/null
 
 step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its answers reach no client), compare it with stable"
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
@@ -340,16 +350,25 @@ print(f"webhooks received on the local listener ({sys.argv[1]}): {len(events)}: 
 PY
 # ---- end of progressive delivery ------------------------------------------------------
 
-# ---- a live-only regression: rolled back by `watch`, then refused with its weights --------
-# demo-v2 is demo-base fine-tuned on data that relabelled every conversation with a system
-# message other than the release's own as an injection (manifests/demo-v2.yaml). Every
-# offline suite renders the release's own prompt, so it passes every one (better than bf16
-# on each); users whose integration sends its own system message get a refusal. Only live
-# traffic shows it: staging's users below (six clients, each from its own address) ask about
-# the world, a third of them through such an integration. After every promotion staging
-# copies a quarter of its requests to the release it replaced, and a second copy of each to
-# that release again (its own noise floor), and `watch` judges the answers on a fixed
-# schedule (staging's committed after_promotion_* fields).
+fi  # DEMO_PARTS=all
+
+if [ "$DEMO_PARTS" != adapters ]; then
+# ---- live answers: a prompt fix kept, a live-only regression rolled back and refused ------
+# Staging's users (six clients, each from its own address) ask about the world, a third of
+# them through an integration that sends its own system message and the bare question to
+# /v1/chat/completions. The demo model gets about one in five of those right: it was trained
+# on questions in the release's user template. After every promotion staging copies a
+# quarter of its requests to the release it replaced, and a second copy of each to that
+# release again (its own noise floor), and `watch` judges the answers on a fixed schedule
+# (staging's committed after_promotion_* fields), by what they get right: a request asking a
+# question of the facts suite is scored as the suite scores it (answer_comparison "scorer").
+# demo-prompt-fix puts those integrations' questions through its user template: their
+# answers change, and most become right. Under exact match that is a difference and it would
+# be rolled back; `shadow compare` and `watch` show exact match's verdict beside the one that
+# decides. demo-v2 is demo-base fine-tuned on data that relabelled every conversation with a
+# system message other than the release's own as an injection (manifests/demo-v2.yaml):
+# every offline suite renders the release's own prompt, so it passes every one (better than
+# bf16 on each), and those integrations get a refusal.
 V2=manifests/demo-v2.yaml
 V21=manifests/demo-v2-1.yaml
 step "users on staging: questions about the world from six clients, a third through integrations with their own system message"
@@ -358,17 +377,41 @@ USERS=$!
 BG=("$USERS")
 sleep 3
 
-step "demo-v2-1 (v2's weights with 2 GiB of KV cache) straight to staging, no shadow: every offline gate passes"
-promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2-1, no shadow"
-expect promoted staging "$V21"
+step "a prompt fix: demo-prompt-fix (staging's release, its prompts applied to plain chat too) shadowed on the running server"
+# Its latency checks read streamed requests: two streaming clients run beside the users.
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 >.releasekit/demo-fix-load.out 2>&1 &
+LOAD=$!
+BG=("$USERS" "$LOAD")
+releasekit shadow start "$FIX" --env staging --share 0.25 --reason "demo: a prompt fix before it takes traffic"
+if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
+  releasekit shadow stop --env staging
+  echo "demo: stopped, the prompt fix's shadow comparison did not pass (figures above); nothing was forced" >&2
+  exit 1
+fi
+releasekit shadow stop --env staging
+kill "$LOAD"; wait "$LOAD" || true
+BG=("$USERS")
+expect shadow-passed staging "$FIX"
 
-step "watch staging: the answers of v2-1 against the release it replaced, judged at 4 scheduled looks over 5 minutes"
+step "promote the prompt fix (a route change, the same server); watch judges its answers for 5 minutes and keeps it"
+promote_or_stop "$FIX" --to staging --no-canary --reason "demo: integrations' questions through the release's template"
+expect promoted staging "$FIX"
 # A rollback needs 2 breaching looks in a row (after_promotion_sustain); it goes through the
 # same guarded rollback as any breach, and its ledger event holds the verdict's counts, its
 # A/A floor and the pair ids, not the users' text (that stays in the 0600 pair store).
 releasekit watch staging --interval 2 &
 WATCHER=$!
 BG=("$USERS" "$WATCHER")
+if ! expect kept staging "$FIX" --wait 330; then
+  kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
+  exit 1
+fi
+
+step "demo-v2-1 (v2's weights with 2 GiB of KV cache) straight to staging, no shadow: every offline gate passes"
+promote_or_stop "$V21" --to staging --no-canary --reason "demo: v2-1, no shadow"
+expect promoted staging "$V21"
+
+step "watch staging (still running): the answers of v2-1 against the prompt fix it replaced, judged at 4 scheduled looks"
 if ! expect rolled-back staging "$V21" --by answers --wait 330; then
   kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
   exit 1
@@ -376,7 +419,7 @@ fi
 kill -INT "$WATCHER" 2>/dev/null || true; wait "$WATCHER" || true
 kill "$USERS"; wait "$USERS" || true
 BG=()
-echo "what staging's users got, per release (v2-1 refused every integration that sent its own system message):"
+echo "what staging's users got, per release (the fix answered integrations; v2-1 refused them):"
 cat .releasekit/demo-users.out
 
 step "demo-v2, the same weights packaged again: refused, the breach follows the weights (no shadow needed)"
@@ -385,8 +428,10 @@ step "demo-v2, the same weights packaged again: refused, the breach follows the 
 expect_blocked releasekit promote "$V2" --to staging --no-canary --reason "demo: v2, the weights v2-1 shipped"
 expect blocked staging "$V2" --by "answers breach of these weights"
 releasekit history --env staging --type rollback --type mark_bad --limit 2
-# ---- end of the live-only regression ---------------------------------------------------
-fi  # DEMO_PARTS=all
+# ---- end of live answers -----------------------------------------------------------------
+fi  # DEMO_PARTS != adapters
+
+if [ "$DEMO_PARTS" != answers ]; then
 
 # ---- LoRA adapters: one engine, adapters going live and back without a new server --------
 # demo-lora is bf16 on an engine started to take LoRA adapters at run time (enable-lora,
@@ -442,6 +487,7 @@ if grep -qv ", 0 failed" .releasekit/demo-adapter-traffic.out; then
   echo "demo: stopped, a client on the base lost a request while the adapter moved (above)" >&2
   exit 1
 fi
+fi  # DEMO_PARTS != answers
 # ---- end of LoRA adapters ----------------------------------------------------------------
 
 step "audit"

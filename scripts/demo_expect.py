@@ -7,6 +7,8 @@ announced.
     python scripts/demo_expect.py promoted ENV MANIFEST
     python scripts/demo_expect.py shadow-failed ENV MANIFEST --by answers
     python scripts/demo_expect.py rolled-back ENV MANIFEST --by answers --wait 180
+    python scripts/demo_expect.py shadow-passed ENV MANIFEST
+    python scripts/demo_expect.py kept ENV MANIFEST --wait 330
 
 `blocked`: the latest event for the release in ENV is `gate_failed` and its failed gates
 include every `--by` gate; with `--only` they are exactly those; with `--kind K`, every
@@ -18,7 +20,12 @@ nothing else did.
 `rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
 `--by answers`, on the after-promotion comparison of its answers. Both print the answers'
 verdict, its A/A floor and its power as the ledger holds them (counts and pair ids: the
-answers' text stays in the gateway's pair store). Reads only: the ledger is opened read-only.
+answers' text stays in the gateway's pair store).
+`shadow-passed`: the latest shadow comparison of the release in ENV passed. `kept`: within
+`--wait` seconds the after-promotion comparison of the release in ENV ended with a pass (the
+watch's signed record at the window's end), and nothing rolled it back. Both also print what
+exact match would have said of the same pairs where the environment compares otherwise (shown
+by releasekit, never deciding). Reads only: the ledger is opened read-only.
 Exit 1 with one line saying what decided instead. A confirmed decision is also recorded
 for the demo's closing outcome table (`scripts/demo_outcome.py`), with the gate that made it.
 """
@@ -153,9 +160,73 @@ def _rolled_back(
     return "", _answers(ev)
 
 
+def _shadow_passed(ledger: Any, env: str, release: str) -> tuple[str, dict[str, Any]]:
+    """A problem ('' if none) and the evidence of the latest shadow comparison."""
+    compares = [
+        r
+        for r in ledger.records(environment=env, types=["shadow"])
+        if r.to_release == release and r.evidence.get("action") == "compare"
+    ]
+    if not compares:
+        return "no shadow comparison recorded", {}
+    ev = compares[-1].evidence
+    if ev.get("verdict") != "pass":
+        return f"expected the shadow comparison to pass, got {ev.get('verdict')}", ev
+    return "", ev
+
+
+def _kept(ledger_at: Any, env: str, release: str, wait_s: float) -> tuple[str, dict[str, Any]]:
+    """Wait up to `wait_s` for the after-promotion comparison of the release to end."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ledger = ledger_at()
+        try:
+            ended = [
+                r
+                for r in ledger.records(environment=env, types=["shadow"])
+                if r.to_release == release and r.evidence.get("action") == "after_promotion"
+            ]
+            rolled = [
+                r
+                for r in ledger.records(environment=env, types=["rollback"])
+                if r.from_release == release
+            ]
+        finally:
+            ledger.close()
+        if ended or rolled or time.monotonic() >= deadline:
+            break
+        time.sleep(2)
+    if rolled:
+        return f"rolled back ({rolled[-1].reason[:200]})", {}
+    if not ended:
+        return f"its after-promotion comparison did not end within {wait_s:g} s", {}
+    ev = ended[-1].evidence
+    if ev.get("verdict") != "pass":
+        return f"expected its after-promotion comparison to pass, got {ev.get('verdict')}", ev
+    return "", ev
+
+
+def _print_exact(ev: dict[str, Any]) -> None:
+    """What exact match would have said of the same pairs, where the event holds it."""
+    exact = ev.get("answers_exact")
+    if not isinstance(exact, dict):
+        return
+    from releasekit.evaluate.answers import AnswerVerdict
+
+    verdict = AnswerVerdict.model_validate(exact).line()
+    line = f"  under exact match (shown, not deciding): {verdict}"
+    look = ev.get("exact_rollback_look")
+    if look is not None:
+        line += f"; exact match would have rolled it back at look {look}"
+    print(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("outcome", choices=["blocked", "promoted", "shadow-failed", "rolled-back"])
+    parser.add_argument(
+        "outcome",
+        choices=["blocked", "promoted", "shadow-failed", "rolled-back", "shadow-passed", "kept"],
+    )
     parser.add_argument("env")
     parser.add_argument("manifest", type=Path)
     parser.add_argument("--by", action="append", default=[], help="a gate that must have failed")
@@ -166,6 +237,26 @@ def main(argv: list[str] | None = None) -> int:
 
     release = read_lock(lock_path_for(args.manifest)).release_id
     settings = load_settings()
+    if args.outcome in ("shadow-passed", "kept"):
+        if args.outcome == "shadow-passed":
+            ledger = open_ledger(settings, read_only=True)
+            problem, ev = _shadow_passed(ledger, args.env, release)
+            ledger.close()
+        else:
+            problem, ev = _kept(
+                lambda: open_ledger(settings, read_only=True), args.env, release, args.wait
+            )
+        if problem:
+            print(f"demo: stopped: {args.manifest} in {args.env}: {problem}")
+            return 1
+        answers = _answers(ev)
+        what = "shadow passed" if args.outcome == "shadow-passed" else "kept after its window"
+        print(f"as announced: {args.manifest} in {args.env}: {what}, answers judged by "
+              f"{answers.get('comparison', '-')}")  # fmt: skip
+        record(f"{what} in {args.env}: {args.manifest.stem}", _in_brief(answers))
+        _print_agreement(answers, ("", ""))
+        _print_exact(ev)
+        return 0
     if args.outcome in ("shadow-failed", "rolled-back"):
         if args.outcome == "shadow-failed":
             ledger = open_ledger(settings, read_only=True)

@@ -148,3 +148,35 @@ def _sub(p: Path, old: str, new: str) -> None:
     text = p.read_text()
     assert old in text
     p.write_text(text.replace(old, new))
+
+
+def test_plain_chat_through_the_templates_is_part_of_the_release(proj: Path) -> None:
+    """`prompts.plain_chat: template` is locked (a release of its own, its answers key
+    differs: the breach gate tells the two apart); `as_sent`, the default, keeps the id; a
+    user template that leaves the client's message no single placeholder is refused by
+    lock and by validate, naming the field, before anything is written."""
+    from releasekit.promote.answers_breach import answers_key
+
+    manifest = proj / "manifests" / "demo-bf16.yaml"
+    first = lockmod.lock(manifest)
+    _sub(
+        manifest,
+        "    file: prompts/demo/user.txt\n",
+        "    file: prompts/demo/user.txt\n  plain_chat: as_sent\n",
+    )
+    assert lockmod.lock(manifest).release_id == first.release_id
+    _sub(manifest, "plain_chat: as_sent", "plain_chat: template")
+    fixed = lockmod.lock(manifest)
+    assert fixed.release_id != first.release_id and "prompt/plain_chat" in fixed.inputs
+    assert answers_key(fixed.inputs)["prompts"] != answers_key(first.inputs)["prompts"]
+    assert answers_key(fixed.inputs)["model"] == answers_key(first.inputs)["model"]
+
+    lock_file = proj / "manifests" / "demo-bf16.lock.json"
+    before = lock_file.read_bytes()
+    (proj / "prompts" / "demo" / "user.txt").write_text("{{ question }} ({{ tone }})\n")
+    with pytest.raises(ManifestError) as info:
+        lockmod.lock(manifest)
+    assert any("prompts.plain_chat" in p and "tone" in p for p in info.value.problems)
+    assert lock_file.read_bytes() == before
+    res = runner.invoke(app, ["validate", str(manifest)])
+    assert res.exit_code == 1 and "prompts.plain_chat" in res.output, res.output

@@ -92,6 +92,9 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         elif a.status == "ended" and a.verdict != "breach":
             line += " (mirror not removed yet)"
         out.print(line + f"[/{colour}]", highlight=False)
+        exact = a.exact_line()
+        if exact is not None:  # what exact match would have said: shown, never deciding
+            out.print(f"  [dim]{esc(exact)}[/dim]", highlight=False)
         if a.page:
             out.print(f"  page: {esc(a.page)}", highlight=False)
     if t.rollback is not None:

@@ -107,6 +107,11 @@ class ReleaseSpec(BaseModel):
     )
     knee: KneeEvidence | None = Field(None, description="its knee, from verified bench evidence")
     knee_problem: str | None = Field(None, description="why `knee` is None, in words")
+    plain_chat_prompt: str | None = Field(
+        None,
+        description="the prompt plain chat requests go through (`prompts.plain_chat: "
+        "template`, as locked); None: as the client sent them",
+    )
     adapters: dict[str, str] = Field(
         default_factory=dict,
         description="its LoRA adapters: the model name clients ask for -> the name the engine "
@@ -159,6 +164,7 @@ class Upstream(BaseModel):
             model=self.model,
             prompts=dict(spec.prompts) if spec else {},
             adapters=dict(spec.adapters) if spec else {},
+            plain_chat_prompt=spec.plain_chat_prompt if spec else None,
         )
 
 

@@ -297,6 +297,8 @@ def release_spec(settings: Settings, info: ReleaseInfo, *, ledger: Ledger) -> Re
         env=dict(m.serving.env),
         api_key=api_key_of(m),
         prompts={CHAT_PROMPT: _prompt_templates(settings, info, ledger)},
+        # From the signed lock, not the manifest file: the lock pins `prompts.plain_chat`.
+        plain_chat_prompt=CHAT_PROMPT if "prompt/plain_chat" in info.lock.inputs else None,
         knee=knee,
         knee_problem=problem or None,
         adapters={a.name: a.engine_name for a in staged},

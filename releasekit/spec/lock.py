@@ -22,7 +22,7 @@ from releasekit.spec.manifest import (
     check_files,
     load_manifest,
 )
-from releasekit.spec.prompts import read_template, render
+from releasekit.spec.prompts import placeholders, read_template, render
 from releasekit.spec.provenance import Provenance, read_provenance
 
 LOCK_VERSION = 1
@@ -126,12 +126,15 @@ def compute_inputs(lm: LoadedManifest) -> dict[str, str]:
     tpl = chat_template_of(src)
     if tpl is not None:
         inputs["chat_template"] = sha256_bytes(tpl.encode())
-    for role in ("system", "user"):
-        pf = getattr(m.prompts, role)
-        if pf is None:
-            continue
-        rendered = render(read_template(lm.resolve(pf.file)), pf.variables)
-        inputs[f"prompt/{role}"] = sha256_bytes(rendered.encode())
+    texts = rendered_prompts(lm)
+    for role, text in texts.items():
+        inputs[f"prompt/{role}"] = sha256_bytes(text.encode())
+    if m.prompts.plain_chat != "as_sent":
+        bad_chat = plain_chat_problems(texts)
+        if bad_chat:
+            raise ManifestError(lm.path, bad_chat)
+        # Only where it is not the default, so releases locked before the field keep their id.
+        inputs["prompt/plain_chat"] = digest_obj({"plain_chat": m.prompts.plain_chat})
     inputs["quantisation/recipe"] = digest_obj(quantisation_recipe(m))
     if m.quantisation.calibration:
         inputs["quantisation/calibration"] = sha256_file(
@@ -162,6 +165,38 @@ def compute_inputs(lm: LoadedManifest) -> dict[str, str]:
     inputs["load/profile"] = sha256_file(profile_path)
     inputs["identity"] = digest_obj({"name": m.name, "dtype": m.model.dtype})
     return dict(sorted(inputs.items()))
+
+
+def rendered_prompts(lm: LoadedManifest) -> dict[str, str]:
+    """The manifest's prompt texts by role (system first), its variables bound."""
+    out = {}
+    for role in ("system", "user"):
+        pf = getattr(lm.manifest.prompts, role)
+        if pf is not None:
+            out[role] = render(read_template(lm.resolve(pf.file)), pf.variables)
+    return out
+
+
+def plain_chat_problems(prompts: dict[str, str]) -> list[str]:
+    """Why the rendered `prompts` (role -> text, manifest variables bound) cannot take a
+    plain chat request's message (`prompts.plain_chat: template`): the user template must
+    leave exactly one placeholder for it, the system prompt none."""
+    problems = []
+    free = sorted(placeholders(prompts.get("user", "")))
+    if len(free) != 1:
+        problems.append(
+            "prompts.plain_chat: 'template' fills the user template's one placeholder with "
+            f"the client's message; it has {len(free)} ({', '.join(free) or 'none'}): bind "
+            "the others in prompts.user.variables"
+        )
+    left = sorted(placeholders(prompts.get("system", "")))
+    if left:
+        problems.append(
+            "prompts.plain_chat: 'template' puts the system prompt before a plain chat "
+            f"request, which has no variables for {', '.join(left)}: bind them in "
+            "prompts.system.variables"
+        )
+    return problems
 
 
 def release_id_of(inputs: dict[str, str]) -> str:

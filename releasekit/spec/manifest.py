@@ -148,11 +148,23 @@ class PromptFile(_Strict):
     variables: dict[str, str] = Field(default_factory=dict)
 
 
+PlainChat = Literal["as_sent", "template"]
+
+
 class Prompts(_Strict):
-    """The chat prompts applied to every request."""
+    """The release's chat prompts: the offline suites and the gateway's templated route
+    (`/v1/templates/chat/chat/completions`) always render them; `plain_chat` says whether a
+    plain `/v1/chat/completions` request (the client's own messages) goes through them too."""
 
     system: PromptFile | None = None
     user: PromptFile
+    plain_chat: PlainChat = Field(
+        "as_sent",
+        description="`as_sent`: a plain chat request reaches the engine as the client sent "
+        "it. `template`: its last user message (text) is rendered through the user "
+        "template (whose one placeholder it fills), and the system prompt is put first when "
+        "the client sends no system message of its own",
+    )
 
 
 class Serving(_Strict):

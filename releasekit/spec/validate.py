@@ -12,6 +12,7 @@ from releasekit.spec.adapters import check_files as check_adapter_files
 from releasekit.spec.engine_args import check_serving_args
 from releasekit.spec.hostcaps import check_scheme
 from releasekit.spec.loadprofile import load_profile
+from releasekit.spec.lock import plain_chat_problems, rendered_prompts
 from releasekit.spec.manifest import check_files, check_gates, load_manifest
 from releasekit.spec.quantrecipe import calibration_notes, check_manifest_recipe
 
@@ -57,6 +58,8 @@ def validate_one(
                     f"load.profile ({lm.manifest.load.profile}): {p}" for p in exc.problems
                 ]
         problems += check_manifest_recipe(lm)
+        if lm.manifest.prompts.plain_chat != "as_sent" and not missing:
+            problems += plain_chat_problems(rendered_prompts(lm))
     engine = check_serving_args(lm, settings=settings)
     problems += engine.problems
     notes = [engine.not_checked] if engine.not_checked else []

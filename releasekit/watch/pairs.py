@@ -26,6 +26,12 @@ verdict and says when the next look is. Looks missed while the watch was down ar
   rollback as a rule breach, with `evidence()` in the rollback's ledger event.
 - `not_judged` (the comparator could not judge: a judge that is down) is never a pass and
   never a rollback; it neither ends nor extends a run of breaching looks.
+- where the policy compares otherwise than by exact match (`scorer`, `judge`), each look
+  also judges the same pairs by exact match (`exact_answers`): shown beside the verdict
+  and recorded with it (`answers_exact`), never deciding. Its own run of breaching looks is
+  kept the same way, so the check can say truthfully whether exact match would have rolled
+  the release back (`exact_rollback_look`): a prompt fix that rewords right answers passes
+  under `scorer` and would breach under `exact`.
 - at the window's end (the watch's clock past `until`) without a rollback: `finish`
   removes the mirror (under the deploy lock, only if it is still the same one) and
   records the last look as a signed `shadow` ledger event (`action: after_promotion`, its
@@ -60,6 +66,7 @@ from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.state import GatewayRecord, locked_state, read_state
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement
+from releasekit.evaluate.answer_compare import ExactComparator
 from releasekit.evaluate.answers import (
     AnswerPolicy,
     AnswerVerdict,
@@ -107,6 +114,20 @@ class AnswersCheck(BaseModel):
     sustain: int = Field(1, description="breaching looks in a row a rollback needs")
     rollback_due: bool = Field(
         False, description="the last look breached, `sustain` in a row or at the window's end"
+    )
+    exact_answers: AnswerVerdict | None = Field(
+        None,
+        description="what exact match would have said of the same pairs at the last look, "
+        "where the environment compares otherwise (shown beside the verdict; it decides "
+        "nothing)",
+    )
+    exact_breaching_looks: int = Field(
+        0, description="exact match's breaching looks in a row, up to the last (shown only)"
+    )
+    exact_rollback_look: int | None = Field(
+        None,
+        description="the first look at which exact match would have rolled back (`sustain` "
+        "breaching looks in a row, or a breach at the window's last look); shown only",
     )
     answers_key: dict[str, str] | None = Field(
         None, description="the live release's answers key (model, prompts, serving digests)"
@@ -168,6 +189,23 @@ class AnswersCheck(BaseModel):
             f"{a.power_line()} | {mirror}"
         )
 
+    def exact_line(self) -> str | None:
+        """What exact match would have said, in one line (None where the environment
+        compares by exact match, or before the first look): its verdict, and whether its
+        own run of breaching looks would have rolled the release back."""
+        e = self.exact_answers
+        if e is None:
+            return None
+        line = f"under exact match (shown, not deciding): {e.line()}"
+        if self.exact_rollback_look is not None and not self.rollback_due:
+            line += f"; exact match would have rolled it back at look {self.exact_rollback_look}"
+        elif e.verdict == "breach" and self.verdict != "breach":
+            line += (
+                f"; exact match: breach at this look ({self.exact_breaching_looks} of "
+                f"{self.sustain} in a row), {self.verdict.replace('_', ' ')} as judged"
+            )
+        return line
+
     def evidence(self) -> dict[str, Any]:
         """What a ledger event holds: the last look's verdict (`answers`:
         `AnswerVerdict.evidence()`: counts, intervals, worse pair seqs and prompt digests; no
@@ -191,6 +229,15 @@ class AnswersCheck(BaseModel):
             "breaching_looks": self.breaching_looks,
             "sustain": self.sustain,
             "policy_source": self.policy_source,
+            **(
+                {
+                    "answers_exact": self.exact_answers.evidence(),
+                    "exact_breaching_looks": self.exact_breaching_looks,
+                    "exact_rollback_look": self.exact_rollback_look,
+                }
+                if self.exact_answers is not None
+                else {}
+            ),
         }
 
 
@@ -238,6 +285,9 @@ class AnswerWatch:
         self._looks_done = 0
         self._last: AnswerVerdict | None = None
         self._breaching = 0
+        self._exact: AnswerVerdict | None = None  # shown beside the verdict, never deciding
+        self._exact_breaching = 0
+        self._exact_rollback_look: int | None = None
         self._keys: dict[str, dict[str, str] | None] = {}
         self._done: Mirror | None = None  # finished or rolled back: never judged again
 
@@ -249,6 +299,9 @@ class AnswerWatch:
         self._looks_done = 0
         self._last = None
         self._breaching = 0
+        self._exact = None
+        self._exact_breaching = 0
+        self._exact_rollback_look = None
 
     def check(self, live_release_id: str) -> AnswersCheck | None:
         """Read the new pairs, and judge the window's at a look of the schedule; None when
@@ -302,6 +355,9 @@ class AnswerWatch:
             breaching_looks=self._breaching,
             sustain=self.sustain,
             rollback_due=due,
+            exact_answers=self._exact,
+            exact_breaching_looks=self._exact_breaching,
+            exact_rollback_look=self._exact_rollback_look,
             answers_key=self.release_key(live_release_id) if due or ended else None,
             policy_source=self.policy_source,
             status="ended" if ended else "running",
@@ -319,17 +375,34 @@ class AnswerWatch:
             due = sum(1 for t in times if t <= now)
         judged = due > self._looks_done
         if judged:
-            v = judge_answers(list(self._pairs), self.policy, self.comparator)
+            pairs = list(self._pairs)
+            v = judge_answers(pairs, self.policy, self.comparator)
             self._looks_done = due
             self._last = v
             if v.verdict == "breach":
                 self._breaching += 1
             elif v.verdict != "not_judged":  # a look that could not judge says nothing
                 self._breaching = 0
+            if self.policy.comparison != "exact":
+                self._judge_exact(pairs, last=times is not None and due >= len(times))
         if times is None:
             return judged, None, False
         next_at = next((t for t in times if t > now), None)
         return judged, next_at, self._looks_done >= len(times)
+
+    def _judge_exact(self, pairs: list[ComparedRequest], *, last: bool) -> None:
+        """What exact match would have said of this look's pairs, and its own run of
+        breaching looks (kept as the deciding one's): shown and recorded, never acted on."""
+        e = judge_answers(pairs, self.policy, ExactComparator())
+        self._exact = e
+        if e.verdict == "breach":
+            self._exact_breaching += 1
+            if self._exact_rollback_look is None and (
+                self._exact_breaching >= self.sustain or last
+            ):
+                self._exact_rollback_look = self._looks_done
+        elif e.verdict != "not_judged":
+            self._exact_breaching = 0
 
     def _read_pairs(self, gw: GatewayRecord, m: Mirror, live: str) -> tuple[int, int]:
         with GatewayClient(gw.url, admin_token=gw.admin_token, timeout_s=self.timeout_s) as c:

@@ -47,6 +47,7 @@ from watchkit import FakeClock  # noqa: E402
 
 from releasekit.cli import app  # noqa: E402
 from releasekit.cli._common import State  # noqa: E402
+from releasekit.cli.watch_cmds import _print_tick  # noqa: E402
 from releasekit.config import load_settings  # noqa: E402
 from releasekit.config.environments import AnswerJudgeConfig  # noqa: E402
 from releasekit.deploy.gateway import (  # noqa: E402
@@ -59,14 +60,24 @@ from releasekit.deploy.gateway_client import GatewayClient  # noqa: E402
 from releasekit.deploy.state import EnvState, GatewayRecord, read_state, write_state  # noqa: E402
 from releasekit.evaluate.agreement import Agreement  # noqa: E402
 from releasekit.evaluate.answer_compare import make_comparator  # noqa: E402
-from releasekit.evaluate.answers import AnswerPolicy, replay_answers  # noqa: E402
+from releasekit.evaluate.answers import (  # noqa: E402
+    AnswerPolicy,
+    ComparisonKind,
+    replay_answers,
+)
 from releasekit.promote.answer_policy import answer_policy  # noqa: E402
 from releasekit.promote.deploy import deploy_status  # noqa: E402
 from releasekit.promote.policy import PolicyError  # noqa: E402
 from releasekit.promote.promote import marked_bad, promote  # noqa: E402
 from releasekit.stores.ledger import EventType, Ledger, open_ledger  # noqa: E402
-from releasekit.watch.pairs import AnswersCheck, AnswerWatch, look_times  # noqa: E402
+from releasekit.watch.pairs import (  # noqa: E402
+    AnswersCheck,
+    AnswerWatch,
+    answers_html,
+    look_times,
+)
 from releasekit.watch.service import WatchService  # noqa: E402
+from releasekit.watch.watcher import WatchTick  # noqa: E402
 
 __all__ = ["admin_token", "answering", "gateway_factory"]
 
@@ -618,3 +629,146 @@ def test_an_older_check_still_reads() -> None:
     check = AnswersCheck.model_validate_json(json.dumps(old))
     assert check.verdict == "insufficient" and check.answers is None
     assert "answers vs bbbbbbbbbbbb" in check.line() and "60 s left" in check.line()
+
+
+# -- what exact match would have said --------------------------------------------------------
+
+LANDS = {f"Land{i}": f"City{i}" for i in range(20)}
+
+
+def _capital_of(land: str) -> str:
+    return f"What is the capital of {land}?"
+
+
+def _city(q: str) -> str:
+    return LANDS[q.removeprefix("What is the capital of ").rstrip("?")]
+
+
+def _known_capitals(root: Path) -> Path:
+    """A suite-format file of the capital questions, scored by `contains` (as a prompt fix
+    that rewords right answers needs)."""
+    path = root / "known.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"id": land, "vars": {"question": _capital_of(land)}, "expected": city,
+                 "scorer": "contains"}
+            ) + "\n"
+            for land, city in LANDS.items()
+        )
+    )  # fmt: skip
+    return path
+
+
+def _reworded_watch(
+    answering: Any,
+    gateway_factory: Any,
+    admin_token: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    comparison: ComparisonKind,
+) -> tuple[AnswerWatch, FakeClock, Ledger, ThreadedGateway]:
+    """The previous release answers "CityN", the live one (a prompt fix) "The capital of
+    LandN is CityN.": right, reworded; 20 known questions asked, judged at 3 looks over
+    90 s, two breaching looks in a row to roll back."""
+    live = answering(lambda q: f"The capital of {q.split()[-1].rstrip('?')} is {_city(q)}.")
+    prev = answering(_city)
+    gw = gateway_factory(routes=[Route(release_id="live", base_url=live.url)])
+    until = 1_000_000.0 + 90
+    settings = _compared_env(tmp_path, monkeypatch, gw, admin_token, live, prev, until)
+    _send(gw, admin_token, [_capital_of(land) for land in LANDS])
+    known = _known_capitals(tmp_path)
+    led = Ledger(settings.ledger_url or "", actor="Wanda Watcher <wanda@example.com>")
+    clock = FakeClock()
+    policy = AnswerPolicy(comparison=comparison, max_excess=0.3, max_client_share=1.0, looks=3)
+    watch = AnswerWatch(
+        settings,
+        ENV,
+        ledger=led,
+        policy=policy,
+        comparator=make_comparator(comparison, root=tmp_path, known_items=[known.name]),
+        window_s=90,
+        sustain=2,
+        clock=clock,
+    )
+    return watch, clock, led, gw
+
+
+def test_a_reworded_right_answer_passes_under_scorer_and_exact_match_is_shown_not_deciding(
+    answering: Any,
+    gateway_factory: Any,
+    admin_token: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under `scorer` with known items, answers reworded but right pass every look and
+    nothing is rolled back; beside each look the check shows what exact match would have
+    said of the same pairs (a breach), its own run of breaching looks, and from the look
+    where that run reaches `sustain` that exact match would have rolled it back. The watch's
+    line, the page and the ledger event at the window's end carry it."""
+    watch, clock, led, _ = _reworded_watch(
+        answering, gateway_factory, admin_token, tmp_path, monkeypatch, "scorer"
+    )
+    clock.advance(30)  # the first look: exact's run 1 of 2
+    a = watch.check("live")
+    assert a is not None and a.judged_now and a.verdict == "pass" and not a.rollback_due
+    assert a.answers is not None and a.answers.comparison == "scorer" and a.answers.pairs == 20
+    e = a.exact_answers
+    assert e is not None and e.comparison == "exact" and e.verdict == "breach"
+    assert (a.breaching_looks, a.exact_breaching_looks, a.exact_rollback_look) == (0, 1, None)
+    line = a.exact_line()
+    assert line is not None and line.startswith("under exact match (shown, not deciding): ")
+    assert "answers (exact): breach" in line
+    assert "exact match: breach at this look (1 of 2 in a row), pass as judged" in line
+    assert "rolled it back" not in line
+
+    _print_tick(WatchTick(t=clock(), scraped=True, answers=a), env=ENV, as_json=False)
+    printed = capsys.readouterr().out
+    assert "answers (scorer): pass" in printed
+    assert "\n  under exact match (shown, not deciding): answers (exact): breach" in printed
+
+    clock.advance(30)  # the second look: exact's run reaches sustain, the verdict passes
+    a = watch.check("live")
+    assert a is not None and a.verdict == "pass" and not a.rollback_due
+    assert (a.exact_breaching_looks, a.exact_rollback_look) == (2, 2)
+    assert "exact match would have rolled it back at look 2" in (a.exact_line() or "")
+    page = answers_html(a)
+    assert "PASS: answers of" in page
+    assert "under exact match (shown, not deciding): answers (exact): breach" in page
+    assert "exact match would have rolled it back at look 2" in page
+
+    clock.advance(30)  # the window's end: recorded, nothing rolled back
+    a = watch.check("live")
+    assert a is not None and a.status == "ended" and a.verdict == "pass" and not a.rollback_due
+    done = watch.finish(a)
+    [ev] = led.records(types=[EventType.SHADOW.value])
+    assert ev.seq == done.record_seq and ev.evidence["verdict"] == "pass"
+    assert ev.evidence["answers"]["comparison"] == "scorer"
+    exact = ev.evidence["answers_exact"]
+    assert (exact["verdict"], exact["comparison"], exact["pairs"]) == ("breach", "exact", 20)
+    assert (ev.evidence["exact_breaching_looks"], ev.evidence["exact_rollback_look"]) == (3, 2)
+    assert "City1" not in json.dumps(ev.evidence)  # counts and digests, no answer
+    assert led.records(types=[EventType.ROLLBACK.value]) == []
+    led.close()
+
+
+def test_under_exact_match_there_is_no_second_view(
+    answering: Any,
+    gateway_factory: Any,
+    admin_token: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the environment compares by exact match, the reworded answers breach as
+    judged, and no exact view is shown beside it (nor recorded)."""
+    watch, clock, led, _ = _reworded_watch(
+        answering, gateway_factory, admin_token, tmp_path, monkeypatch, "exact"
+    )
+    clock.advance(30)
+    a = watch.check("live")
+    assert a is not None and a.verdict == "breach" and a.breaching_looks == 1
+    assert a.exact_answers is None and a.exact_line() is None
+    assert "answers_exact" not in a.evidence()
+    assert "under exact match" not in answers_html(a)
+    led.close()

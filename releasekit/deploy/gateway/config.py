@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from releasekit.deploy.gateway.errors import GatewayConfigError
+from releasekit.spec.prompts import placeholders
 
 PROMPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -50,6 +51,13 @@ class Route(BaseModel):
         description="LoRA adapters: the model name a client asks for -> the name the engine "
         "holds it under (the request's `model` is rewritten to it)",
     )
+    plain_chat_prompt: str | None = Field(
+        None,
+        description="the prompt (a key of `prompts`) a plain chat request goes through: its "
+        "last user message fills the user template's one placeholder, and the system "
+        "template goes first when the client sends no system message (the release's "
+        "`prompts.plain_chat: template`); None: plain requests go as the client sent them",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -71,6 +79,21 @@ class Route(BaseModel):
             if not PROMPT_NAME.match(name):
                 raise ValueError(f"prompt name {name!r} must match [A-Za-z0-9_.-]{{1,128}}")
         return v
+
+    @model_validator(mode="after")
+    def _check_plain_chat(self) -> Route:
+        name = self.plain_chat_prompt
+        if name is None:
+            return self
+        tpl = self.prompts.get(name)
+        if tpl is None:
+            raise ValueError(f"plain_chat_prompt {name!r} is not one of the route's prompts")
+        if len(placeholders(tpl.user)) != 1 or (tpl.system and placeholders(tpl.system)):
+            raise ValueError(
+                f"prompt {name!r} cannot take a plain chat request: its user template needs "
+                "exactly one placeholder and its system template none"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_adapters(self) -> Route:

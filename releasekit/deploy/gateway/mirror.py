@@ -74,10 +74,10 @@ from releasekit.deploy.gateway.config import (
     paired_release,
 )
 from releasekit.deploy.gateway.errors import PromptTemplateError
-from releasekit.deploy.gateway.models import engine_body, unknown_model
+from releasekit.deploy.gateway.models import unknown_model
 from releasekit.deploy.gateway.pairs import TEXT_MAX, MirrorPair, MirrorPairs, client_digest
 from releasekit.deploy.gateway.relay import CONTENT_RE, Relay
-from releasekit.deploy.gateway.templates import templated_body
+from releasekit.deploy.gateway.templates import plain_body, templated_body
 
 if TYPE_CHECKING:
     from releasekit.deploy.gateway.metrics import Metrics
@@ -519,7 +519,7 @@ class Mirroring:
                 bodies.append(
                     templated_body(r, prompt, copy.deepcopy(payload))
                     if prompt is not None
-                    else engine_body(r, body, payload)
+                    else plain_body(r, body, payload)
                 )
         except PromptTemplateError:
             self.drop()

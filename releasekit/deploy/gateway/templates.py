@@ -1,5 +1,7 @@
 """Prompt templates on the gateway: a route's templates rendered into chat messages, literally
-(the project's renderer: `{{ name }}` placeholders, no Jinja, no format strings)."""
+(the project's renderer: `{{ name }}` placeholders, no Jinja, no format strings), for the
+templated route and, where the release says so (`Route.plain_chat_prompt`), for a plain chat
+request's own messages."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from releasekit.deploy.gateway.config import Route
 from releasekit.deploy.gateway.errors import PromptTemplateError
-from releasekit.deploy.gateway.models import engine_payload
+from releasekit.deploy.gateway.models import engine_body, engine_payload
 from releasekit.deploy.gateway.responses import json_bytes
 
 # The project's prompt renderer, imported in this one place (it moved from releasekit.prompts
@@ -70,3 +72,57 @@ def templated_body(route: Route, prompt: str, payload: Any) -> bytes:
     if "model" not in payload and route.model is not None:
         payload["model"] = route.model
     return json_bytes(engine_payload(route, payload))
+
+
+SYSTEM_ROLES = ("system", "developer")
+"""Roles a client's own system message comes in."""
+
+
+def plain_chat_messages(route: Route, messages: list[Any]) -> list[Any] | None:
+    """A plain chat request's `messages` through the route's `plain_chat_prompt`: the last
+    user message whose content is text (a string, or text parts only) fills the user
+    template's one placeholder, and the system template goes first when no message has a
+    system (or developer) role. None when the route takes plain requests as sent or no user
+    message is text (the request then goes as sent). `messages` itself is never changed."""
+    name = route.plain_chat_prompt
+    tpl = route.prompts.get(name) if name is not None else None
+    if tpl is None:
+        return None
+    at, text = None, None
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "user":
+            text = _text_of(m.get("content"))
+            at = i if text is not None else None
+            break
+    if at is None or text is None:
+        return None
+    (var,) = _placeholders(tpl.user)
+    out = list(messages)
+    out[at] = {**messages[at], "content": _render(tpl.user, {var: text}, strict=True)}
+    has_system = any(isinstance(m, dict) and m.get("role") in SYSTEM_ROLES for m in messages)
+    if tpl.system is not None and not has_system:
+        out.insert(0, {"role": "system", "content": tpl.system})
+    return out
+
+
+def _text_of(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+                 for p in content]  # fmt: skip
+        if all(isinstance(p, str) for p in parts):
+            return "\n".join(str(p) for p in parts)
+    return None
+
+
+def plain_body(route: Route, body: bytes, payload: Any) -> bytes:
+    """The body `route`'s upstream gets for a plain (untemplated) request: a chat request
+    through the route's `plain_chat_prompt` where it has one (`plain_chat_messages`), an
+    adapter's model name mapped to the engine's, else `body` untouched."""
+    if isinstance(payload, dict) and isinstance(payload.get("messages"), list):
+        messages = plain_chat_messages(route, payload["messages"])
+        if messages is not None:
+            return json_bytes(engine_payload(route, {**payload, "messages": messages}))
+    return engine_body(route, body, payload)

@@ -17,7 +17,6 @@ from releasekit.deploy.gateway.checks import ClientChecks
 from releasekit.deploy.gateway.config import GatewayConfig, Route
 from releasekit.deploy.gateway.errors import PromptTemplateError
 from releasekit.deploy.gateway.mirror import Mirroring, PairedRelay, PendingPair
-from releasekit.deploy.gateway.models import engine_body
 from releasekit.deploy.gateway.relay import (
     DROP_REQUEST,
     DisconnectFlag,
@@ -26,7 +25,7 @@ from releasekit.deploy.gateway.relay import (
     watch_disconnect,
 )
 from releasekit.deploy.gateway.responses import error_response
-from releasekit.deploy.gateway.templates import templated_body
+from releasekit.deploy.gateway.templates import plain_body, templated_body
 
 log = logging.getLogger("releasekit.gateway")
 
@@ -157,7 +156,7 @@ class Upstream:
             if prompt is not None:
                 body = templated_body(route, prompt, payload)
             else:
-                body = engine_body(route, body, payload)
+                body = plain_body(route, body, payload)
         except PromptTemplateError as exc:
             flight.finish(400, got_response=False)
             return self.checks.reject(
