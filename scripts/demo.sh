@@ -14,6 +14,8 @@
 #
 # DEMO_PARTS=adapters bash scripts/demo.sh runs the set-up, then the LoRA adapters part alone
 # (its three releases in a staging with nothing live before them), then the audit.
+# DEMO_PARTS=answers runs the set-up, demo-canary-good promoted to staging, then the
+# live-answers part alone (the prompt fix kept, v2-1 rolled back, v2 refused), then the audit.
 set -euo pipefail
 DEMO_PARTS=${DEMO_PARTS:-all}
 case "$DEMO_PARTS" in all | answers | adapters) ;; *) echo "DEMO_PARTS must be all, answers or adapters" >&2; exit 2 ;; esac
@@ -199,7 +201,7 @@ expect promoted staging manifests/demo-bf16.yaml
 # Its few-shot line also lengthens every prompt, so its load test can be slower than bf16's
 # as well: the perf gates may fail beside the suites, and the demo expects the suites.
 step "try the damaged prompt against live bf16: its quality gates block it, core among them"
-expect_blocked releasekit promote manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
+expect_blocked releasekit promote --brief manifests/demo-damaged-prompt.yaml --to staging --reason "demo: a bad prompt edit"
 expect blocked staging manifests/demo-damaged-prompt.yaml --by "suite core" --by "suite facts"
 
 step "promote bf16 on to production (through every gate)"
@@ -264,7 +266,7 @@ BG=("$TRAFFIC" "$LISTENER")
 sleep 5
 
 step "approvals: staging takes no release without one"
-expect_blocked releasekit promote "$CANARY_GOOD" --to staging --reason "demo: before approval"
+expect_blocked releasekit promote --brief "$CANARY_GOOD" --to staging --reason "demo: before approval"
 note "blocked in staging: demo-canary-good" --by "approved for staging (no approval yet)"
 releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
@@ -289,18 +291,18 @@ releasekit shadow stop --env staging
 note "shadow passed in staging: demo-canary-good" --by "canary checks and answers (excess over their A/A floor)"
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
-if ! releasekit promote "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
+if ! releasekit promote --brief "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
   echo "demo: stopped, the healthy release was not promoted (the gate report or canary_aborted event above names the figures; nothing was forced)" >&2
   exit 1
 fi
 note "promoted in staging: demo-canary-good" --by "every gate, then each canary step"
 
 step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"
-expect_blocked releasekit promote "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
+expect_blocked releasekit promote --brief "$CANARY_SEQS1" --to staging --no-canary --reason "demo: one switch"
 expect blocked staging "$CANARY_SEQS1" --by "ttft_p95_s at the knee"
 
 step "max-num-seqs 1 with canary steps: staging lets the canary judge it on live traffic"
-if releasekit promote "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
+if releasekit promote --brief "$CANARY_SEQS1" --to staging --reason "demo: a serving change that queues"; then
   echo "(unexpected: the max-num-seqs 1 release was promoted)"; exit 1
 fi
 # Its canary was aborted on a breach: the ledger says so, with the figures.
@@ -399,7 +401,7 @@ expect promoted staging "$FIX"
 # A rollback needs 2 breaching looks in a row (after_promotion_sustain); it goes through the
 # same guarded rollback as any breach, and its ledger event holds the verdict's counts, its
 # A/A floor and the pair ids, not the users' text (that stays in the 0600 pair store).
-releasekit watch staging --interval 2 &
+releasekit watch staging --interval 2 --brief &
 WATCHER=$!
 BG=("$USERS" "$WATCHER")
 if ! expect kept staging "$FIX" --wait 330; then
@@ -425,7 +427,7 @@ cat .releasekit/demo-users.out
 step "demo-v2, the same weights packaged again: refused, the breach follows the weights (no shadow needed)"
 # The breach is recorded against the model's digest and its prompts; serving parameters do
 # not clear it. Only `--force quality` with a reason would let these weights through.
-expect_blocked releasekit promote "$V2" --to staging --no-canary --reason "demo: v2, the weights v2-1 shipped"
+expect_blocked releasekit promote --brief "$V2" --to staging --no-canary --reason "demo: v2, the weights v2-1 shipped"
 expect blocked staging "$V2" --by "answers breach of these weights"
 releasekit history --env staging --type rollback --type mark_bad --limit 2
 # ---- end of live answers -----------------------------------------------------------------
@@ -470,7 +472,7 @@ python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-befor
 expect promoted staging "$JSON"
 
 step "demo-json-bad, the same adapter trained on mislabelled data: blocked by its suite"
-expect_blocked releasekit promote "$JSON_BAD" --to staging --no-canary --reason "demo: a bad adapter"
+expect_blocked releasekit promote --brief "$JSON_BAD" --to staging --no-canary --reason "demo: a bad adapter"
 expect blocked staging "$JSON_BAD" --by "suite json"
 
 step "roll the adapter back: staging's route moves back to demo-lora, the engine stays"
@@ -502,7 +504,7 @@ git push -q team refs/releasekit/ledger:refs/releasekit/ledger
 releasekit ledger verify --remote team
 # Every recorded decision's gate verdicts, recomputed from its signed inputs (exit 1 on any
 # difference): the evidence files by digest, the policy at the recorded commit.
-releasekit audit replay --all
+releasekit audit replay --all --brief
 # The auditor's page per environment: what was live, each decision, its gates, evidence and replay.
 releasekit audit page --env staging
 releasekit audit page --env production

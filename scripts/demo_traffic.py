@@ -41,7 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines" / "demo
 import world as w
 
 
-def _load_request(k: int, i: int, max_tokens: int) -> tuple[str, dict[str, object], bool]:
+def _load_request(
+    k: int, i: int, max_tokens: int
+) -> tuple[str, dict[str, object], bool, str | None]:
     question = f"Question {k}-{i}: what is 2 + {i % 7}?"
     path = "/v1/completions"
     body: dict[str, object] = {"model": "demo", "prompt": question}
@@ -50,12 +52,12 @@ def _load_request(k: int, i: int, max_tokens: int) -> tuple[str, dict[str, objec
         body = {"variables": {"question": question}}
     # Greedy (temperature 0): a shadow compares these answers with stable's.
     body.update(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0)
-    return path, body, False
+    return path, body, False, None
 
 
 def _user_request(
     rng: random.Random, world: w.World, own_system_share: float
-) -> tuple[str, dict[str, object], bool]:
+) -> tuple[str, dict[str, object], bool, str | None]:
     country = rng.choice(world.countries)
     attribute = rng.choice(w.ATTRIBUTES)
     question = w.fact_question(attribute, country.name, rng.randrange(3))
@@ -72,7 +74,7 @@ def _user_request(
         body = {"variables": {"question": question}}
         path, own = "/v1/templates/chat/chat/completions", False
     body.update(max_tokens=16, temperature=0)
-    return path, body, own
+    return path, body, own, country.answer(attribute)
 
 
 def main() -> int:
@@ -95,6 +97,7 @@ def main() -> int:
     limited: collections.Counter[str] = collections.Counter()
     own_asked: collections.Counter[str] = collections.Counter()
     own_refused: collections.Counter[str] = collections.Counter()
+    own_right: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     world = w.build_world()
 
@@ -114,11 +117,11 @@ def main() -> int:
                     if stop.wait(max(0.0, next_at - time.monotonic())):
                         break
                 if args.mix == "load":
-                    path, body, own = _load_request(k, i, args.max_tokens)
+                    path, body, own, expected = _load_request(k, i, args.max_tokens)
                 else:
-                    path, body, own = _user_request(rng, world, args.own_system_share)
+                    path, body, own, expected = _user_request(rng, world, args.own_system_share)
                 i += 1
-                rel, ok, refused, status = "-", False, False, 0
+                rel, ok, refused, right, status = "-", False, False, False, 0
                 try:
                     if body.get("stream"):
                         with c.stream("POST", path, json=body) as r:
@@ -135,6 +138,8 @@ def main() -> int:
                         if ok:
                             text = r.json()["choices"][0]["message"]["content"]
                             refused = text.strip() == w.REFUSAL
+                            said = text.strip().rstrip(".").strip().lower()
+                            right = expected is not None and said == expected.lower()
                 except (httpx.HTTPError, ValueError, KeyError, IndexError):
                     ok = False
                 with lock:
@@ -142,6 +147,7 @@ def main() -> int:
                     if own and ok:
                         own_asked[rel] += 1
                         own_refused[rel] += refused
+                        own_right[rel] += right
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(args.clients)]
@@ -160,8 +166,8 @@ def main() -> int:
             line += f", {limited[rel]} refused by the gateway's rate limit (429)"
         if args.mix == "users":
             line += (
-                f"; integrations with their own system message: {own_refused[rel]} of "
-                f"{own_asked[rel]} refused"
+                f"; integrations with their own system message: {own_right[rel]} of "
+                f"{own_asked[rel]} answered right, {own_refused[rel]} refused"
             )
         print(line, flush=True)
     return 0

@@ -55,11 +55,12 @@ def _gates_title(report: GateReport) -> str:
     )
 
 
-def _print_gates(report: object, *, explain: bool) -> None:
+def _print_gates(report: object, *, explain: bool, brief: bool = False) -> None:
     """The gate report: a title line, then one line a gate (gate, result, the figure that
     decided, its limit), one line of why for each failed gate, and which failures are
-    advisory here. `explain` adds the long form: each gate's rule and detail, and the
-    quality rule in full."""
+    advisory here. `brief` keeps the table's rows of the gates that did not pass, and says
+    how many others passed. `explain` adds the long form: each gate's rule and detail, and
+    the quality rule in full."""
     from releasekit.promote.gates import PERF_BY_CANARY_NOTE, GateReport
     from releasekit.promote.report import (
         COLUMNS,
@@ -76,7 +77,14 @@ def _print_gates(report: object, *, explain: bool) -> None:
         markup=False,
         highlight=False,
     )
-    short_table(COMPACT_COLUMNS, compact_rows(report, fold=not explain), cell_styles=RESULT_STYLES)
+    rows = compact_rows(report, fold=not explain)
+    passed = 0
+    if brief and not explain:
+        rows = [r for r in rows if r[1] != "pass"]
+        passed = sum(1 for g in report.gates if g.passed)
+    short_table(COMPACT_COLUMNS, rows, cell_styles=RESULT_STYLES)
+    if passed:
+        out.print(f"  and {passed} other gate(s) passed", markup=False, highlight=False)
     for name, why in failure_reasons(report):
         for line in textwrap.wrap(
             f"{name}: {why}",
@@ -155,8 +163,9 @@ def promote_cmd(
         bool,
         typer.Option(
             "--brief",
-            help="when every gate passes, one line for them instead of the table (a failed "
-            "or advisory gate still prints the table); for logs of many promotions",
+            help="when every gate passes, one line for them instead of the table; otherwise "
+            "the table's rows of the gates that failed (blocking or advisory) and how many "
+            "others passed; for logs of many promotions",
         ),
     ] = False,
     dry_run: Annotated[
@@ -214,7 +223,7 @@ def promote_cmd(
         if brief and not explain and res.report.passed and not res.report.advisory_failed:
             _print_gates_passed(res.report, res.report_html)
         else:
-            _print_gates(res.report, explain=explain)
+            _print_gates(res.report, explain=explain, brief=brief)
     if explain and res.canary_power:
         print_canary_power(res.canary_power)
     if res.canary is not None:

@@ -33,6 +33,13 @@ def replay_cmd(
         bool,
         typer.Option("--explain", help="one line per verdict, the same ones included"),
     ] = False,
+    brief: Annotated[
+        bool,
+        typer.Option(
+            "--brief",
+            help="a line only for a decision with a difference, then the total (for logs)",
+        ),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Recompute every gate, canary, shadow and watch verdict of a recorded decision (a promote,
@@ -40,8 +47,9 @@ def replay_cmd(
     verified inputs (the ledger record, the policy at its recorded commit, the evidence
     files by their signed digests) and print same or different for each; exit 1 on any
     difference. "not replayable" (the event does not record enough) is not a difference.
-    One line per decision with a tally of its verdicts; each different one (with --explain,
-    every one, and why it is not replayable) on a line below it."""
+    One line per decision with a tally of its verdicts (with --brief, only a decision with a
+    difference); each different one (with --explain, every one, and why it is not
+    replayable) on a line below it."""
     from releasekit.audit.replay import ReplayError, replay
 
     if all_ == (event is not None):
@@ -56,6 +64,8 @@ def replay_cmd(
                 highlight=False,
             )
         for d in res.decisions:
+            if brief and d.same and not explain:
+                continue  # counted in the total line
             head = _MARK["same"] if d.same else _MARK["different"]
             rid = (d.release_id or "-")[:12]
             counts = Counter(c.status for c in d.checks)

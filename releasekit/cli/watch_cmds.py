@@ -56,18 +56,21 @@ ANSWERS_EVERY_S = 30.0
 _answers_shown: dict[str, tuple[tuple[object, ...], float]] = {}
 
 
-def _answers_news(env: str, a: AnswersCheck, now: float) -> bool:
+def _answers_news(env: str, a: AnswersCheck, now: float, *, every_s: float) -> bool:
     """Whether the after-promotion check's line says something new: a look done, another
-    verdict, the window's end, a record or a page, or ANSWERS_EVERY_S since it was shown."""
+    verdict, the window's end, a record or a page, or `every_s` since it was shown."""
     key = (a.looks_done, a.verdict, a.status, a.record_seq, a.page, a.problem)
     last = _answers_shown.get(env)
-    if last is not None and last[0] == key and now - last[1] < ANSWERS_EVERY_S:
+    if last is not None and last[0] == key and now - last[1] < every_s:
         return False
     _answers_shown[env] = (key, now)
     return True
 
 
-def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
+def _print_tick(t: WatchTick, *, env: str, as_json: bool, brief: bool = False) -> None:
+    """One tick for people: each judged window (with `brief`, only one with a verdict
+    other than pass, or a reset), the after-promotion check at a look, a change or every
+    ANSWERS_EVERY_S (with `brief`, never only for the time), and a rollback."""
     if as_json:
         sys.stdout.write(t.model_dump_json() + "\n")
         sys.stdout.flush()
@@ -77,13 +80,16 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         err.print(f"{esc(_hhmmss(t.t))} {esc(env)} [yellow]scrape failed[/yellow] {esc(problems)}")
     for w in t.windows:
         judged = [j for j in t.judgements if j.window_start == w.start and j.window_end == w.end]
+        if brief and not w.reset and all(j.verdict == "pass" for j in judged):
+            continue  # counted in the summary at the end
         head = f"{_hhmmss(w.end)} {esc(env)} {_short(w.release)} {w.duration_s:.0f}s window"
         if w.reset:
             head += f" [dim](reset: {esc(', '.join(w.reset))} restarted)[/dim]"
         else:
             head += f" {w.requests or 0:g} req"
         out.print(head + " | " + " | ".join(_verdict(j) for j in judged), highlight=False)
-    if t.answers is not None and _answers_news(env, t.answers, t.t):
+    every_s = float("inf") if brief else ANSWERS_EVERY_S
+    if t.answers is not None and _answers_news(env, t.answers, t.t, every_s=every_s):
         a = t.answers
         colour = {"pass": "green", "breach": "red"}.get(a.verdict, "dim")
         line = f"{_hhmmss(t.t)} {esc(env)} {_short(a.release_id)} [{colour}]{esc(a.line())}"
@@ -92,7 +98,7 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool) -> None:
         elif a.status == "ended" and a.verdict != "breach":
             line += " (mirror not removed yet)"
         out.print(line + f"[/{colour}]", highlight=False)
-        exact = a.exact_line()
+        exact = a.exact_line() if a.judged_now or a.status == "ended" else None
         if exact is not None:  # what exact match would have said: shown, never deciding
             out.print(f"  [dim]{esc(exact)}[/dim]", highlight=False)
         if a.page:
@@ -147,6 +153,14 @@ def watch_cmd(
     json_: Annotated[
         bool, typer.Option("--json", help="one JSON object per scrape (JSON Lines)")
     ] = False,
+    brief: Annotated[
+        bool,
+        typer.Option(
+            "--brief",
+            help="print a window only when a rule does not pass (and the answers only at "
+            "their looks): for logs; the summary at the end counts every window",
+        ),
+    ] = False,
 ) -> None:
     """Watch ENV's live release: scrape its vLLM server and gateway, judge its watch rules
     and SLOs window by window, and roll back (marking it bad) on a sustained breach. After
@@ -188,7 +202,7 @@ def watch_cmd(
             if json_:
                 emit_json(tick)
             else:
-                _print_tick(tick, env=env, as_json=False)
+                _print_tick(tick, env=env, as_json=False, brief=brief)
             if not tick.scraped:
                 raise typer.Exit(1)
             return
@@ -201,10 +215,13 @@ def watch_cmd(
                             f"  receiver: POST {esc(url)}/alertmanager, metrics: {esc(url)}/metrics"
                         )
                     summary = svc.run(
-                        stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_)
+                        stop,
+                        on_tick=lambda t: _print_tick(t, env=env, as_json=json_, brief=brief),
                     )
             else:
-                summary = svc.run(stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_))
+                summary = svc.run(
+                    stop, on_tick=lambda t: _print_tick(t, env=env, as_json=json_, brief=brief)
+                )
         if not json_:
             err.print(
                 f"stopped: {summary.ticks} scrapes ({summary.failed_scrapes} failed), "

@@ -45,6 +45,10 @@ def test_replay_same_then_each_tampered_input_differs(signed_kit: Kit) -> None:
     assert "same ledger record" not in res.output and " same)" in res.output
     explained = runner.invoke(app, ["audit", "replay", "--all", "--explain"])
     assert explained.exit_code == 0 and "same ledger record" in explained.output
+    # --brief: the total alone while every decision is the same.
+    brief = runner.invoke(app, ["audit", "replay", "--all", "--brief"])
+    assert brief.exit_code == 0
+    assert brief.output.strip().splitlines() == res.output.strip().splitlines()[-1:]
     seq = _decision(k, new)
     d = replay(k.settings, str(seq)).decisions[0]
     assert d.same and d.against == old
@@ -56,6 +60,10 @@ def test_replay_same_then_each_tampered_input_differs(signed_kit: Kit) -> None:
     before = _tampered(eval_json)
     res = runner.invoke(app, ["audit", "replay", str(seq)])
     assert res.exit_code == 1 and "DIFFERENT" in res.output and "eval.json" in res.output
+    brief = runner.invoke(app, ["audit", "replay", "--all", "--brief"])
+    heads = [ln for ln in brief.output.splitlines() if ln.startswith("#")]
+    assert brief.exit_code == 1 and heads and all("DIFFERENT" in ln for ln in heads)
+    assert any(ln.startswith(f"#{seq} ") for ln in heads)
     gate = promote(k.settings, new, env="production", dry_run=True)
     assert gate.report is not None and not gate.report.passed
     assert any(g.kind == "evidence" and "eval.json" in g.detail for g in gate.report.failed)

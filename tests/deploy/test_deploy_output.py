@@ -85,3 +85,33 @@ def test_promote_prints_the_quality_rule_only_with_explain(kit: Kit) -> None:
     assert " -> staging (against demo-bf16 " in said
     assert said.split("): all ", 1)[1].split(" passed", 1)[0].isdigit(), said
     assert not any(line.startswith("gate ") for line in brief.stdout.splitlines())
+
+
+def test_promote_brief_keeps_the_rows_of_the_gates_that_failed(kit: Kit) -> None:
+    """`--brief` with a failed gate: the table holds that gate's row only, a line counts
+    the gates that passed, and the why line still names the figure."""
+    runner = CliRunner()
+    kit.build("demo-bf16")
+    r = runner.invoke(_app(), ["promote", "manifests/demo-bf16.yaml", "--to", "staging"])
+    assert r.exit_code == 0, r.output
+    kit.variant("demo-bf16", "demo-v2", {"max-num-seqs: 32": "max-num-seqs: 16"})
+    kit.build("demo-v2", baseline="demo-bf16", fail={"core": 40})
+    args = ["promote", "manifests/demo-v2.yaml", "--to", "staging", "--dry-run"]
+    full = runner.invoke(_app(), args)
+    brief = runner.invoke(_app(), [*args, "--brief"])
+    assert full.exit_code == brief.exit_code == 1, brief.output
+    assert "would be BLOCKED" in brief.stdout
+
+    def rows(out: str) -> list[str]:
+        lines = out.splitlines()
+        head = next(i for i, line in enumerate(lines) if line.startswith("gate "))
+        return [ln for ln in lines[head + 1 :] if ln and not ln.startswith((" ", "dry run"))]
+
+    failed = [ln for ln in rows(full.stdout) if " FAIL " in ln]
+    assert failed and any(ln.startswith("suite core ") for ln in failed), full.stdout
+    kept = [ln for ln in rows(brief.stdout) if not ln.startswith("each gate")]
+    assert [ln.split() for ln in kept] == [ln.split() for ln in failed], brief.stdout
+    passed = sum(1 for ln in rows(full.stdout) if " pass " in ln)
+    [count] = [ln for ln in brief.stdout.splitlines() if ln.startswith("  and ")]
+    assert int(count.split()[1]) >= passed, brief.stdout
+    assert "  why suite core: " in brief.stdout

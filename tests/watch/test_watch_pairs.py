@@ -727,6 +727,16 @@ def test_a_reworded_right_answer_passes_under_scorer_and_exact_match_is_shown_no
     printed = capsys.readouterr().out
     assert "answers (scorer): pass" in printed
     assert "\n  under exact match (shown, not deciding): answers (exact): breach" in printed
+    # Between looks the line repeats only as a heartbeat (never with --brief), without the
+    # exact view: that is shown at a look.
+    later = WatchTick(
+        t=clock() + 31, scraped=True, answers=a.model_copy(update={"judged_now": False})
+    )
+    _print_tick(later, env=ENV, as_json=False, brief=True)
+    assert capsys.readouterr().out == ""
+    _print_tick(later, env=ENV, as_json=False)
+    printed = capsys.readouterr().out
+    assert "answers (scorer): pass" in printed and "under exact match" not in printed
 
     clock.advance(30)  # the second look: exact's run reaches sustain, the verdict passes
     a = watch.check("live")
@@ -772,3 +782,25 @@ def test_under_exact_match_there_is_no_second_view(
     assert "answers_exact" not in a.evidence()
     assert "under exact match" not in answers_html(a)
     led.close()
+
+
+def test_watch_brief_prints_only_the_windows_a_rule_did_not_pass(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`watch --brief` (for logs): a window whose every rule passed is not printed, one with
+    a breach is; without --brief both are."""
+    from releasekit.watch.rules import Judgement
+    from releasekit.watch.windows import Window
+
+    def tick(t: float, verdict: str) -> WatchTick:
+        w = Window(release="r" * 12, start=t - 15, end=t, duration_s=15, requests=40)
+        j = Judgement(rule="ttft", metric="ttft_p95_s", verdict=verdict, value=1.0, limit=2.0,  # type: ignore[arg-type]
+                      reason="x", window_start=w.start, window_end=w.end)  # fmt: skip
+        return WatchTick(t=t, scraped=True, windows=[w], judgements=[j])
+
+    _print_tick(tick(100, "pass"), env=ENV, as_json=False, brief=True)
+    assert capsys.readouterr().out == ""
+    _print_tick(tick(115, "breach"), env=ENV, as_json=False, brief=True)
+    assert "15s window 40 req | ttft 1 / 2 breach" in capsys.readouterr().out
+    _print_tick(tick(130, "pass"), env=ENV, as_json=False)
+    assert "ttft 1 / 2 pass" in capsys.readouterr().out
