@@ -77,6 +77,17 @@ promote_or_stop() {
     exit 1
   fi
 }
+# A shadow in staging: mirror a quarter of its requests to MANIFEST, compare (40 s windows,
+# up to 160 s), stop mirroring; the demo stops, naming WHAT, unless the comparison passed.
+shadow_or_stop() {  # shadow_or_stop MANIFEST REASON WHAT
+  releasekit shadow start "$1" --env staging --share 0.25 --reason "$2"
+  if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
+    releasekit shadow stop --env staging
+    echo "demo: stopped, $3's shadow comparison did not pass (figures above); nothing was forced" >&2
+    exit 1
+  fi
+  releasekit shadow stop --env staging
+}
 # A gate that blocks is the point of some steps: show it, keep going.
 expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; else echo "(blocked, as expected)"; fi; }
 # Each step names the decision it announces; the ledger says what decided, and the demo
@@ -217,12 +228,17 @@ releasekit quantise ladder manifests/demo-bf16.yaml --recipes manifests/ladder/d
 PICK=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recommended_manifest"] or "")' .releasekit/ladder/demo/ladder.json)
 STOP=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["stop_reason"] or "")' .releasekit/ladder/demo/ladder.json)
 if [ -n "$STOP" ]; then note "ladder ${STOP%%:*}" --by "${STOP#*: }"; fi
-if [ -z "$PICK" ] || [ "$PICK" = manifests/demo-bf16.yaml ]; then
-  echo "demo: stopped, the ladder recommends no quantised rung on this host (table above)." >&2
+if [ -z "$PICK" ]; then
+  echo "demo: stopped, the ladder recommends no rung, not even bf16 (table above)." >&2
   exit 1
 fi
 note "ladder recommends $(basename "$PICK" .yaml)" --by "the ladder's rule (cheapest rung that passes every suite)"
 
+if [ "$PICK" = manifests/demo-bf16.yaml ]; then
+  # A host where bf16 serves clearly cheaper than every quantised rung (beyond the tolerance
+  # and the runs' own spread): nothing to promote over it, and so nothing to roll back.
+  echo "the ladder keeps bf16 on this host: no quantised rung is promoted, staging and production stay on bf16"
+else
 step "promote the ladder's pick ($(basename "$PICK" .yaml)) over bf16: staging, then production (through every gate)"
 releasekit approve "$PICK" --env staging --key "$APPROVER_KEY" --reason "demo: the ladder's pick" >/dev/null
 promote_or_stop "$PICK" --to staging --reason "demo: the quantisation ladder's pick"
@@ -233,6 +249,7 @@ expect promoted production "$PICK"
 step "roll staging back to the release live before (the one rolled back from is marked bad)"
 releasekit rollback staging --reason "demo: roll back to the previous release"
 note "rolled back in staging" --by "releasekit rollback (no gates)"
+fi
 
 # ---- progressive delivery: canary steps, a canary abort, webhooks, an approval --------
 # Under steady streaming load through staging's gateway: staging refuses a release until
@@ -281,13 +298,7 @@ step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its ans
 # the answers are decided: a host that serves fewer requests a second takes longer, not a
 # different verdict. The comparison is a signed ledger event bound
 # to the stable release: promote reads it as a gate.
-releasekit shadow start "$CANARY_GOOD" --env staging --share 0.25 --reason "demo: real traffic before it takes any"
-if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
-  releasekit shadow stop --env staging
-  echo "demo: stopped, the healthy release's shadow comparison breached (figures above); nothing was forced" >&2
-  exit 1
-fi
-releasekit shadow stop --env staging
+shadow_or_stop "$CANARY_GOOD" "demo: real traffic before it takes any" "the healthy release"
 note "shadow passed in staging: demo-canary-good" --by "canary checks and answers (excess over their A/A floor)"
 
 step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
@@ -384,13 +395,7 @@ step "a prompt fix: demo-prompt-fix (staging's release, its prompts applied to p
 python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 >.releasekit/demo-fix-load.out 2>&1 &
 LOAD=$!
 BG=("$USERS" "$LOAD")
-releasekit shadow start "$FIX" --env staging --share 0.25 --reason "demo: a prompt fix before it takes traffic"
-if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
-  releasekit shadow stop --env staging
-  echo "demo: stopped, the prompt fix's shadow comparison did not pass (figures above); nothing was forced" >&2
-  exit 1
-fi
-releasekit shadow stop --env staging
+shadow_or_stop "$FIX" "demo: a prompt fix before it takes traffic" "the prompt fix"
 kill "$LOAD"; wait "$LOAD" || true
 BG=("$USERS")
 expect shadow-passed staging "$FIX"

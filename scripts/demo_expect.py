@@ -36,6 +36,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +107,35 @@ def _print_agreement(agreement: dict[str, Any], sides: tuple[str, str]) -> None:
         print(f"  asked {asked}: {sides[0]} {x['stable']!r}, {sides[1]} {x['candidate']!r}")
 
 
+def _shadows(ledger: Any, env: str, release: str, action: str) -> list[Any]:
+    """The release's `shadow` records in ENV with this action (`compare`, `after_promotion`)."""
+    return [
+        r
+        for r in ledger.records(environment=env, types=["shadow"])
+        if r.to_release == release and r.evidence.get("action") == action
+    ]
+
+
+def _polled(ledger_at: Any, wait_s: float, look: Callable[[Any], Any]) -> Any:
+    """`look(ledger)` on a freshly opened read-only ledger every 2 s until it finds
+    something or `wait_s` is over; what it found last."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ledger = ledger_at()
+        try:
+            found = look(ledger)
+        finally:
+            ledger.close()
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(2)
+
+
 def _shadow_failed(
     ledger: Any, env: str, release: str, by: list[str], only: bool
 ) -> tuple[str, dict[str, Any]]:
     """A problem ('' if none) and the agreement of the latest shadow comparison."""
-    compares = [
-        r
-        for r in ledger.records(environment=env, types=["shadow"])
-        if r.to_release == release and r.evidence.get("action") == "compare"
-    ]
+    compares = _shadows(ledger, env, release, "compare")
     if not compares:
         return "no shadow comparison recorded", {}
     ev = compares[-1].evidence
@@ -137,20 +158,7 @@ def _rolled_back(
     ledger_at: Any, env: str, release: str, by: list[str], wait_s: float
 ) -> tuple[str, dict[str, Any]]:
     """Wait up to `wait_s` for `watch` to roll the release back in ENV."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        ledger = ledger_at()
-        try:
-            rollbacks = [
-                r
-                for r in ledger.records(environment=env, types=["rollback"])
-                if r.from_release == release
-            ]
-        finally:
-            ledger.close()
-        if rollbacks or time.monotonic() >= deadline:
-            break
-        time.sleep(2)
+    rollbacks = _polled(ledger_at, wait_s, lambda led: _rollbacks(led, env, release))
     if not rollbacks:
         return f"not rolled back within {wait_s:g} s", {}
     ev = rollbacks[-1].evidence
@@ -160,13 +168,16 @@ def _rolled_back(
     return "", _answers(ev)
 
 
+def _rollbacks(ledger: Any, env: str, release: str) -> list[Any]:
+    """The rollbacks of the release in ENV."""
+    return [
+        r for r in ledger.records(environment=env, types=["rollback"]) if r.from_release == release
+    ]
+
+
 def _shadow_passed(ledger: Any, env: str, release: str) -> tuple[str, dict[str, Any]]:
     """A problem ('' if none) and the evidence of the latest shadow comparison."""
-    compares = [
-        r
-        for r in ledger.records(environment=env, types=["shadow"])
-        if r.to_release == release and r.evidence.get("action") == "compare"
-    ]
+    compares = _shadows(ledger, env, release, "compare")
     if not compares:
         return "no shadow comparison recorded", {}
     ev = compares[-1].evidence
@@ -177,25 +188,13 @@ def _shadow_passed(ledger: Any, env: str, release: str) -> tuple[str, dict[str, 
 
 def _kept(ledger_at: Any, env: str, release: str, wait_s: float) -> tuple[str, dict[str, Any]]:
     """Wait up to `wait_s` for the after-promotion comparison of the release to end."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        ledger = ledger_at()
-        try:
-            ended = [
-                r
-                for r in ledger.records(environment=env, types=["shadow"])
-                if r.to_release == release and r.evidence.get("action") == "after_promotion"
-            ]
-            rolled = [
-                r
-                for r in ledger.records(environment=env, types=["rollback"])
-                if r.from_release == release
-            ]
-        finally:
-            ledger.close()
-        if ended or rolled or time.monotonic() >= deadline:
-            break
-        time.sleep(2)
+
+    def look(led: Any) -> tuple[list[Any], list[Any]] | None:
+        ended = _shadows(led, env, release, "after_promotion")
+        rolled = _rollbacks(led, env, release)
+        return (ended, rolled) if ended or rolled else None
+
+    ended, rolled = _polled(ledger_at, wait_s, look) or ([], [])
     if rolled:
         return f"rolled back ({rolled[-1].reason[:200]})", {}
     if not ended:

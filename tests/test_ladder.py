@@ -373,3 +373,22 @@ def test_calibration_rows_that_collapse_under_the_cut_are_noted() -> None:
         assert (
             calibration_notes(load_manifest(REPO / "manifests" / f"{name}.yaml", root=REPO)) == []
         )
+
+
+def test_a_rung_whose_best_run_costs_within_the_tolerance_is_a_tie() -> None:
+    """A rung whose cost is just outside the tolerance but whose best run at the knee is
+    inside it ties with the cheapest (its own runs span the difference): the smallest
+    weights win. Without such a run, or with a best run outside too, it does not."""
+    rows = [
+        _row("bf16", "base", weights=1000, cost=1.00, cost_best_run_per_1k_good=0.95),
+        _row("w8", "passes", weights=500, cost=1.26, cost_best_run_per_1k_good=1.20),
+    ]
+    pick, why = recommend(rows, tolerance=0.25)
+    assert pick is not None and pick.name == "w8"
+    assert "at the knee or at its best run" in why
+    rows[1] = _row("w8", "passes", weights=500, cost=1.26, cost_best_run_per_1k_good=1.26)
+    pick, _ = recommend(rows, tolerance=0.25)
+    assert pick is not None and pick.name == "bf16"
+    rows[1] = _row("w8", "passes", weights=500, cost=1.26)
+    pick, _ = recommend(rows, tolerance=0.25)
+    assert pick is not None and pick.name == "bf16"

@@ -552,15 +552,16 @@ class LocalTarget(DeployTarget):
         self.handle.save()
         return launched.url
 
-    def route(self, routes: Sequence[Route]) -> None:
+    def route(self, routes: Sequence[Route]) -> str:
         """Swap the gateway's table atomically and record it; adapters this deploy loaded
-        that the table no longer names (a switch back) are unloaded once drained."""
+        that the table no longer names (a switch back) are unloaded once drained, and what
+        became of them is said ("" when there were none)."""
         with self._client() as c:
             c.set_routes(list(routes))
         self._state.routes = list(routes)
         self._state.mirror = None  # a new table ends mirroring
         self.handle.save()
-        self.loads.unload(drain=True)
+        return self.loads.unload(drain=True)
 
     def wait_drained(self, release_id: str, *, deadline_s: float) -> bool:
         """True once the gateway has nothing in flight to `release_id`."""

@@ -266,8 +266,9 @@ class DeployTarget(ABC):
         returns its client-facing URL."""
 
     @abstractmethod
-    def route(self, routes: Sequence[Route]) -> None:
-        """Replace the environment's routing table atomically."""
+    def route(self, routes: Sequence[Route]) -> str:
+        """Replace the environment's routing table atomically; what it did besides, in words
+        ("; ..." clauses, "" for nothing: e.g. adapters a switch back unloaded)."""
 
     @abstractmethod
     def wait_drained(self, release_id: str, *, deadline_s: float) -> bool:

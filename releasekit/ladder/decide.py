@@ -10,9 +10,10 @@ the ladder stops, what a good answer costs, and which rung it recommends.
   at the knee: price / (knee goodput x 3600 x good rate) x 1000.
 - It **recommends** the cheapest eligible rung (the base, or one that passes) above the stop.
   Costs within `tolerance` of the lowest count as equal (a knee's goodput spreads about that
-  much from run to run on shared cores, so a smaller difference is not a finding); among
-  those, the smallest weights win, then the rung higher on the ladder. Without prices, the
-  smallest weights win.
+  much from run to run on shared cores, so a smaller difference is not a finding), and so
+  does a rung whose best run at the knee costs within it (a difference its own runs span is
+  not one either); among those, the smallest weights win, then the rung higher on the
+  ladder. Without prices, the smallest weights win.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def _mb(n: int | None) -> str:
     return "?" if n is None else f"{n / 1e6:.2f} MB"
 
 
+def _best_cost(r: RungRow) -> float:
+    """A rung's cost, or its best run's where that is lower (0 when it has none)."""
+    costs = [c for c in (r.cost_per_1k_good, r.cost_best_run_per_1k_good) if c is not None]
+    return min(costs) if costs else 0.0
+
+
 def recommend(rows: Sequence[RungRow], *, tolerance: float) -> tuple[RungRow | None, str]:
     """The recommended rung among the eligible ones, and why, in one sentence."""
     eligible = [r for r in rows if r.eligible]
@@ -73,10 +80,10 @@ def recommend(rows: Sequence[RungRow], *, tolerance: float) -> tuple[RungRow | N
     costs = [r.cost_per_1k_good for r in eligible]
     if all(c is not None for c in costs):
         lowest = min(c for c in costs if c is not None)
-        tied = [r for r in eligible if (r.cost_per_1k_good or 0.0) <= lowest * (1 + tolerance)]
+        tied = [r for r in eligible if _best_cost(r) <= lowest * (1 + tolerance)]
         rule = (
             f"the smallest weights among the rungs within {tolerance:.0%} of the lowest cost "
-            f"per 1,000 good answers ({lowest:.3g})"
+            f"per 1,000 good answers ({lowest:.3g}), at the knee or at its best run"
         )
     else:
         tied = list(eligible)

@@ -76,6 +76,11 @@ class RungRow(BaseModel):
     cost_per_1k_good: float | None = Field(
         None, description="unit-hour price / (knee goodput x 3600 x good rate) x 1000"
     )
+    cost_best_run_per_1k_good: float | None = Field(
+        None,
+        description="the same at the knee's best run (its highest goodput; from five runs, "
+        "one stray run set aside): how low the runs themselves put the cost",
+    )
     suites: list[SuiteDelta] = Field(default_factory=list)
     tags: list[TagDelta] = Field(default_factory=list)
 

@@ -166,6 +166,7 @@ def _measure(
             row.weights_bytes, row.weights_digest = q.size_after_bytes, q.weights_digest
         except (ReleasekitError, ValueError) as exc:
             problems.append(f"quantise.json: {exc}")
+    best: float | None = None  # the knee's highest goodput run (one stray set aside)
     if ev.bench is not None:
         knee = ev.bench.knee
         row.memory_bytes = ev.bench.server_memory_bytes
@@ -173,9 +174,13 @@ def _measure(
         if knee is not None:
             row.knee_load, row.knee_goodput = knee.load, knee.goodput
             row.knee_tokens_per_s = knee.output_token_throughput
+            runs = knee.spread.get("goodput")
+            if runs is not None:
+                best = runs.trimmed_max if runs.trimmed_max is not None else runs.max
     if ev.eval is not None:
         row.good_rate = _good_rate(ev.eval, info.lm)
     row.cost_per_1k_good = cost_per_1k_good(price, row.knee_goodput, row.good_rate)
+    row.cost_best_run_per_1k_good = cost_per_1k_good(price, best, row.good_rate)
     if problems:
         row.note = "; ".join(problems[:2])
     return row, ev.eval, info.lm

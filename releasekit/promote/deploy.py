@@ -312,13 +312,15 @@ def deploy_release(
                 stop_baseline()  # the shift stops it; a shift that raised leaves it here
             step("canary", shifted.ok, ts, shifted.detail or (shifted.problem or "passed"))
             if not shifted.ok:
+                said = ""  # what became of the adapters this deploy loaded
                 with contextlib.suppress(GatewayError, DeployError):
-                    target.route(previous_routes)  # the shift put it back; make sure
+                    said = target.route(previous_routes)  # the shift put it back; make sure
                 out.reverted = True
                 if not any(r.base_url == up.base_url for r in previous_routes):
                     target.wait_drained(spec.release_id, deadline_s=cfg.drain_deadline_s)
                 drop_new()
-                out.failed_stage, out.failure = "canary", shifted.problem or "canary failed"
+                out.failed_stage = "canary"
+                out.failure = (shifted.problem or "canary failed") + said
                 out.failure_event = shifted.event
                 return out
             out.notes.append(shifted.detail or "canary steps passed")
@@ -344,7 +346,7 @@ def deploy_release(
         def revert(stage: DeployStage, problem: str, extra: dict[str, Any]) -> DeployOutcome:
             tr = time.monotonic()
             try:
-                target.route(previous_routes)
+                problem += target.route(previous_routes)  # with what became of its adapters
                 out.reverted = True
             except (GatewayError, DeployError) as exc:
                 problem += f"; switching back ALSO failed: {exc}"

@@ -319,8 +319,8 @@ def test_a_failed_preview_smoke_unloads_the_adapter_the_deploy_loaded(kit: Kit) 
 @pytest.mark.parametrize("stage", ["record", "canary"])
 def test_a_switch_back_unloads_the_adapter_the_deploy_loaded(kit: Kit, stage: str) -> None:
     """The record fails after the switch, or the canary aborts: the route goes back and
-    the new version, which no route names any more, is unloaded; the old one keeps
-    serving."""
+    the new version, which no route names any more, is unloaded, and the failure says so;
+    the old one keeps serving."""
     r1, e1, srv, spec = _next_adapter_release(kit)
     e2 = spec.adapters["demo-json"]
 
@@ -337,6 +337,10 @@ def test_a_switch_back_unloads_the_adapter_the_deploy_loaded(kit: Kit, stage: st
     )  # fmt: skip
     assert not out.ok and out.failed_stage == stage and out.reverted
     assert _lora_calls(srv.base_url) == [["load", e1], ["load", e2], ["unload", e2]]
+    said = f"the adapters this deploy loaded were unloaded again: {e2}"
+    assert said in (out.failure or ""), out.failure
+    if stage == "record":  # its own deploy_failed event (a canary's abort is the shift's)
+        assert out.failure_event is not None and said in out.failure_event.reason
     st = read_state(kit.settings.state_dir, "staging")
     assert [r.release_id for r in st.routes] == [r1] and st.servers[0].adapters_warm == {}
     r = webclient.post(

@@ -43,6 +43,8 @@ def test_the_ladder_reuses_the_builds_and_recommends_from_their_evidence(
         assert row.weights_bytes and row.weights_digest
         assert row.memory_bytes and row.memory_bytes > row.weights_bytes
         assert row.knee_goodput and row.cost_per_1k_good
+        # Priced at the knee's best run too (the ladder's ties count it).
+        assert row.cost_best_run_per_1k_good and row.cost_best_run_per_1k_good > 0
         assert row.measured_on == result.host
     w8 = result.row("demo-w8a8")
     assert w8.weights_bytes < result.row("demo-bf16").weights_bytes  # type: ignore[operator]
