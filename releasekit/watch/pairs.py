@@ -241,6 +241,15 @@ class AnswersCheck(BaseModel):
         }
 
 
+def breach_run(run: int, verdict: str) -> int:
+    """Breaching looks in a row after a look with `verdict`: one more on a breach, none
+    after a pass or insufficient, unchanged after `not_judged` (a look that could not judge
+    says nothing)."""
+    if verdict == "breach":
+        return run + 1
+    return run if verdict == "not_judged" else 0
+
+
 def look_times(until: float, window_s: float, looks: int) -> list[float]:
     """The schedule: `looks` looks evenly spaced over the window that ends at `until`, the
     last at `until` itself."""
@@ -379,10 +388,7 @@ class AnswerWatch:
             v = judge_answers(pairs, self.policy, self.comparator)
             self._looks_done = due
             self._last = v
-            if v.verdict == "breach":
-                self._breaching += 1
-            elif v.verdict != "not_judged":  # a look that could not judge says nothing
-                self._breaching = 0
+            self._breaching = breach_run(self._breaching, v.verdict)
             if self.policy.comparison != "exact":
                 self._judge_exact(pairs, last=times is not None and due >= len(times))
         if times is None:
@@ -395,14 +401,10 @@ class AnswerWatch:
         breaching looks (kept as the deciding one's): shown and recorded, never acted on."""
         e = judge_answers(pairs, self.policy, ExactComparator())
         self._exact = e
-        if e.verdict == "breach":
-            self._exact_breaching += 1
-            if self._exact_rollback_look is None and (
-                self._exact_breaching >= self.sustain or last
-            ):
-                self._exact_rollback_look = self._looks_done
-        elif e.verdict != "not_judged":
-            self._exact_breaching = 0
+        self._exact_breaching = breach_run(self._exact_breaching, e.verdict)
+        due = e.verdict == "breach" and (self._exact_breaching >= self.sustain or last)
+        if due and self._exact_rollback_look is None:
+            self._exact_rollback_look = self._looks_done
 
     def _read_pairs(self, gw: GatewayRecord, m: Mirror, live: str) -> tuple[int, int]:
         with GatewayClient(gw.url, admin_token=gw.admin_token, timeout_s=self.timeout_s) as c:

@@ -88,13 +88,9 @@ def plain_chat_messages(route: Route, messages: list[Any]) -> list[Any] | None:
     tpl = route.prompts.get(name) if name is not None else None
     if tpl is None:
         return None
-    at, text = None, None
-    for i in range(len(messages) - 1, -1, -1):
-        m = messages[i]
-        if isinstance(m, dict) and m.get("role") == "user":
-            text = _text_of(m.get("content"))
-            at = i if text is not None else None
-            break
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    at = users[-1] if users else None
+    text = _text_of(messages[at].get("content")) if at is not None else None
     if at is None or text is None:
         return None
     (var,) = _placeholders(tpl.user)
