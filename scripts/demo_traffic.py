@@ -42,14 +42,16 @@ import world as w
 
 
 def _load_request(
-    k: int, i: int, max_tokens: int
+    k: int, i: int, max_tokens: int, model: str = "demo"
 ) -> tuple[str, dict[str, object], bool, str | None]:
     question = f"Question {k}-{i}: what is 2 + {i % 7}?"
     path = "/v1/completions"
-    body: dict[str, object] = {"model": "demo", "prompt": question}
+    body: dict[str, object] = {"model": model, "prompt": question}
     if i % 2:
         path = "/v1/templates/chat/chat/completions"
         body = {"variables": {"question": question}}
+        if model != "demo":  # an adapter's name: the gateway sends it to the adapter
+            body["model"] = model
     # Greedy (temperature 0): a shadow compares these answers with stable's.
     body.update(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0)
     return path, body, False, None
@@ -83,6 +85,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (load)")
     ap.add_argument("--mix", choices=["load", "users"], default="load")
+    ap.add_argument(
+        "--model", default="demo", help="load: the model name asked (an adapter's, e.g.)"
+    )
     ap.add_argument("--rate", type=float, default=8.0, help="users: requests/s per client")
     ap.add_argument(
         "--own-system-share",
@@ -117,7 +122,7 @@ def main() -> int:
                     if stop.wait(max(0.0, next_at - time.monotonic())):
                         break
                 if args.mix == "load":
-                    path, body, own, expected = _load_request(k, i, args.max_tokens)
+                    path, body, own, expected = _load_request(k, i, args.max_tokens, args.model)
                 else:
                     path, body, own, expected = _user_request(rng, world, args.own_system_share)
                 i += 1

@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from releasekit.audit.models import Check, DecisionReplay
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import parent_env
 from releasekit.errors import ReleasekitError
 from releasekit.promote.answers_breach import GATE_NAME as BREACH_GATE
 from releasekit.promote.answers_breach import breach_gate
@@ -276,7 +277,9 @@ def replay_judged_record(
 def _policy(
     settings: Settings, rec: LedgerRecord, env: str
 ) -> tuple[Check, EnvironmentConfig | None]:
-    """The policy check, and the environment's config to recompute the gates under."""
+    """The policy check, and the environment's config to recompute the gates under (an
+    adapter lane's policy is its environment's)."""
+    env = parent_env(env)
     pol = rec.evidence.get("policy")
     if not isinstance(pol, dict) or not isinstance(pol.get("source"), dict):
         return (

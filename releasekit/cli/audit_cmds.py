@@ -15,6 +15,7 @@ import typer
 
 from releasekit.cli._common import JsonOpt, State, emit_json, err, esc, handle_errors, out
 from releasekit.cli._common import table as common_table
+from releasekit.config.lanes import lane_name
 from releasekit.errors import TimeParseError
 from releasekit.promote.metrics import is_key_metric, key_metrics
 from releasekit.promote.policy import verify_with_policies
@@ -291,7 +292,14 @@ def _event_line(cells: Sequence[str]) -> str:
 
 @handle_errors
 def history_cmd(
-    env: Annotated[str | None, typer.Option("--env", "-e", help="only this environment")] = None,
+    env: Annotated[
+        str | None,
+        typer.Option("--env", "-e", help="only this environment (with its adapter lanes)"),
+    ] = None,
+    adapter: Annotated[
+        str | None,
+        typer.Option("--adapter", help="only this adapter's lane of --env (ENV:ADAPTER)"),
+    ] = None,
     release: Annotated[
         str | None, typer.Option("--release", help="only events naming this release")
     ] = None,
@@ -312,6 +320,11 @@ def history_cmd(
     if json_ and csv_:
         err.print("[red]error:[/red] choose one of --json and --csv")
         raise typer.Exit(2)
+    if adapter is not None:
+        if env is None:
+            err.print("[red]error:[/red] --adapter needs --env: a lane is an environment's")
+            raise typer.Exit(2)
+        env = lane_name(env, adapter)
     rep = history(
         State.settings(),
         env=env,
@@ -333,14 +346,20 @@ def history_cmd(
 
 @handle_errors
 def at_cmd(
-    env: Annotated[str, typer.Argument(help="environment")],
+    env: Annotated[str, typer.Argument(help="environment (ENV:ADAPTER: an adapter lane)")],
     time: Annotated[
         dt.datetime,
         typer.Argument(parser=_time, help="ISO 8601 time (UTC if no zone), or '2h ago'"),
     ],
+    adapter: Annotated[
+        str | None, typer.Option("--adapter", help="this adapter's lane of ENV")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """The release live in ENV at TIME, the event that put it there, and its evidence."""
+    """The release live in ENV (or one adapter's lane of it) at TIME, the event that put it
+    there, and its evidence."""
+    if adapter is not None:
+        env = lane_name(env, adapter)
     res = at(State.settings(), env, time)
     if json_:
         emit_json(res)

@@ -21,6 +21,7 @@ from releasekit.cli._common import (
     short_table,
     table,
 )
+from releasekit.config.lanes import is_lane
 
 if TYPE_CHECKING:
     from releasekit.promote.gates import GateReport
@@ -149,7 +150,10 @@ class ForceKind(StrEnum):
 @handle_errors
 def promote_cmd(
     release: Annotated[str, typer.Argument(help="release id/prefix, name@version or manifest")],
-    to: Annotated[str, typer.Option("--to", help="environment, e.g. staging")],
+    to: Annotated[
+        str,
+        typer.Option("--to", help="environment, e.g. staging (ENV:ADAPTER: that adapter's lane)"),
+    ],
     explain: Annotated[
         bool,
         typer.Option(
@@ -305,7 +309,9 @@ def promote_cmd(
 
 @handle_errors
 def rollback_cmd(
-    env: Annotated[str, typer.Argument(help="environment to roll back")],
+    env: Annotated[
+        str, typer.Argument(help="environment to roll back (ENV:ADAPTER: one adapter's lane)")
+    ],
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     to: Annotated[
         str | None, typer.Option("--to", help="release to go back to (default: the previous)")
@@ -357,20 +363,29 @@ def rollback_cmd(
 
 @handle_errors
 def down_cmd(
-    env: Annotated[str, typer.Argument(help="environment to stop")],
+    env: Annotated[
+        str, typer.Argument(help="environment to stop (ENV:ADAPTER: take one lane's route out)")
+    ],
     reason: Annotated[str, typer.Option("--reason", "-r", help="why (recorded)")] = "",
     json_: JsonOpt = False,
 ) -> None:
-    """Stop ENV's gateway and servers cleanly (the release of record stays recorded)."""
+    """Stop ENV's gateway and servers cleanly, with its adapter lanes (the release of record
+    stays recorded). ENV:ADAPTER takes that lane's route out and leaves the rest serving."""
     from releasekit.promote.deploy import down
 
     res = down(State.settings(), env, reason=reason)
     if json_:
         emit_json(res)
         return
-    what = (["gateway"] if res.gateway_stopped else []) + [
-        f"server {_short(r)}" for r in res.servers_stopped
-    ]
+    if is_lane(env):
+        said = "route taken out" if res.lanes_down else "nothing (its route was not set)"
+        out.print(f"{esc(env)}: {said}")
+        return
+    what = (
+        (["gateway"] if res.gateway_stopped else [])
+        + [f"server {_short(r)}" for r in res.servers_stopped]
+        + [f"lane {lane}" for lane in res.lanes_down]
+    )
     out.print(f"{esc(env)}: stopped {esc(', '.join(what) or 'nothing (nothing ran)')}")
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import parent_env
 from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.state import StateHandle
 from releasekit.errors import ConfigError
@@ -16,8 +17,9 @@ class EnvironmentNotConfiguredError(ConfigError):
 
 
 def env_config(settings: Settings, env: str) -> EnvironmentConfig:
-    """The environment's settings; EnvironmentNotConfiguredError if releasekit.toml has none."""
-    cfg = settings.environments.get(env)
+    """The environment's settings (an adapter lane's are its environment's:
+    `releasekit.config.lanes`); EnvironmentNotConfiguredError if releasekit.toml has none."""
+    cfg = settings.environments.get(parent_env(env))
     if cfg is None:
         known = ", ".join(sorted(settings.environments)) or "none"
         raise EnvironmentNotConfiguredError(

@@ -39,6 +39,7 @@ from releasekit.deploy.gateway import (
     GatewayUnreachableError,
     RateLimit,
     Route,
+    RouteTable,
     ThreadedGateway,
     mb_bytes,
     store_dir,
@@ -552,14 +553,16 @@ class LocalTarget(DeployTarget):
         self.handle.save()
         return launched.url
 
-    def route(self, routes: Sequence[Route]) -> str:
+    def route(self, routes: Sequence[Route], *, keep_mirror: bool = False) -> str:
         """Swap the gateway's table atomically and record it; adapters this deploy loaded
         that the table no longer names (a switch back) are unloaded once drained, and what
-        became of them is said ("" when there were none)."""
+        became of them is said ("" when there were none). A new table ends mirroring, unless
+        `keep_mirror` (an adapter lane's change leaves the base's mirror running)."""
+        mirror = self._state.mirror if keep_mirror else None
         with self._client() as c:
-            c.set_routes(list(routes))
+            c.set_routes(RouteTable(routes=list(routes), mirror=mirror))
         self._state.routes = list(routes)
-        self._state.mirror = None  # a new table ends mirroring
+        self._state.mirror = mirror
         self.handle.save()
         return self.loads.unload(drain=True)
 

@@ -33,6 +33,7 @@ def run_smoke(
     admin_token: str | None = None,
     transport: httpx.BaseTransport | None = None,
     adapters: Sequence[str] = (),
+    suite: bool = True,
 ) -> SmokeResult:
     """Send `probe`'s items to `url`'s templated route (`/v1/templates/<prompt>/chat/
     completions`) one by one. An item is ok when it gets 200, a non-empty answer and the
@@ -42,7 +43,9 @@ def run_smoke(
     name their release where the environment does not show it to clients. Each of
     `adapters` (model names) is then asked the first item once with `model` set to it: it
     must be ok (its text is not checked: an adapter answers in its own way), and the pass
-    rate counts the suite's items only."""
+    rate counts the suite's items only. `suite` False asks the adapters only (an adapter
+    lane's smoke through the environment's gateway, where the base's requests go to the
+    base's own release)."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     if admin_token:
         headers[ADMIN_HEADER] = admin_token
@@ -54,7 +57,9 @@ def run_smoke(
         transport=transport,
         trust_env=False,
     ) as client:
-        asks: list[tuple[SmokeItem, str | None]] = [(item, None) for item in probe.items]
+        asks: list[tuple[SmokeItem, str | None]] = (
+            [(item, None) for item in probe.items] if suite else []
+        )
         if probe.items:
             asks += [(probe.items[0], name) for name in adapters]
         for item, adapter in asks:
@@ -112,8 +117,8 @@ def run_smoke(
             )
     n = len(results)
     answered = sum(1 for x in results if x.ok)
-    suite = [x for x in results if x.adapter is None]
-    rate = sum(1 for x in suite if x.passed) / len(suite) if suite else None
+    asked = [x for x in results if x.adapter is None]
+    rate = sum(1 for x in asked if x.passed) / len(asked) if asked else None
     problem: str | None = None
     if n == 0:
         problem = "the smoke suite has no items"

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
 from releasekit._support.retry import RetryPolicy
+from releasekit.config.lanes import parent_env
 from releasekit.deploy.gateway import Mirror, Route
 from releasekit.errors import ReleasekitError
 
@@ -155,6 +156,9 @@ def deploy_dir(state_dir: Path) -> Path:
 
 
 def _check_env(env: str) -> str:
+    """The environment whose state and lock `env` uses (an adapter lane shares its
+    environment's: `releasekit.config.lanes`), checked."""
+    env = parent_env(env)
     if not _ENV_NAME.match(env):
         raise DeployStateError(f"environment name {env!r} must match [A-Za-z0-9_.-]{{1,64}}")
     return env
@@ -166,12 +170,13 @@ def state_path(state_dir: Path, env: str) -> Path:
 
 
 def read_state(state_dir: Path, env: str) -> EnvState:
-    """The recorded state of `env` (empty if none); DeployStateError if unreadable."""
+    """The recorded state of `env` (empty if none; an adapter lane's is its environment's);
+    DeployStateError if unreadable."""
     path = state_path(state_dir, env)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return EnvState(env=env)
+        return EnvState(env=parent_env(env))
     except OSError as exc:
         raise DeployStateError(f"cannot read deploy state {path}: {exc}") from exc
     try:

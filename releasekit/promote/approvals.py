@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from releasekit._support.retry import RetryPolicy
 from releasekit.config import Settings
+from releasekit.config.lanes import parent_env
 from releasekit.deploy.environments import env_config
 from releasekit.errors import ReleasekitError, SignatureError
 from releasekit.promote.gate_results import GateResult
@@ -92,7 +93,9 @@ def approve(
 ) -> ApprovalResult:
     """Record that the holder of `key` (default: the configured signing key) approves
     `release_ref` for `env`: an `approve` event signed with that key. Where `env` names
-    approvers, a key that is not one of them is refused (its approval would not count)."""
+    approvers, a key that is not one of them is refused (its approval would not count).
+    An adapter lane's approval is its environment's (recorded for the environment)."""
+    env = parent_env(env)
     cfg = env_config(settings, env)
     if not reason.strip():
         raise ApprovalError("an approval needs --reason: say why the release may go")
@@ -214,7 +217,9 @@ def why_not_counted(
 def check_approval(ledger: Ledger, release_id: str, env: str) -> ApprovalCheck:
     """The newest `approve` record of `release_id` for `env` that counts (signed by one of
     the environment's approvers, verified, not with the promoter's key), and why the newer
-    ones did not."""
+    ones did not. An adapter lane is approved as its environment is: a release approved
+    for `staging` may go to `staging:<adapter>`."""
+    env = parent_env(env)
     aset = ledger.approvers.get(env)
     promoter = _promoter_key(ledger)
     rejected: list[str] = []

@@ -37,23 +37,26 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec
 
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import is_lane, lane_name
 from releasekit.deploy.environments import EnvironmentNotConfiguredError, env_config, target_for
 from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
 from releasekit.deploy.smoke import run_smoke
-from releasekit.deploy.state import EnvState, StateHandle, locked_state
+from releasekit.deploy.state import StateHandle, locked_state
 from releasekit.deploy.target import (
     DeployError,
     ReleaseSpec,
     ReleaseStartError,
     SmokeProbe,
-    SmokeResult,
     Upstream,
 )
 from releasekit.deploy.warm_adapters import mark_warm
 from releasekit.errors import AdapterLoadError, ReleasekitError
 from releasekit.promote.context import load_release, release_spec
+from releasekit.promote.deploy_common import fail_event as _fail_event
+from releasekit.promote.deploy_common import routes_alive as _routes_alive
+from releasekit.promote.deploy_common import smoke_summary as _smoke_summary
 from releasekit.promote.deploy_models import (
     AfterPromotionMirror,
     ConcurrentChangeError,
@@ -76,51 +79,8 @@ from releasekit.promote.deploy_status import (
     down,
     serving_releases,
 )
-from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
-
-
-def _routes_alive(state: EnvState) -> list[Route]:
-    urls = {s.base_url for s in state.servers}
-    return [r for r in state.routes if r.base_url in urls]
-
-
-def _fail_event(
-    ledger: Ledger,
-    *,
-    env: str,
-    release_id: str,
-    previous: str | None,
-    stage: str,
-    failure: str,
-    actor: str | None,
-    extra: dict[str, Any] | None = None,
-) -> LedgerRecord:
-    return ledger.append(
-        Event(
-            type=EventType.DEPLOY_FAILED,
-            environment=env,
-            from_release=previous,
-            to_release=release_id,
-            reason=f"{stage}: {failure}"[:2000],
-            evidence={"stage": stage, **(extra or {})},
-            live=False,
-            actor=actor,
-        )
-    )
-
-
-def _smoke_summary(s: SmokeResult | None) -> dict[str, Any] | None:
-    if s is None:
-        return None
-    return {
-        "where": s.where,
-        "passed": s.passed,
-        "n": s.n,
-        "answered": s.answered,
-        "pass_rate": s.pass_rate,
-        "problem": s.problem,
-    }
-
+from releasekit.promote.lane_deploy import deploy_lane, lane_routes
+from releasekit.stores.ledger import Event, EventType, Ledger
 
 P = ParamSpec("P")
 
@@ -170,7 +130,25 @@ def deploy_release(
     changes, and the outcome's `failure_event` is the shift's record.
     `compare_previous` (a promotion, not a rollback): mirror to the previous release for
     the policy's `after_promotion_compare_s` (the caller checked the policy is committed).
-    A failed outcome says what still serves the environment (`serving`)."""
+    A failed outcome says what still serves the environment (`serving`).
+    An adapter lane's name (`<env>:<adapter>`) deploys into the lane
+    (`releasekit.promote.lane_deploy`). A release of the environment itself keeps every
+    lane's route on the engine it reuses; one that needs another engine is refused while
+    lanes are live on the old one (a promotion), or takes them down with it (a rollback:
+    the base's traffic comes first), recording a `down` event for each."""
+    if is_lane(env):
+        return deploy_lane(
+            settings,
+            env=env,
+            spec=spec,
+            probe=probe,
+            record=record,
+            ledger=ledger,
+            expected_live=expected_live,
+            actor=actor,
+            lock_timeout_s=lock_timeout_s,
+            started_at=started_at,
+        )
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
     out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
@@ -227,6 +205,19 @@ def deploy_release(
         # 3. a server for the release
         ts = time.monotonic()
         reusable = handle.state.server_serving(spec.serving_key)
+        lanes = lane_routes(handle.state)
+        lanes_gone: list[Route] = []
+        if lanes and (reusable is None or any(r.base_url != reusable.base_url for r in lanes)):
+            names = ", ".join(sorted({f"{env}:{r.lane}" for r in lanes}))
+            if compare_previous:
+                stranded = (
+                    f"adapter lanes {names} run on {env}'s live engine, and {spec.name} needs "
+                    "another engine (its base or serving arguments differ): take the lanes "
+                    "down first (releasekit down LANE), then promote them again on the new base"
+                )
+                step("server", False, ts, stranded)
+                return fail("adapters", stranded, {"lanes": sorted(str(r.lane) for r in lanes)})
+            lanes_gone, lanes = lanes, []
         up: Upstream | None = None
         newly_started = False
         if reusable is not None:
@@ -330,7 +321,9 @@ def deploy_release(
         rec = target.record(up)
         ts = time.monotonic()
         try:
-            target.route([up.route(spec)])
+            lanes_gone += [r for r in lanes if r.base_url != up.base_url]
+            lanes = [r for r in lanes if r.base_url == up.base_url]
+            target.route([up.route(spec), *lanes])
         except (GatewayError, DeployError) as exc:
             step("switch", False, ts, str(exc))
             drop_new()
@@ -403,6 +396,19 @@ def deploy_release(
             step("record", False, ts, exc.message)
             return revert("record", f"recording the release failed: {exc.message}", {})
         step("record", True, ts)
+        for lane in sorted({str(r.lane) for r in lanes_gone}):
+            ledger.append(
+                Event(
+                    type=EventType.DOWN,
+                    environment=lane_name(env, lane),
+                    from_release=next(r.release_id for r in lanes_gone if r.lane == lane),
+                    reason=f"taken down with {env}'s move to {spec.name}: its engine stopped",
+                    evidence={"lane": lane, "with": spec.release_id},
+                    live=False,
+                    actor=actor,
+                )
+            )
+            out.notes.append(f"lane {lane_name(env, lane)} taken down with the old engine")
 
         # 8. the old upstream: drain, then warm or stop
         ts = time.monotonic()

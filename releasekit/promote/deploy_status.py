@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from releasekit.config import EnvironmentConfig, Settings
-from releasekit.deploy.environments import target_for
+from releasekit.config.lanes import is_lane, lane_name
+from releasekit.deploy.environments import env_config, target_for
 from releasekit.deploy.gateway import GatewayError
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import check_health
@@ -20,6 +21,7 @@ from releasekit.deploy.state import EnvState, locked_state, read_state
 from releasekit.deploy.warm_adapters import overdue_unloads
 from releasekit.errors import ReleasekitError
 from releasekit.promote.context import load_release, release_knee
+from releasekit.promote.lane_deploy import lane_down
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
 
 
@@ -43,6 +45,9 @@ class DownResult(BaseModel):
     servers_stopped: list[str]
     notes: list[str] = Field(default_factory=list)
     record: LedgerRecord | None = None
+    lanes_down: list[str] = Field(
+        default_factory=list, description="adapter lanes whose route was taken out"
+    )
 
 
 def down(
@@ -55,12 +60,26 @@ def down(
 ) -> DownResult:
     """Stop `env`'s gateway (in-flight requests get its drain deadline) and every server,
     clear its state and record a `down` event. The release of record does not change: the
-    next promote or rollback compares with it and starts what it needs."""
-    cfg = settings.environments.get(env) or EnvironmentConfig(port=1)
+    next promote or rollback compares with it and starts what it needs.
+    An adapter lane's name (`<env>:<adapter>`) takes only that lane's route out, and each
+    lane an environment's `down` takes with it gets a `down` event of its own."""
     led = ledger or open_ledger(settings)
+    if is_lane(env):
+        env_config(settings, env)  # a lane of an environment releasekit.toml lacks: refused
+        rec = lane_down(settings, env, ledger=led, actor=actor, reason=reason)
+        return DownResult(
+            environment=env,
+            gateway_stopped=False,
+            servers_stopped=[],
+            record=rec,
+            lanes_down=[env] if rec is not None else [],
+            notes=[] if rec is not None else [f"lane {env} serves nothing: nothing to take down"],
+        )
+    cfg = settings.environments.get(env) or EnvironmentConfig(port=1)
     with locked_state(settings.state_dir, env) as handle:
         target = target_for(settings, env, cfg, handle)
         notes = target.reconcile()
+        lanes = {str(r.lane): r.release_id for r in handle.state.routes if r.lane is not None}
         had_gateway = handle.state.gateway is not None
         target.stop_router()
         stopped = []
@@ -83,12 +102,25 @@ def down(
                 actor=actor,
             )
         )
+        for lane, rid in sorted(lanes.items()):
+            led.append(
+                Event(
+                    type=EventType.DOWN,
+                    environment=lane_name(env, lane),
+                    from_release=rid,
+                    reason=reason or f"releasekit down {env}",
+                    evidence={"lane": lane, "with": env},
+                    live=False,
+                    actor=actor,
+                )
+            )
     return DownResult(
         environment=env,
         gateway_stopped=had_gateway,
         servers_stopped=stopped,
         notes=notes,
         record=rec,
+        lanes_down=[lane_name(env, lane) for lane in sorted(lanes)] if rec is not None else [],
     )
 
 

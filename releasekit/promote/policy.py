@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.digests import digest_obj
 from releasekit.config import CONFIG_FILE, POLICY_FIELDS, EnvironmentConfig, Settings
+from releasekit.config.lanes import parent_env
 from releasekit.errors import ConfigError
 from releasekit.stores.anchor import is_ancestor, remote_head_ref, resolve_commit
 from releasekit.stores.trust import (
@@ -151,7 +152,9 @@ def read_policy(settings: Settings, env: str, cfg: EnvironmentConfig) -> Environ
     a HEAD off the protected ref (see `environment_policy` for the refusing form).
 
     The committed policy is read at the trust commit (`releasekit.stores.trust`) for an
-    environment with gates or approvals, and at HEAD for one without."""
+    environment with gates or approvals, and at HEAD for one without. An adapter lane's
+    policy is its environment's."""
+    env = parent_env(env)
     mine = cfg.policy()
     root = settings.root
     tr = trust_root(root)

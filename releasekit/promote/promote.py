@@ -30,11 +30,12 @@ from typing import Any
 
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import split_lane
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
 from releasekit.promote.approvals import approval_for
 from releasekit.promote.ceilings import canary_within
-from releasekit.promote.context import load_release, release_spec, smoke_probe
+from releasekit.promote.context import ReleaseInfo, load_release, release_spec, smoke_probe
 from releasekit.promote.deploy import deploy_release
 from releasekit.promote.deploy_models import ShiftContext, ShiftFn, ShiftResult
 from releasekit.promote.gate_results import GateKind, GateReport, GateResult
@@ -254,6 +255,30 @@ def resolve_target(
     # its release is neither redeployed without gates nor the one the gates compare with.
     live_rec = ledger.served_at(request.env)
     live_id = live_rec.to_release if live_rec else None
+    compare_id = None
+    env, lane = split_lane(request.env)
+    if lane is not None:
+        check_lane_release(info, lane=lane, env=env)
+        if request.canary_steps:
+            raise PromoteError(
+                f"{request.env} is an adapter lane: its releases switch at once on the live "
+                "engine (a rollback moves the route back in under a second); canary steps "
+                "for a lane are not supported",
+                remedy="promote it with --no-canary",
+            )
+        if live_id is None:  # the lane's first release is judged against the live base
+            base_rec = ledger.served_at(env)
+            compare_id = base_rec.to_release if base_rec else None
+    else:
+        lanes = {r.lane for r in read_state(settings.state_dir, env).routes if r.lane}
+        clash = sorted(lanes & {a.name for a in info.lm.manifest.adapters})
+        if clash:
+            raise PromoteError(
+                f"{info.name} carries adapter {', '.join(clash)}, which {env} serves in its "
+                f"own lane ({', '.join(f'{env}:{n}' for n in clash)}): one adapter name has "
+                "one release of record",
+                remedy="promote the adapter to its lane, or take the lane down first",
+            )
     base = PromoteResult(
         status="dry_run",
         environment=request.env,
@@ -262,7 +287,22 @@ def resolve_target(
         live_release_id=live_id,
         forced=bool(request.force),
     )
-    return PromoteTarget(info=info, cfg=cfg, live_id=live_id, base=base, policy=policy)
+    return PromoteTarget(
+        info=info, cfg=cfg, live_id=live_id, base=base, policy=policy, compare_id=compare_id
+    )
+
+
+def check_lane_release(info: ReleaseInfo, *, lane: str, env: str) -> None:
+    """A release for adapter lane `<env>:<lane>` carries exactly that adapter (PromoteError
+    otherwise, naming what it carries)."""
+    names = [a.name for a in info.lm.manifest.adapters]
+    if names != [lane]:
+        carried = ", ".join(names) if names else "no adapter"
+        raise PromoteError(
+            f"{info.name} carries {carried}: a release for lane {env}:{lane} carries exactly "
+            f"the adapter {lane}",
+            remedy=f"promote it to {env} itself, or to the lane of the adapter it carries",
+        )
 
 
 def redeploy_record(

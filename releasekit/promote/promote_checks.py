@@ -8,6 +8,7 @@ import time
 
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import lane_name, parent_env, split_lane
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.ray.autoscale import AutoscalePlan, plan_for
 from releasekit.promote.answers_breach import answers_breach_gate
@@ -32,6 +33,7 @@ def policy_gates(
     """The release may go to `env` at all: not marked bad, and live first in every
     environment the policy requires (releasekit.toml `requires` and the manifest's)."""
     cfg = env_config(settings, env)
+    base_env, lane = split_lane(env)
     gates: list[GateResult] = []
     bad = marked_bad(ledger, info.release_id)
     gates.append(
@@ -47,7 +49,11 @@ def policy_gates(
             ),
         )
     )
-    required = {cfg.requires} | {e.requires for e in info.lm.manifest.environments if e.name == env}
+    required = {cfg.requires} | {
+        e.requires for e in info.lm.manifest.environments if e.name == base_env
+    }
+    # an adapter lane's release must have been live in the same lane there
+    required = {lane_name(r, lane) if lane and r else r for r in required}
     for need in sorted(r for r in required if r):
         ok = was_live_in(ledger, info.release_id, need)
         gates.append(
@@ -64,7 +70,7 @@ def policy_gates(
 
 def _check_allowed(info: ReleaseInfo, env: str) -> None:
     allowed = [e.name for e in info.lm.manifest.environments]
-    if env not in allowed:
+    if parent_env(env) not in allowed:
         raise PromoteError(
             f"{info.name} may not go to {env!r}: its manifest lists {', '.join(allowed)}",
             remedy="add the environment to the manifest's `environments` (a new release)",
@@ -130,7 +136,8 @@ def check_gates(settings: Settings, target: PromoteTarget, *, ledger: Ledger) ->
     decided as this environment decides (`decide_here`). Where the release's weights and
     prompts breached their answers on live traffic (`answers_breach`), the quality gate
     "answers breach of these weights" fails."""
-    info, env, live_id = target.info, target.base.environment, target.live_id
+    info, env = target.info, target.base.environment
+    live_id = target.live_id or target.compare_id
     policy = policy_gates(settings, info, env=env, ledger=ledger)
     policy.append(answers_breach_gate(ledger, info.lock.inputs))
     if live_id is None:

@@ -113,3 +113,6 @@ class PromoteTarget:
     live_id: str | None
     base: PromoteResult
     policy: EnvironmentPolicy | None = None
+    compare_id: str | None = None
+    """The release the gates compare with when nothing is live in `live_id`'s place: an
+    adapter lane's first release is judged against its environment's live base."""

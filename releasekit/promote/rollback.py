@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
+from releasekit.config.lanes import is_lane, parent_env
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
 from releasekit.errors import ReleasekitError
@@ -128,7 +129,7 @@ def _check_going_back(ledger: Ledger, info: ReleaseInfo, *, env: str) -> None:
             remedy=_USE_PROMOTE + "; `--force policy` overrides the mark there",
         )
     allowed = [e.name for e in info.lm.manifest.environments]
-    if env not in allowed:
+    if parent_env(env) not in allowed:
         raise RollbackError(
             f"{short} may not go to {env}: its manifest lists {', '.join(allowed) or 'none'}",
             remedy=_USE_PROMOTE,
@@ -202,7 +203,12 @@ def rollback(
     target = resolve_release(settings, to, ledger=led).release_id if to else None
     target = target or previous_good_release(led, env)
     if target is None:
-        raise RollbackError(f"{env} has no earlier release that is not marked bad")
+        raise RollbackError(
+            f"{env} has no earlier release that is not marked bad",
+            remedy=f"`releasekit down {env}` takes the lane's route out"
+            if is_lane(env)
+            else "promote a release to it",
+        )
     if target == current:
         raise RollbackError(f"{target[:12]} is already live in {env}")
     info = load_release(settings, target, ledger=led)
@@ -384,7 +390,7 @@ def break_glass_rollback(
     target = break_glass_target(prefix, env, current=current)
     info = load_release(settings, target, ledger=view)
     allowed = [e.name for e in info.lm.manifest.environments]
-    if env not in allowed:
+    if parent_env(env) not in allowed:
         raise RollbackError(
             f"{info.short_id} may not go to {env}: its manifest lists {', '.join(allowed)}",
             remedy="restore the ledger from a backup, then `releasekit promote`",

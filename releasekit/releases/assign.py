@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from releasekit._support.procs import deferred_signals
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
+from releasekit.config.lanes import parent_env, registry_alias
 from releasekit.errors import AliasDriftError, RegistryError
 from releasekit.releases.reconcile import repair_env
 from releasekit.spec.lock import SHORT
@@ -65,7 +66,9 @@ class AssignResult(BaseModel):
 
 
 def _check_env(env: str, allowed: list[str] | None) -> None:
-    if not _ALIAS.match(env) or env == "latest" or re.fullmatch(r"v\d+", env):
+    alias = registry_alias(env)  # an adapter lane's: <env>__<adapter>
+    env = parent_env(env)
+    if not _ALIAS.match(alias) or env == "latest" or re.fullmatch(r"v\d+", env):
         raise RegistryError(
             f"environment name {env!r} cannot be an MLflow alias",
             remedy="use letters, digits, '-' or '_' (not 'latest' or 'v<number>')",
@@ -111,10 +114,11 @@ def _check_record_only(settings: Settings, env: str, event_type: str) -> None:
     if event_type != EventType.ASSIGN.value:
         return
     committed, where = _committed_environments(settings)
-    if env in committed:
-        why = f"[environments.{env}] in {where}"
-    elif env in settings.environments:
-        why = f"[environments.{env}] in this command's settings"
+    base = parent_env(env)  # an adapter lane is deployed where its environment is
+    if base in committed:
+        why = f"[environments.{base}] in {where}"
+    elif base in settings.environments:
+        why = f"[environments.{base}] in this command's settings"
     else:
         return
     raise DeployedEnvironmentError(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from releasekit._support.digests import sha256_bytes
 from releasekit._support.text import flatten
 from releasekit.config import Settings
+from releasekit.config.lanes import is_lane
 from releasekit.releases.adapter_view import (
     AdapterChange,
     AdapterInfo,
@@ -180,11 +181,19 @@ def history(
     limit: int | None = None,
     ledger: Ledger | None = None,
 ) -> HistoryReport:
-    """Ledger events, filtered by environment, release (any reference form), time range
-    (inclusive) and type."""
+    """Ledger events, filtered by environment (an environment's own and its adapter lanes';
+    a lane's name, `<env>:<adapter>`, that lane's only), release (any reference form), time
+    range (inclusive) and type."""
     led = _open_ledger(settings, ledger)
     rid = resolve_release(settings, release, ledger=led).release_id if release else None
-    events = led.records(environment=env, release=rid, since=since, until=until, types=types)
+    events = led.records(
+        environment=env,
+        release=rid,
+        since=since,
+        until=until,
+        types=types,
+        with_lanes=env is not None and not is_lane(env),
+    )
     if limit is not None:
         events = events[-limit:] if limit > 0 else []
     return HistoryReport(environment=env, release_id=rid, since=since, until=until, events=events)

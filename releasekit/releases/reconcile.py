@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
+from releasekit.config.lanes import registry_alias
 from releasekit.errors import RegistryError
 from releasekit.releases.queries import EnvStatus, StatusReport, status
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
@@ -236,8 +237,8 @@ def check_drift(settings: Settings, *, ledger: Ledger | None = None) -> DriftRep
     envs = set()
     for r in current:
         env = r.environment or ""
-        envs.add(env)
-        report.environments.append(diagnose(env, r, holders.get(env, [])))
+        envs.add(registry_alias(env))  # an adapter lane's alias: <env>__<adapter>
+        report.environments.append(diagnose(env, r, holders.get(registry_alias(env), [])))
     for alias in sorted(set(holders) - envs):
         report.environments.append(
             EnvDrift(

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from releasekit.config import CONFIG_FILE
+from releasekit.config.lanes import parent_env
 from releasekit.errors import ConfigError
 from releasekit.stores.anchor import (
     git_dir,
@@ -227,7 +228,9 @@ def env_gated(
     root: Path, env: str, cfg: EnvironmentConfig | None = None, tr: TrustRoot | None = None
 ) -> bool:
     """True when `env` has gates or approvals anywhere that counts: as committed at the
-    trust commit, as committed at HEAD, or in this command's settings `cfg`."""
+    trust commit, as committed at HEAD, or in this command's settings `cfg` (an adapter
+    lane's are its environment's)."""
+    env = parent_env(env)
     if is_gated(cfg):
         return True
     tr = tr or trust_root(root)

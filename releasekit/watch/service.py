@@ -47,7 +47,8 @@ from starlette.routing import Mount, Route
 
 from releasekit.config import Settings
 from releasekit.config.environments import ANSWER_POLICY_FIELDS
-from releasekit.errors import ReleasekitError
+from releasekit.config.lanes import is_lane, parent_env
+from releasekit.errors import ConfigError, ReleasekitError
 from releasekit.promote.answer_policy import answer_comparator, answer_policy
 from releasekit.promote.deploy import env_config
 from releasekit.promote.policy import EnvironmentPolicy, environment_policy, read_policy
@@ -349,7 +350,15 @@ def comparison_policy(settings: Settings, env: str) -> EnvironmentPolicy:
 
 
 def open_service(settings: Settings, env: str, **kw: Any) -> WatchService:
-    """A WatchService on the project's ledger (signing and anchoring as every command does)."""
+    """A WatchService on the project's ledger (signing and anchoring as every command does).
+    An adapter lane is refused in one line: the watch judges its environment's engine and
+    gateway figures, which no lane has of its own."""
+    if is_lane(env):
+        raise ConfigError(
+            f"{env} is an adapter lane: watch judges an environment's live release on its "
+            "engine's and gateway's figures, which a lane shares with its environment",
+            remedy=f"watch {parent_env(env)}; a lane goes back with `releasekit rollback {env}`",
+        )
     ledger = open_ledger(settings)
     try:
         svc = WatchService(settings, env, ledger=ledger, **kw)

@@ -502,9 +502,12 @@ LORA_ARGS = (
 )
 
 
-def adapter_release(k: Kit, name: str, weights: bytes, *, register: bool = True) -> str:
-    """A variant of demo-bf16 (LoRA enabled) serving one rank-8 adapter `demo-json` whose
-    weights are `weights` (its own folder per variant), locked and built."""
+def adapter_release(
+    k: Kit, name: str, weights: bytes, *, register: bool = True, adapter: str = "demo-json"
+) -> str:
+    """A variant of demo-bf16 (LoRA enabled) serving one rank-8 adapter (`adapter`, the
+    model name clients ask for) whose weights are `weights` (its own folder per variant),
+    locked and built."""
     import json
 
     from releasekit.spec.adapters import weights_digest
@@ -518,6 +521,13 @@ def adapter_release(k: Kit, name: str, weights: bytes, *, register: bool = True)
     with path.open("a") as f:
         f.write(
             "adapters:\n"
-            f"  - {{name: demo-json, path: models/adapters/{name}, rank: 8, base: {base}}}\n"
+            f"  - {{name: {adapter}, path: models/adapters/{name}, rank: 8, base: {base}}}\n"
         )
     return k.build(name, register=register)
+
+
+def lora_base_release(k: Kit, name: str = "demo-lorabase") -> str:
+    """demo-bf16 started LoRA-ready and carrying no adapter (the base adapter lanes run on:
+    the same serving key as `adapter_release`'s), locked and built."""
+    k.variant("demo-bf16", name, {"    enforce-eager: true\n": LORA_ARGS})
+    return k.build(name)

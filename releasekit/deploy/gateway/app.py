@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from releasekit.deploy.gateway.config import (
     GatewayConfig,
     GatewayState,
     Mirror,
+    Route,
     RouteState,
     RouteTable,
 )
@@ -53,6 +54,16 @@ from releasekit.deploy.gateway.routing import Table
 from releasekit.deploy.gateway.upstream import Upstream
 
 log = logging.getLogger("releasekit.gateway")
+
+
+def other_lanes_kept(fallback: Sequence[Route], current: Sequence[Route]) -> list[Route]:
+    """A lapsed lease's table: `fallback`, and the routes of `current` of every lane (the
+    base's, an adapter lane's) the fallback has no route of (a release already in the
+    fallback is not added twice)."""
+    lanes = {r.lane for r in fallback}
+    ids = {r.release_id for r in fallback}
+    kept = [r for r in current if r.lane not in lanes and r.release_id not in ids]
+    return [*fallback, *kept]
 
 
 class Gateway:
@@ -153,7 +164,9 @@ class Gateway:
 
     def check_lease(self) -> None:
         """Revert an expired leased table to its fallback (keeping the mirror, except a
-        canary's)."""
+        canary's). The fallback speaks for the lanes it has routes of (the base's, an
+        adapter lane's): the table's routes of every other lane stay as they are, so a
+        lease that lapses on one lane never moves another's traffic."""
         lease = self._lease
         if lease is None or not lease.expired():
             return
@@ -168,7 +181,8 @@ class Gateway:
         )
         self._lease_expiries += 1
         self._metrics.lease_expiries.inc()
-        self.set_routes(RouteTable(routes=list(lease.fallback), mirror=mirror))
+        routes = other_lanes_kept(lease.fallback, self._table.routes)
+        self.set_routes(RouteTable(routes=routes, mirror=mirror))
 
     async def _watch_lease(self) -> None:
         while True:
@@ -193,6 +207,7 @@ class Gateway:
                     model=r.model,
                     prompts=sorted(r.prompts),
                     adapters=dict(r.adapters),
+                    lane=r.lane,
                     has_api_key=r.api_key is not None,
                 )
                 for r in t.routes
@@ -484,7 +499,7 @@ class Gateway:
                 adm.free()
                 adm.release_client(client)
                 self._metrics.reject("unknown_model")
-                return model_not_found(route, unknown)
+                return model_not_found(route, unknown, self._table.lanes())
             stream = isinstance(payload, dict) and payload.get("stream") is True
             pending = Flight(
                 adm,

@@ -51,6 +51,14 @@ class Route(BaseModel):
         description="LoRA adapters: the model name a client asks for -> the name the engine "
         "holds it under (the request's `model` is rewritten to it)",
     )
+    lane: str | None = Field(
+        None,
+        max_length=128,
+        description="the adapter lane this route belongs to (an adapter's client name): the "
+        "route serves only that lane's adapter names, never the base's model or a request "
+        "without `model`, so a lane's releases come and go without touching the base's "
+        "traffic; None: the environment's base lane",
+    )
     plain_chat_prompt: str | None = Field(
         None,
         description="the prompt (a key of `prompts`) a plain chat request goes through: its "
@@ -102,6 +110,8 @@ class Route(BaseModel):
                 raise ValueError("an adapter's model name and engine name must not be empty")
             if name == self.model:
                 raise ValueError(f"adapter {name!r} has the base's model name")
+        if self.lane is not None and set(self.adapters) != {self.lane}:
+            raise ValueError(f"a route of lane {self.lane!r} carries that adapter and no other")
         return self
 
 
@@ -365,6 +375,7 @@ class RouteState(BaseModel):
     adapters: dict[str, str] = Field(
         default_factory=dict, description="adapter model name -> the engine's name for it"
     )
+    lane: str | None = Field(None, description="the adapter lane it belongs to (None: base)")
     has_api_key: bool = False
 
 

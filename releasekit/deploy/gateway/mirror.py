@@ -50,6 +50,10 @@ live release's series. A canary's and an after-promotion mirror's copy already g
 reference (`Mirror.route`): the floor copy is a second copy there, under the same label.
 Each pair also names its client by digest (`client`: the key's, or the address's), never by
 its key or address.
+
+Adapter lanes (`Route.lane`): a mirror copies only the requests pinned to a route of its
+route's own lane, so the base's shadow never sees a lane's adapter requests (nor a lane's
+mirror the base's); those take none of its share and count as no drop.
 """
 
 from __future__ import annotations
@@ -445,10 +449,14 @@ class Mirroring:
             purpose=mirror.purpose,
         )
 
-    def copies(self, routed_id: str) -> bool:
-        """Whether requests routed to `routed_id` are copied at all (a canary's mirror
-        copies only its source's)."""
-        return self.mirror.source is None or self.mirror.source == routed_id
+    def copies(self, pinned: Route) -> bool:
+        """Whether requests pinned to `pinned` are copied at all: only those of the mirror
+        route's own lane (`Route.lane`: a base mirror never takes an adapter lane's
+        requests, nor a lane's mirror the base's or another lane's; they take no share and
+        count as no drop), and a canary's mirror only its source's."""
+        if pinned.lane != self.route.lane:
+            return False
+        return self.mirror.source is None or self.mirror.source == pinned.release_id
 
     def take(self) -> bool:
         """Whether this request is copied: exactly `share` of requests over any long run

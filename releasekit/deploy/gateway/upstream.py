@@ -103,16 +103,11 @@ class Upstream:
     ) -> PendingPair | None:
         """Copy the request to the mirror when it takes this one; a copy that fails to go
         out is dropped, never the client's request. `pinned`: the route the client's request
-        went to; `client`: the client as `checks.client_denied` names it (the pair keeps a
-        digest). Answers the pair the client's answer goes into (None: no copy, or no pairs
-        kept)."""
+        went to (only a request of the mirror route's own lane is copied); `client`: the
+        client as `checks.client_denied` names it (the pair keeps a digest). Answers the
+        pair the client's answer goes into (None: no copy, or no pairs kept)."""
         stable_id = pinned.release_id
-        if (
-            mirror is None
-            or self.session is None
-            or not mirror.copies(stable_id)
-            or not mirror.take()
-        ):
+        if mirror is None or self.session is None or not mirror.copies(pinned) or not mirror.take():
             return None
         try:
             return mirror.copy(

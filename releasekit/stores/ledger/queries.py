@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, func, or_, select
 
+from releasekit.config.lanes import LANE_SEP
 from releasekit.stores.ledger.schema import (
     LedgerRecord,
     _to_record,
@@ -73,15 +74,25 @@ class LedgerQueries:
         live: bool | None = None,
         limit: int | None = None,
         newest_first: bool = False,
+        with_lanes: bool = False,
     ) -> list[LedgerRecord]:
         """Records matching every filter given, in chain order (or newest first).
 
         `release` matches either side of an event (from or to); `since`/`until` are inclusive;
-        `live=True` leaves out `assign` records of deployed environments (module docstring).
+        `live=True` leaves out `assign` records of deployed environments (module docstring);
+        `with_lanes` counts the adapter lanes of `environment` (`<environment>:<adapter>`)
+        as it.
         """
         t = events_table
         q = self._select()
-        if environment is not None:
+        if environment is not None and with_lanes:
+            q = q.where(
+                or_(
+                    t.c.environment == environment,
+                    t.c.environment.startswith(f"{environment}{LANE_SEP}", autoescape=True),
+                )
+            )
+        elif environment is not None:
             q = q.where(t.c.environment == environment)
         if release is not None:
             q = q.where(or_(t.c.to_release == release, t.c.from_release == release))
