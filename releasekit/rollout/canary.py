@@ -13,10 +13,28 @@ A step needs as much evidence to pass as to abort: it passes once it has run
 a row were clean (every required check passed on at least its `min_samples`, none
 breached); it aborts once a check breached `sustain` judgements in a row (each over the
 whole step so far, and each a figure above its limit by more than sampling noise:
-`rollout.judge`). A breach of any check starts the clean run again; a judgement that is
-neither (a required check still waiting) leaves it as it is, as a no-data window leaves a
-breach run. Without enough clean judgements by `max_duration_s` the step ends as
-insufficient evidence (abort, not a verdict on the release).
+`rollout.judge`) and the breach held over a disjoint window too. A breach of any check
+starts the clean run again; a judgement that is neither (a required check still waiting)
+leaves it as it is, as a no-data window leaves a breach run. Without enough clean
+judgements by `max_duration_s` the step ends as insufficient evidence (abort, not a
+verdict on the release).
+
+A breach must hold, as the shadow comparison's must (`rollout.shadow_compare`): a freshly
+started server is slow for its first seconds (measured on the demo's 2-core host: TTFT
+p95 0.48 s against stable's 0.04 s for 20-30 s), so `sustain` judgements of the step so
+far can all fall inside its start-up. When the live checks have breached `sustain`
+judgements in a row, the step is judged again from a fresh snapshot, over a window that
+starts after the breaching one ended and lasts at least as long
+(`step_verdicts.confirm_span`): the breach and clean runs start anew there. If one of the
+breached checks breaches over that window too, the canary aborts (`BreachRecord.
+confirmed_by`); if each of them passes there, the first breach was the start-up: the step
+goes on, judged from the disjoint window's start, and the breach is kept as
+`StepReport.unconfirmed` (said once). A step asks a disjoint window once: a later
+sustained breach in it stands, as does one with too little of `max_duration_s` left for
+the window, or one whose window decided nothing by then (`BreachRecord.stands` says why).
+A canary slow throughout breaches both windows and aborts. Answer breaches are not
+confirmed so: a wrong answer is not start-up noise, and `sustain` of them in a row abort
+at once.
 
 With a fresh baseline (`baseline: fresh`; `progressive.fresh_baseline` starts it) the
 canary is judged against a new server of the live release, warmed alike and given the
@@ -52,6 +70,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -59,6 +78,7 @@ from releasekit._support.http import http_client
 from releasekit._support.progress import Progress, no_progress
 from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable, pair_label
 from releasekit.deploy.gateway_client import GatewayClient
+from releasekit.errors import ReleasekitError
 from releasekit.evaluate.answer_compare import ExactComparator
 from releasekit.evaluate.answers import (
     AnswerPolicy,
@@ -84,13 +104,18 @@ from releasekit.rollout.figures import (
     warm_up_server,
 )
 from releasekit.rollout.inputs import judged_inputs
-from releasekit.rollout.judge import CheckResult, ReleaseWindows, judge_step
+from releasekit.rollout.judge import CheckResult, ReleaseWindows, StepJudgement, judge_step
 from releasekit.rollout.step_verdicts import (
     agreement_words,
     as_judgement,
+    breach_words,
+    confirm_span,
+    confirm_words,
+    confirmation,
     next_clean,
     run_words,
     summarise,
+    unconfirmed_words,
 )
 from releasekit.spec.manifest import Canary, CanaryStep
 from releasekit.watch.rules import Rule, RuleState
@@ -118,12 +143,16 @@ def split_routes(
     stable: list[Route], canary: Route, weight: float, baseline: Route | None = None
 ) -> list[Route]:
     """Stable's routes scaled to what is left (their ratios kept) plus the canary at
-    `weight` percent and, when given, the baseline at `weight` percent too."""
+    `weight` percent and, when given, the baseline at `weight` percent too. Adapter lanes'
+    routes (`Route.lane` set) go along unchanged: a lane's traffic is its own adapter's,
+    never a share of the base's, so they neither take part of nor count in stable's share."""
     rest = 100.0 - weight * (2 if baseline is not None else 1)
-    live = [r for r in stable if r.weight > 0]
+    base = [r for r in stable if r.lane is None]
+    live = [r for r in base if r.weight > 0]
     total = sum(r.weight for r in live) or 1.0
     out = [r.model_copy(update={"weight": rest * r.weight / total}) for r in live]
-    out += [r for r in stable if r.weight <= 0]
+    out += [r for r in base if r.weight <= 0]
+    out += [r for r in stable if r.lane is not None]
     out.append(canary.model_copy(update={"weight": weight}))
     if baseline is not None:
         out.append(baseline.model_copy(update={"weight": weight}))
@@ -134,6 +163,20 @@ def baseline_label(release_id: str) -> str:
     """The gateway's name for a fresh baseline server of `release_id`: its own label, so
     its edge figures are its own and not the live servers' (route ids are unique)."""
     return f"{release_id}:baseline"
+
+
+@dataclass
+class _Pending:
+    """A sustained breach of live checks waiting for its disjoint window: the judgement
+    that made it sustained, its records, and how long the disjoint window lasts at least."""
+
+    judgement: StepJudgement
+    breaches: list[BreachRecord]
+    span_s: float
+
+    @property
+    def metrics(self) -> list[str]:
+        return [b.metric for b in self.breaches]
 
 
 class _Renewer(threading.Thread):
@@ -192,9 +235,17 @@ class CanaryController:
         self.on_step_passed = on_step_passed
         self.sleep = sleep
         self.canary = ctx.canary
-        live = [r for r in ctx.stable if r.weight > 0]
-        self.stable_primary = max(live, key=lambda r: r.weight) if live else ctx.stable[0]
-        self.shared_server = any(r.base_url == self.canary.base_url for r in ctx.stable)
+        # Stable is the base lane's routes: adapter lanes' routes ride along untouched
+        # (`split_routes`) and are never judged against nor paired with.
+        base = [r for r in ctx.stable if r.lane is None]
+        if not base:
+            raise ReleasekitError(
+                f"{ctx.env} has no base route to judge the canary against",
+                remedy="promote a base release first",
+            )
+        live = [r for r in base if r.weight > 0]
+        self.stable_primary = max(live, key=lambda r: r.weight) if live else base[0]
+        self.shared_server = any(r.base_url == self.canary.base_url for r in base)
         # A fresh baseline (policy.baseline "fresh"): judged against instead of the live
         # servers, under its own label, with the canary's share of traffic.
         self.baseline = (
@@ -330,7 +381,7 @@ class CanaryController:
         run = CanaryRun(
             env=self.ctx.env,
             release_id=self.canary.release_id,
-            stable_release_ids=[r.release_id for r in self.ctx.stable],
+            stable_release_ids=[r.release_id for r in self.ctx.stable if r.lane is None],
             outcome="passed",
             judged_against=self.compared.release_id,
             answers_from=self.mirror.route.release_id if self.mirror is not None else None,
@@ -387,21 +438,12 @@ class CanaryController:
         renewer = _Renewer(self._client(), generation, every_s=max(0.05, self.lease_s / 4))
         renewer.start()
         started = time.time()
-        states: dict[str, RuleState] = {
-            c.metric: RuleState(
-                rule=Rule(
-                    name=f"canary {c.metric}",
-                    metric=c.metric,
-                    above=0.0,
-                    sustain=policy.sustain,
-                    min_requests=c.min_samples,
-                )
-            )
-            for c in policy.checks
-        }
+        states = self._rule_states()
         recent: dict[str, list[CheckResult]] = {c.metric: [] for c in policy.checks}
         clean = 0
         disagreeing = 0  # agreement breaches in a row
+        pending: _Pending | None = None  # a sustained breach waiting for its disjoint window
+        asked = False  # this step asked a disjoint window already (once a step)
         label = f"canary step {i + 1}/{n} at {step.weight:g}%"
         report = StepReport(
             index=i, weight=step.weight, status="passed", started_at=started, ended_at=started
@@ -457,20 +499,37 @@ class CanaryController:
                     )
                 clean = next_clean(clean, j, agreement)
                 report.clean_judgements = clean
+                judged_s = after.at - before.at
                 words = run_words(clean, states, policy)
                 if disagreeing:
                     words += f", answers breached {disagreeing}/{policy.sustain}"
+                if pending is not None:
+                    words += f", {confirm_words(pending.metrics, judged_s, pending.span_s)}"
                 self.say(f"{label}: {summarise(j)}{answers_line}; {words}", i, n)
                 sustained = [m for m, st in states.items() if st.sustained]
                 answers_breached = disagreeing >= policy.sustain and agreement is not None
                 elapsed = time.time() - started
-                if sustained or answers_breached:
-                    decided = time.time()
-                    at_zero = self._to_stable(client)
-                    run.decide_to_zero_s = at_zero - decided
-                    run.window_to_zero_s = at_zero - j.window_end
-                    run.at_zero_at = at_zero
-                    run.breaches = [
+                aborting: list[BreachRecord] = []
+                if pending is not None:
+                    said = confirmation(j, pending.metrics) if judged_s >= pending.span_s else None
+                    if said == "breach":
+                        for b in pending.breaches:
+                            b.confirmed_by = j.by_metric(b.metric)
+                        aborting = pending.breaches
+                    elif said == "pass":
+                        report.unconfirmed = pending.judgement
+                        self.say(
+                            f"{label}: {unconfirmed_words(pending.metrics, pending.judgement, j)}",
+                            i,
+                            n,
+                        )
+                        pending = None
+                    elif elapsed >= step.max_duration_s:
+                        for b in pending.breaches:
+                            b.stands = "the disjoint window decided nothing by max_duration_s"
+                        aborting = pending.breaches
+                elif sustained:
+                    records = [
                         BreachRecord(
                             metric=m,
                             judgements=[b.judgement for b in states[m].breaches],
@@ -478,6 +537,45 @@ class CanaryController:
                         )
                         for m in sustained
                     ]
+                    span = confirm_span(judged_s, policy)
+                    why = (
+                        "the answers breached too"
+                        if answers_breached
+                        else "a disjoint window cleared this step's first breach already"
+                        if asked
+                        else "no time left in the step for a disjoint window"
+                        if step.max_duration_s - elapsed < span
+                        else ""
+                    )
+                    if why:
+                        for b in records:
+                            b.stands = why
+                        aborting = records
+                    else:
+                        # Judged again over a disjoint window, from a fresh snapshot: the
+                        # breach run and the clean run start anew there.
+                        asked = True
+                        pending = _Pending(judgement=j, breaches=records, span_s=span)
+                        fresh = self.snapshot()
+                        before = fresh if fresh.gateway is not None else after
+                        states = self._rule_states()
+                        recent = {c.metric: [] for c in policy.checks}
+                        clean = report.clean_judgements = 0
+                        self.say(
+                            f"{label}: {', '.join(sustained)} breached {policy.sustain} "
+                            f"judgements in a row; confirming over the next {span:.0f} s, "
+                            "judged on their own",
+                            i,
+                            n,
+                        )
+                        continue
+                if aborting or answers_breached:
+                    decided = time.time()
+                    at_zero = self._to_stable(client)
+                    run.decide_to_zero_s = at_zero - decided
+                    run.window_to_zero_s = at_zero - j.window_end
+                    run.at_zero_at = at_zero
+                    run.breaches = aborting
                     report.status = "breached"
                     report.reason = "; ".join(
                         [
@@ -486,12 +584,13 @@ class CanaryController:
                                 if answers_breached and agreement is not None
                                 else []
                             ),
-                            *(f"{c.metric}: {c.reason}" for c in j.checks if c.metric in sustained),
+                            *(breach_words(b, j) for b in aborting),
                         ]
                     )
                     break
                 if (
-                    elapsed >= step.min_duration_s
+                    pending is None
+                    and elapsed >= step.min_duration_s
                     and j.canary_requests >= step.min_requests
                     and clean >= policy.sustain
                 ):
@@ -515,6 +614,21 @@ class CanaryController:
             at_zero = self._to_stable(client)
             run.at_zero_at = at_zero
         return report
+
+    def _rule_states(self) -> dict[str, RuleState]:
+        """A fresh breach run for each check (`sustain` breaching judgements in a row)."""
+        return {
+            c.metric: RuleState(
+                rule=Rule(
+                    name=f"canary {c.metric}",
+                    metric=c.metric,
+                    above=0.0,
+                    sustain=self.policy.sustain,
+                    min_requests=c.min_samples,
+                )
+            )
+            for c in self.policy.checks
+        }
 
 
 __all__ = [

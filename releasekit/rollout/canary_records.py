@@ -38,16 +38,37 @@ class StepReport(BaseModel):
     inputs: dict[str, Any] | None = Field(
         None, description="the last judgement's inputs, for replay (`rollout.inputs`)"
     )
+    unconfirmed: StepJudgement | None = Field(
+        None,
+        description="a judgement whose live checks breached `sustain` times in a row and "
+        "the disjoint window after it, judged on its own, did not repeat (a fresh server's "
+        "start-up; `judgement` is a later window's)",
+    )
     reason: str = ""
 
 
+BREACH_RULE = "sustain+disjoint"
+"""The abort rule a run's breaches were decided under, as its `canary_aborted` event
+records it (`breach_rule`): `sustain` breaching judgements in a row, then the same check
+breaching over a disjoint window judged on its own (`BreachRecord.confirmed_by`) unless it
+stands without one (`BreachRecord.stands`). Events without `breach_rule` were decided on
+the `sustain` run alone."""
+
+
 class BreachRecord(BaseModel):
-    """A check that breached: its consecutive breaching judgements (the windows) and the
-    stable figures they were compared with."""
+    """A check that breached: its consecutive breaching judgements (the windows), the
+    stable figures they were compared with, and the disjoint window that confirmed it (or
+    why it stands without one)."""
 
     metric: str
     judgements: list[Judgement]
     checks: list[CheckResult]
+    confirmed_by: CheckResult | None = Field(
+        None, description="the check over the disjoint window after the run, judged on its own"
+    )
+    stands: str = Field(
+        "", description="why the breach stands without a disjoint window (empty: confirmed)"
+    )
 
 
 class CanaryRun(BaseModel):

@@ -9,7 +9,10 @@ with the ledger events that record it.
   (`rollout.canary`); every passed step is a `canary_step` event; a breach is a
   `canary_aborted` event holding the breaching windows plus a `mark_bad` event, and the
   result's status is `canary_aborted`; too little evidence by a step's `max_duration_s` is a
-  `canary_aborted` event without `mark_bad`.
+  `canary_aborted` event without `mark_bad`. A breach aborts once it held over a disjoint
+  window too (`rollout.canary`): the event's breaches hold that window (`confirmed_by`) and
+  the rule (`breach_rule`); a step whose breach did not hold records it as
+  `unconfirmed_breach` in its `canary_step` event (and its row of a `canary_aborted` one).
 - with the environment's committed `canary_compare_answers`, the canary's answers are
   paired with the live release's on the requests it answers and judged at every step
   (`rollout.canary`); each `canary_step` event and a `canary_aborted` event hold the
@@ -42,7 +45,7 @@ from releasekit.promote.promote import PromoteRequest, PromoteResult, run_promot
 from releasekit.releases.resolve import resolve_release
 from releasekit.rollout.baseline import canary_under_policy
 from releasekit.rollout.canary import AnswersPolicy, CanaryController
-from releasekit.rollout.canary_records import CanaryRun, StepReport
+from releasekit.rollout.canary_records import BREACH_RULE, BreachRecord, CanaryRun, StepReport
 from releasekit.rollout.placement import even_out, release
 from releasekit.rollout.power import policy_power
 from releasekit.rollout.shadow_gates import shadow_gate
@@ -114,6 +117,41 @@ def _check_record(c: Any) -> dict[str, Any]:
     }
 
 
+def _unconfirmed_record(s: StepReport) -> dict[str, Any]:
+    """A step's breach that its disjoint window did not confirm (`StepReport.unconfirmed`):
+    its window and the checks that breached there; empty when none."""
+    j = s.unconfirmed
+    if j is None:
+        return {}
+    return {
+        "unconfirmed_breach": {
+            "window": [j.window_start, j.window_end],
+            "breached": [c.metric for c in j.checks if c.verdict == "breach"],
+            "checks": [_check_record(c) for c in j.checks if c.verdict == "breach"],
+        }
+    }
+
+
+def _confirmation_record(b: BreachRecord) -> dict[str, Any]:
+    """How a breach was confirmed: the check over its disjoint window, or why it stands."""
+    c = b.confirmed_by
+    if c is None:
+        return {"confirmed_by": None, "stands": b.stands}
+    return {
+        "confirmed_by": {
+            "start": c.window_start,
+            "end": c.window_end,
+            "verdict": c.verdict,
+            "canary": c.canary,
+            "stable": c.stable,
+            "limit": c.limit,
+            "samples": c.canary_count,
+            "p_value": c.p_value,
+            "reason": c.reason,
+        }
+    }
+
+
 def _judge_record(inputs: dict[str, Any] | None, sustain: int) -> dict[str, Any]:
     """The judge's inputs of a step's last judgement (`rollout.inputs`), for replay."""
     return {"judge": {**inputs, "sustain": sustain}} if inputs is not None else {}
@@ -134,6 +172,7 @@ def _run_evidence(
                 "stable_requests": s.stable_requests,
                 "clean_judgements": s.clean_judgements,
                 "checks": [_check_record(c) for c in (s.judgement.checks if s.judgement else [])],
+                **_unconfirmed_record(s),
             }
             for s in run.steps
         ],
@@ -167,9 +206,11 @@ def _run_evidence(
                 "stable": [c.stable for c in b.checks],
                 "above_limit": [c.above for c in b.checks],
                 "p_value": [c.p_value for c in b.checks],
+                **_confirmation_record(b),
             }
             for b in run.breaches
         ]
+        ev["breach_rule"] = BREACH_RULE
         ev["decide_to_zero_s"] = run.decide_to_zero_s
         ev["window_to_zero_s"] = run.window_to_zero_s
     if run.steps:
@@ -305,6 +346,7 @@ def canary_shift(
                             if rep.agreement is not None
                             else {}
                         ),
+                        **_unconfirmed_record(rep),
                         **{k: v for k, v in ctx.links.items() if v},
                         **_judge_record(rep.inputs, policy.sustain),
                         "policy": judged_under,

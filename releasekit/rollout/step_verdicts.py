@@ -1,5 +1,6 @@
 """A canary step's judgements counted and put in words: whether one is clean, the run of
-clean judgements, a check's result as a watch judgement, and one-line summaries."""
+clean judgements, a check's result as a watch judgement, what a disjoint window says of a
+sustained breach, and one-line summaries."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Literal
 
 from releasekit.evaluate.agreement import Agreement
 from releasekit.evaluate.answers import AnswerVerdict
+from releasekit.rollout.canary_records import BreachRecord
 from releasekit.rollout.judge import CheckResult, StepJudgement
 from releasekit.spec.manifest import Canary
 from releasekit.watch.rules import Judgement, RuleState
@@ -85,3 +87,51 @@ def summarise(j: StepJudgement) -> str:
     parts = [f"{j.canary_requests:g} canary / {j.stable_requests:g} stable requests"]
     parts += [c.brief() for c in j.checks]
     return "; ".join(parts)
+
+
+def confirm_span(judged_s: float, policy: Canary) -> float:
+    """How long the disjoint window that confirms a sustained breach lasts at least: as
+    long as the window that breached (the step so far when the breach became sustained),
+    and never less than the `sustain` judgements' own span (`sustain` x `interval_s`).
+    The same evidence both ways: the confirming window holds as much time as the one it
+    confirms, as the shadow's next window is as long as its first."""
+    return max(judged_s, policy.sustain * policy.interval_s)
+
+
+def confirmation(j: StepJudgement, metrics: list[str]) -> Literal["breach", "pass"] | None:
+    """What a disjoint window's judgement `j` says of a sustained breach of `metrics`:
+    "breach" when one of them breaches in it too, "pass" when each of them passed, None
+    when it decides nothing yet (a check still waits for samples or was not measured)."""
+    got = [j.by_metric(m) for m in metrics]
+    if any(c is not None and c.verdict == "breach" for c in got):
+        return "breach"
+    if all(c is not None and c.verdict == "pass" for c in got):
+        return "pass"
+    return None
+
+
+def confirm_words(metrics: list[str], judged_s: float, span_s: float) -> str:
+    """'confirming ttft_p95_s: 6/24 s of a disjoint window'."""
+    return f"confirming {', '.join(metrics)}: {judged_s:.0f}/{span_s:.0f} s of a disjoint window"
+
+
+def unconfirmed_words(metrics: list[str], first: StepJudgement, j: StepJudgement) -> str:
+    """The one line said when a sustained breach of `metrics` (its window: `first`) did not
+    hold over its disjoint window (`j`)."""
+    return (
+        f"{', '.join(metrics)} breached over the first "
+        f"{first.window_end - first.window_start:.0f} s and not over the next "
+        f"{j.window_end - j.window_start:.0f} s, judged on their own: not confirmed (a fresh "
+        "server's start-up, kept as unconfirmed); the step goes on"
+    )
+
+
+def breach_words(b: BreachRecord, j: StepJudgement) -> str:
+    """'ttft_p95_s: <the check's reason> (held over a disjoint 24 s window)', or why the
+    breach stands without one."""
+    c = j.by_metric(b.metric)
+    reason = f"{b.metric}: {c.reason if c is not None else 'breached'}"
+    if b.confirmed_by is not None:
+        w = b.confirmed_by
+        return f"{reason} (held over a disjoint {w.window_end - w.window_start:.0f} s window)"
+    return f"{reason} ({b.stands})" if b.stands else reason

@@ -70,6 +70,8 @@ class Scripted(CanaryController):
         self.gateway = FakeGateway()
         self.script: Iterator[StepJudgement] = iter(script)
         self.judged = 0
+        self.now = 0.0  # each snapshot one second after the last
+        self.windows_judged: list[tuple[float, float]] = []
         self.lines: list[str] = []
         self.say = lambda label, done, total: self.lines.append(label)
 
@@ -78,9 +80,11 @@ class Scripted(CanaryController):
 
     def snapshot(self) -> Scrape:
         empty = Exposition(samples={}, monotonic=frozenset(), created={}, families=frozenset())
-        return Scrape(0.0, empty, None, None, {})
+        self.now += 1.0
+        return Scrape(self.now, empty, None, None, {})
 
     def windows(self, before: Scrape, after: Scrape) -> tuple[ReleaseWindows, ReleaseWindows]:
+        self.windows_judged.append((before.at, after.at))
         w = Window(start=0.0, end=1.0, duration_s=1.0)
         return ReleaseWindows(release_id="can", edge=w), ReleaseWindows(release_id="stb", edge=w)
 
@@ -128,14 +132,16 @@ def test_a_step_passes_only_after_sustain_clean_judgements_in_a_row(scripted: An
 
 
 def test_a_step_aborts_after_sustain_breaching_judgements_in_a_row(scripted: Any) -> None:
-    """The same count the other way: three breaches in a row abort, a pass between them
-    starts the count again."""
+    """The same count the other way: three breaches in a row, then the breach held over a
+    disjoint window as long as the one that breached (6 s here: 6 judgements of 1 s),
+    abort; a pass between them starts the count again."""
     script = [_judgement(v) for v in ("breach", "breach", "pass", "breach", "breach", "breach")]
-    ctrl = scripted(script)
+    ctrl = scripted(script + [_judgement("breach")] * 6)
     run = ctrl.run()
-    assert run.outcome == "breached" and ctrl.judged == 6
+    assert run.outcome == "breached" and ctrl.judged == 12
     [b] = run.breaches
     assert b.metric == "ttft_p95_s" and len(b.judgements) == SUSTAIN
+    assert b.confirmed_by is not None and b.confirmed_by.verdict == "breach"
 
 
 def test_one_clean_judgement_then_nothing_decided_is_not_a_pass(
