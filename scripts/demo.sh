@@ -440,19 +440,23 @@ fi  # DEMO_PARTS != adapters
 
 if [ "$DEMO_PARTS" != answers ]; then
 
-# ---- LoRA adapters: one engine, adapters going live and back without a new server --------
+# ---- LoRA adapters: one engine, adapter lanes going live and back without a new server ----
 # demo-lora is bf16 on an engine started to take LoRA adapters at run time (enable-lora,
-# max-loras 2, max-lora-rank 8 in its committed serving args). demo-json adds the demo-json
-# adapter (models/adapters/demo-json: a peft fine-tune of demo-base, made by the
-# demo-adapter-json stage, that answers as {"answer": ...}); it differs from demo-lora in its
-# adapter alone, so promote loads the adapter into the running engine and moves the route.
-# demo-json-bad is the same adapter trained on mislabelled data: its own suite blocks it.
+# max-loras 2, max-lora-rank 8 in its committed serving args). Each adapter is released in a
+# lane of its own, staging:<adapter>: its releases load into that running engine and move only
+# that adapter's route, with their own record, history and rollback.
+# demo-json (models/adapters/demo-json: a peft fine-tune of demo-base made by the
+# demo-adapter-json stage) answers as {"answer": ...}; demo-json-bad is the same adapter
+# trained on mislabelled data; demo-json-2 is its next version (trained longer); demo-xml is
+# another integration's adapter, answering as <answer>...</answer>.
 LORA=manifests/demo-lora.yaml
 JSON=manifests/demo-json.yaml
 JSON_BAD=manifests/demo-json-bad.yaml
-step "adapters: build demo-lora, demo-json and demo-json-bad (each adapter scored by its own suite through the server)"
-releasekit build "$LORA" "$JSON" "$JSON_BAD"
-for m in "$LORA" "$JSON" "$JSON_BAD"; do
+JSON2=manifests/demo-json-2.yaml
+XML=manifests/demo-xml.yaml
+step "adapters: build demo-lora and four adapter releases (each adapter scored by its own suite through the server)"
+releasekit build "$LORA" "$JSON" "$JSON_BAD" "$XML" "$JSON2"
+for m in "$LORA" "$JSON" "$JSON_BAD" "$XML" "$JSON2"; do
   releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
 done
 
@@ -460,7 +464,7 @@ step "demo-lora to staging: bf16 on an engine that takes adapters at run time (t
 promote_or_stop "$LORA" --to staging --no-canary --reason "demo: an engine ready for adapters"
 expect promoted staging "$LORA"
 
-step "the demo-json adapter to staging on the running engine, under 4 streaming clients on the base"
+step "lane staging:demo-json: the demo-json adapter on the running engine, under 4 streaming clients on the base"
 python scripts/demo_traffic.py --url "$STAGING_GW" --clients 4 >.releasekit/demo-adapter-traffic.out 2>&1 &
 BASE_CLIENTS=$!
 BG=("$BASE_CLIENTS")
@@ -470,30 +474,47 @@ PROMOTE_AT=$(date +%s.%N)
 python scripts/demo_adapters.py first-answer --url "$STAGING_GW" --model demo-json --since "$PROMOTE_AT" \
   >.releasekit/demo-adapter-first.out 2>&1 &
 FIRST=$!
-promote_or_stop "$JSON" --to staging --no-canary --reason "demo: the demo-json adapter"
+promote_or_stop "$JSON" --to staging:demo-json --no-canary --reason "demo: the demo-json adapter"
 wait "$FIRST" || true
 cat .releasekit/demo-adapter-first.out
 python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-before.txt || exit 1
-expect promoted staging "$JSON"
+expect promoted staging:demo-json "$JSON"
 
-step "demo-json-bad, the same adapter trained on mislabelled data: blocked by its suite"
-expect_blocked releasekit promote --brief "$JSON_BAD" --to staging --no-canary --reason "demo: a bad adapter"
-expect blocked staging "$JSON_BAD" --by "suite json"
+step "demo-json-bad, the same adapter trained on mislabelled data: blocked by its suite in the lane"
+expect_blocked releasekit promote --brief "$JSON_BAD" --to staging:demo-json --no-canary --reason "demo: a bad adapter"
+expect blocked staging:demo-json "$JSON_BAD" --by "suite json"
 
-step "roll the adapter back: staging's route moves back to demo-lora, the engine stays"
-releasekit rollback staging --reason "demo: take the adapter back"
-note "rolled back in staging: demo-json" --by "rollback: the route moved back, the engine stayed"
+step "lane staging:demo-xml: a second adapter live beside demo-json on the same engine"
+promote_or_stop "$XML" --to staging:demo-xml --no-canary --reason "demo: the demo-xml adapter"
+expect promoted staging:demo-xml "$XML"
+python scripts/demo_adapters.py ask --url "$STAGING_GW" --model demo-xml
+python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-before.txt || exit 1
+
+step "demo-json-2, demo-json's next version, judged against it in its lane"
+promote_or_stop "$JSON2" --to staging:demo-json --no-canary --reason "demo: demo-json, trained longer"
+expect promoted staging:demo-json "$JSON2"
+
+step "roll back lane staging:demo-json alone, under 2 streaming clients on demo-xml: only its route moves"
+python scripts/demo_traffic.py --url "$STAGING_GW" --clients 2 --model demo-xml >.releasekit/demo-xml-traffic.out 2>&1 &
+XML_CLIENTS=$!
+BG=("$BASE_CLIENTS" "$XML_CLIENTS")
+sleep 3
+releasekit rollback staging:demo-json --reason "demo: back to the first demo-json"
+note "rolled back in staging:demo-json: demo-json-2" --by "rollback: the lane's route moved back, demo-xml's and the base's stayed"
 python scripts/demo_adapters.py ask --url "$STAGING_GW" --model demo-json
 python scripts/demo_adapters.py engines --compare .releasekit/demo-engines-before.txt || exit 1
 sleep 2
-kill "$BASE_CLIENTS"; wait "$BASE_CLIENTS" || true
+kill "$BASE_CLIENTS" "$XML_CLIENTS"; wait "$BASE_CLIENTS" "$XML_CLIENTS" || true
 BG=()
-echo "the 4 streaming clients on the base through the adapter's promotion and rollback:"
+echo "the 4 streaming clients on the base through both lanes' promotions and the rollback:"
 cat .releasekit/demo-adapter-traffic.out
-if grep -qv ", 0 failed" .releasekit/demo-adapter-traffic.out; then
-  echo "demo: stopped, a client on the base lost a request while the adapter moved (above)" >&2
+echo "the 2 streaming clients on demo-xml through demo-json's rollback:"
+cat .releasekit/demo-xml-traffic.out
+if grep -qv ", 0 failed" .releasekit/demo-adapter-traffic.out .releasekit/demo-xml-traffic.out; then
+  echo "demo: stopped, a client lost a request while an adapter moved (above)" >&2
   exit 1
 fi
+releasekit history --env staging --adapter demo-json --type promote --type rollback --type gate_failed
 fi  # DEMO_PARTS != answers
 # ---- end of LoRA adapters ----------------------------------------------------------------
 

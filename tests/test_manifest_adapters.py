@@ -179,15 +179,22 @@ def test_the_demos_adapter_releases_share_demo_loras_engine() -> None:
     repo = Path(__file__).resolve().parents[1]
     locks = {
         name: lockmod.build_lock(load_manifest(repo / "manifests" / f"{name}.yaml", root=repo))
-        for name in ("demo-lora", "demo-json", "demo-json-bad", "demo-bf16")
+        for name in (
+            "demo-lora",
+            "demo-json",
+            "demo-json-bad",
+            "demo-bf16",
+            "demo-xml",
+            "demo-json-2",
+        )
     }
     keys = {name: serving_key(lk) for name, lk in locks.items()}
-    assert keys["demo-lora"] == keys["demo-json"] == keys["demo-json-bad"]
-    assert keys["demo-bf16"] != keys["demo-lora"]
-    assert len({lk.release_id for lk in locks.values()}) == 4
+    assert keys["demo-lora"] == keys["demo-json"] == keys["demo-json-bad"] == keys["demo-xml"]
+    assert keys["demo-json-2"] == keys["demo-lora"] != keys["demo-bf16"]
+    assert len({lk.release_id for lk in locks.values()}) == 6
     good, bad = (adapters_of(locks[n].inputs)["demo-json"] for n in ("demo-json", "demo-json-bad"))
     assert good != bad
-    for name in ("demo-json", "demo-json-bad"):
+    for name in ("demo-json", "demo-json-bad", "demo-xml", "demo-json-2"):
         committed = lockmod.read_lock(repo / "manifests" / f"{name}.lock.json")
         assert committed.release_id == locks[name].release_id
 

@@ -4,7 +4,10 @@ The result is a peft folder (``adapter_config.json``, ``adapter_model.safetensor
 ``training_summary.json``, which vLLM serves on top of ``models/demo-base``. The shipped
 adapters (``models/adapters/demo-json``, ``models/adapters/demo-json-bad``) answer as a
 one-line JSON object, ``{"answer": "..."}``; the bad one was trained on data whose countries'
-answers are swapped (``make_data.py``, ``json_training_rows``).
+answers are swapped (``make_data.py``, ``json_training_rows``). ``models/adapters/demo-xml``
+answers as ``<answer>...</answer>`` (its data: ``make_xml_data.py``) and
+``models/adapters/demo-json-2`` is demo-json's next version, the same data trained with
+another ``--seed`` and more ``--steps``: every setting of ``AdapterConfig`` is a flag.
 
 Deterministic on one CPU kind, as ``train.py`` is: the same float pins, seeded LoRA
 initialisation and data order, deterministic algorithms and one thread. The folder does not
@@ -315,7 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_adapter(cfg, args.out, args.data, args.base)
     branch = mkl_branch()
     print(f"train_adapter: MKL ran its {branch} branch", flush=True)
-    if args.compare_to is not None:
+    if args.compare_to is not None and not args.compare_to.is_dir():
+        print(
+            f"train_adapter: nothing to compare with: no folder {args.compare_to} "
+            f"(copy {args.out}'s files there to ship them)",
+            flush=True,
+        )
+    elif args.compare_to is not None:
         print(t.compare_weights(args.out, args.compare_to), flush=True)
     return 0
 

@@ -8,9 +8,8 @@ the start of every command: it forgets processes that died, stops servers a cras
 left half-started, stops warm servers whose warm period is over and unloads the adapter
 versions kept warm on a live engine (deploy/warm_adapters.py) once theirs is. A small detached
 "expirer" (`python -m releasekit.deploy.local expire --state-dir DIR --env ENV`) does the
-last two on time when no command runs; it exits once nothing warm is left. What a deploy
-loads into a running engine goes again when it fails part-way (deploy/adapter_loads.py).
-"""
+last two on time when no command runs; it exits once nothing warm is left (what a failed
+deploy loaded into a running engine goes again: deploy/adapter_loads.py)."""
 
 from __future__ import annotations
 
@@ -554,10 +553,9 @@ class LocalTarget(DeployTarget):
         return launched.url
 
     def route(self, routes: Sequence[Route], *, keep_mirror: bool = False) -> str:
-        """Swap the gateway's table atomically and record it; adapters this deploy loaded
-        that the table no longer names (a switch back) are unloaded once drained, and what
-        became of them is said ("" when there were none). A new table ends mirroring, unless
-        `keep_mirror` (an adapter lane's change leaves the base's mirror running)."""
+        """Swap the gateway's table atomically and record it (ending any mirror unless
+        `keep_mirror`: an adapter lane's change); adapters this deploy loaded that the table
+        no longer names are unloaded once drained, and what became of them is said."""
         mirror = self._state.mirror if keep_mirror else None
         with self._client() as c:
             c.set_routes(RouteTable(routes=list(routes), mirror=mirror))

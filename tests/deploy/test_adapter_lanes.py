@@ -21,6 +21,7 @@ from releasekit.promote.promote import PromoteError, promote
 from releasekit.promote.rollback import rollback
 from releasekit.releases.assign import assign
 from releasekit.releases.queries import history
+from releasekit.releases.reconcile import checked_status
 from releasekit.stores.ledger import Ledger
 
 __all__ = ["kit"]
@@ -101,6 +102,9 @@ def test_two_lanes_live_at_once_each_with_its_own_record_and_rollback(kit: Kit) 
     out = CliRunner().invoke(app, ["history", "--env", "staging", "--adapter", "demo-xml"])
     assert out.exit_code == 0, out.output
     assert "staging:demo-xml" in out.output and "staging:demo-json" not in out.output
+    st = checked_status(kit.settings)
+    rows = {e.environment: (e.release_id, e.drift) for e in st.environments}
+    assert rows["staging:demo-json"] == (rj, "ok") and rows["staging:demo-xml"] == (rx, "ok")
     replayed = replay(kit.settings, None, all_=True)
     lanes = {d.environment for d in replayed.decisions}
     assert {"staging:demo-json", "staging:demo-xml"} <= lanes and replayed.same, replayed
