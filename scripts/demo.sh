@@ -534,6 +534,10 @@ releasekit audit replay --all --brief
 # The auditor's page per environment: what was live, each decision, its gates, evidence and replay.
 releasekit audit page --env staging
 releasekit audit page --env production
+if [ "$DEMO_PARTS" != answers ]; then  # each adapter lane has its own page
+  releasekit audit page --env staging:demo-json
+  releasekit audit page --env staging:demo-xml
+fi
 
 STAGING=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 PRODUCTION=$(python -c "from releasekit.config import load_settings as l; print(l().environments['production'].url)")

@@ -237,3 +237,35 @@ def test_a_failed_perf_gate_says_its_rule_not_the_runs_spread() -> None:
         detail="run-to-run spread: candidate 0.35, live 0.37; at most 0.45",
     )
     assert short_reason(g) == "ttft_p95_s at the live knee load <= live x (1 + 0.50)"
+
+
+def test_a_canary_step_with_an_unconfirmed_breach_says_so_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A step whose first breach the disjoint window did not repeat names the metric and
+    the span it breached in, as a start-up transient, under the steps' table."""
+    from releasekit.cli.rollout_cmds import print_canary
+
+    check = {
+        "metric": "ttft_p95_s",
+        "verdict": "breach",
+        "canary": 0.48,
+        "stable": 0.04,
+        "limit": 0.1,
+        "required": True,
+    }
+    step = {
+        "index": 0,
+        "weight": 10,
+        "status": "passed",
+        "started_at": 0.0,
+        "ended_at": 60.0,
+        "canary_requests": 40,
+        "stable_requests": 360,
+        "judgement": None,
+        "unconfirmed": {"window_start": 100.0, "window_end": 124.0, "checks": [check]},
+    }
+    print_canary({"release_id": "a" * 64, "outcome": "promoted", "steps": [step]})
+    out = capsys.readouterr().out
+    assert out.count("start-up transient") == 1
+    assert "step 1: ttft_p95_s breached in its first 24 s" in out

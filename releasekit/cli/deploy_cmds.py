@@ -338,6 +338,11 @@ def rollback_cmd(
         emit_json(res)
     elif res.status == "rolled_back":
         how = "warm" if res.warm else "cold start"
+        moved = next(
+            (x for x in (res.deploy.steps if res.deploy else []) if x.step == "switch"), None
+        )
+        if moved is not None:
+            how += f", the route itself in {moved.seconds * 1000:.0f} ms"
         glass = res.record.evidence.get("break_glass") if res.record is not None else None
         out.print(
             f"[green]{esc(env)}[/green] rolled back {_short(res.from_release)} -> "
@@ -405,7 +410,14 @@ def deploy_status_cmd(
         return
     rows = []
     for e in envs:
-        routes = ", ".join(f"{_short(r['release_id'])}@{r['base_url']}" for r in e.routes) or "-"
+        routes = (
+            ", ".join(
+                (f"{r['lane']}: " if r.get("lane") else "")
+                + f"{_short(r['release_id'])}@{r['base_url']}"
+                for r in e.routes
+            )
+            or "-"
+        )
         servers = ", ".join(
             f"{_short(s.release_id)} {s.role} "
             + (f"{len(s.replicas)} replica(s)" if s.app else f"pid {s.pid}")
@@ -432,6 +444,14 @@ def deploy_status_cmd(
             f"ledger live {r[5]} (agrees: {r[6]})"
         ),
     )
+    for e in envs:
+        for lane in e.lanes:
+            out.print(
+                f"  lane {esc(lane.lane)}: routes {esc(', '.join(_short(r) for r in lane.routed))}"
+                f", ledger live {_short(lane.ledger_release_id)} "
+                f"(agrees: {'yes' if lane.agrees else 'NO'})",
+                highlight=False,
+            )
     for e in envs:
         m = e.mirror
         if m is None:

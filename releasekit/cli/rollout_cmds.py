@@ -67,6 +67,21 @@ def print_canary(canary: dict[str, Any]) -> None:
             f"step {r[0]} at {r[1]}: {r[2]} after {r[3]} s, {r[4]} requests canary/stable: {r[5]}"
         ),
     )
+    for s in canary.get("steps", []):
+        first = s.get("unconfirmed")
+        if first:  # a start-up transient the disjoint window did not repeat
+            gone = ", ".join(
+                str(c.get("metric"))
+                for c in first.get("checks", [])
+                if c.get("verdict") == "breach"
+            )
+            span = float(first.get("window_end") or 0) - float(first.get("window_start") or 0)
+            out.print(
+                f"  step {s['index'] + 1}: {gone or 'a check'} breached in its first {span:.0f} s "
+                "and not in the next window, judged on its own: a start-up transient, not a "
+                "breach",
+                highlight=False,
+            )
     against = canary.get("judged_against") or ""
     if against.endswith(":baseline"):
         out.print(
@@ -101,8 +116,8 @@ def print_canary_power(power: list[dict[str, Any]]) -> None:
     table("canary checks: what one judgement detects", POWER_COLUMNS, [c.cells() for c in checks])
     out.print(
         "  [dim]per judgement at min_samples (rates: with stable at 0, the limit is the "
-        "slack); a step aborts on `sustain` breaching judgements in a row and passes on "
-        "`sustain` clean ones, each over the step so far[/dim]",
+        "slack); a step aborts on `sustain` breaching judgements in a row that a disjoint "
+        "window repeats, and passes on `sustain` clean ones, each over the step so far[/dim]",
         highlight=False,
     )
 

@@ -34,9 +34,9 @@ def is_lane(name: str) -> bool:
     return split_lane(name)[1] is not None
 
 
-def registry_alias(name: str) -> str:
-    """The MLflow alias an environment's record moves: its name, and for a lane
-    `<env>__<adapter>` (an alias takes letters, digits, `-` and `_` only)."""
+def flat_name(name: str) -> str:
+    """An environment's name where only letters, digits, `-` and `_` go (an MLflow model or
+    prompt alias, a file name, a link): its name, and for a lane `<env>__<adapter>`."""
     env, lane = split_lane(name)
     if lane is None:
         return name

@@ -192,6 +192,15 @@ class MirrorStatus(BaseModel):
     pairs: int | None = Field(None, description="answer pairs recorded so far")
 
 
+class LaneStatus(BaseModel):
+    """One adapter lane of an environment: what its route serves and what its record says."""
+
+    lane: str = Field(description="the lane's name, <env>:<adapter>")
+    routed: list[str] = Field(description="releases its route sends the adapter's traffic to")
+    ledger_release_id: str | None = Field(None, description="the lane's release of record")
+    agrees: bool = Field(description="its route serves exactly its release of record")
+
+
 class EnvDeployStatus(BaseModel):
     """What runs for one environment right now, from its state file and a health check."""
 
@@ -211,6 +220,21 @@ class EnvDeployStatus(BaseModel):
     mirror: MirrorStatus | None = Field(
         None, description="the gateway's mirror: a shadow, or the after-promotion comparison"
     )
+    lanes: list[LaneStatus] = Field(default_factory=list, description="its adapter lanes")
+
+
+def _lanes(led: Ledger, env: str, state: EnvState) -> list[LaneStatus]:
+    """Each adapter lane the state routes, against its own record."""
+    out = []
+    for lane in sorted({r.lane for r in state.routes if r.lane}):
+        name = lane_name(env, lane)
+        rec = led.live_at(name)
+        routed = [r.release_id for r in state.routes if r.lane == lane and r.weight > 0]
+        want = rec.to_release if rec else None
+        out.append(
+            LaneStatus(lane=name, routed=routed, ledger_release_id=want, agrees=routed == [want])
+        )
+    return out
 
 
 def _mirror_status(state: EnvState, gw_ok: bool, now: float) -> MirrorStatus | None:
@@ -342,7 +366,9 @@ def deploy_status(
         gw = st.gateway
         gw_ok = bool(gw and process_alive(gw.pid, gw.proc_start))
         live = led.live_at(name)
-        routed = st.routed_release_ids()
+        # the base's routes; each adapter lane is checked against its own record
+        routed = list(dict.fromkeys(r.release_id for r in st.routes if r.weight > 0 and not r.lane))
+        lanes = _lanes(led, name, st)
         servers = [
             ServerStatus(
                 release_id=s.release_id,
@@ -372,15 +398,24 @@ def deploy_status(
                 gateway_healthy=gw_ok,
                 gateway_pid=gw.pid if gw else None,
                 routes=[
-                    {"release_id": r.release_id, "base_url": r.base_url, "weight": r.weight}
+                    {
+                        "release_id": r.release_id,
+                        "base_url": r.base_url,
+                        "weight": r.weight,
+                        **({"lane": r.lane} if r.lane else {}),
+                    }
                     for r in st.routes
                 ],
                 servers=servers,
                 ledger_release_id=live.to_release if live else None,
                 serving=gw_ok and bool(live) and routed == [live.to_release if live else None],
-                agrees=(not gw_ok and not routed)
-                or (bool(live) and routed == [live.to_release if live else None]),
+                agrees=(
+                    (not gw_ok and not routed)
+                    or (bool(live) and routed == [live.to_release if live else None])
+                )
+                and all(x.agrees for x in lanes),
                 mirror=_mirror_status(st, gw_ok, now),
+                lanes=lanes,
             )
         )
     return out

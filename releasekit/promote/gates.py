@@ -47,6 +47,7 @@ this module assembles them (`evaluate_gates`) and re-exports them.
 from __future__ import annotations
 
 from releasekit.config import EnvironmentConfig, Settings
+from releasekit.config.lanes import parent_env
 from releasekit.promote.context import ReleaseInfo
 from releasekit.promote.evidence_gates import (
     Evidence,
@@ -122,7 +123,7 @@ def evaluate_gates(
     nothing live, absolute checks), under the environment's `policy` (default: the
     settings' `[environments.ENV]`, else the embedded defaults). Reads only; writes
     nothing."""
-    policy = policy or settings.environments.get(env) or EnvironmentConfig(port=1)
+    policy = policy or settings.environments.get(parent_env(env)) or EnvironmentConfig(port=1)
     cand = read_release_evidence(settings, candidate)
     gates: list[GateResult] = [
         _evidence_gate("eval evidence (candidate)", cand.eval_problems, "eval results"),

@@ -249,9 +249,9 @@ def check_recorded_policies(
         if not isinstance(source, dict) or source.get("kind") != "committed":
             continue
         checked += 1
-        env = rec.environment or ""
+        what = f"record {rec.seq} ({rec.type} in {rec.environment or ''})"
+        env = parent_env(rec.environment or "")  # an adapter lane's policy: its environment's
         commit = str(source.get("commit") or "")
-        what = f"record {rec.seq} ({rec.type} in {env})"
         if not commit or resolve_commit(root, commit) != commit:
             problems.append(
                 (

@@ -30,7 +30,7 @@ from typing import Any
 
 from releasekit._support.progress import Progress
 from releasekit.config import EnvironmentConfig, Settings
-from releasekit.config.lanes import split_lane
+from releasekit.config.lanes import flat_name, split_lane
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
 from releasekit.promote.approvals import approval_for
@@ -205,7 +205,7 @@ def run_promotion(
     if request.dry_run:
         return result
 
-    stem = f"{request.env}-{target.info.name}-{target.info.short_id}-"
+    stem = f"{flat_name(request.env)}-{target.info.name}-{target.info.short_id}-"
     stem += f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
     written = write_gate_report(report, settings.state_dir / "reports", stem=stem)
     result = result.model_copy(

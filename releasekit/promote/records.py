@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from releasekit.config import Settings
+from releasekit.config.lanes import parent_env
 from releasekit.errors import ReleasekitError
 from releasekit.promote.gate_results import GateReport
 from releasekit.promote.policy import read_policy
@@ -94,7 +95,7 @@ def move_record(
     carries the environment's policy and its source (`evidence["policy"]`; read here when
     the caller did not: a rollback records it without refusing, a way back must work)."""
     if "policy" not in evidence:
-        cfg = settings.environments.get(env)
+        cfg = settings.environments.get(parent_env(env))  # a lane's: its environment's
         if cfg is not None:
             evidence = {**evidence, "policy": read_policy(settings, env, cfg).evidence()}
     res = assign(

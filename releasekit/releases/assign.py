@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from releasekit._support.procs import deferred_signals
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
-from releasekit.config.lanes import parent_env, registry_alias
+from releasekit.config.lanes import flat_name, parent_env
 from releasekit.errors import AliasDriftError, RegistryError
 from releasekit.releases.reconcile import repair_env
 from releasekit.spec.lock import SHORT
@@ -66,7 +66,7 @@ class AssignResult(BaseModel):
 
 
 def _check_env(env: str, allowed: list[str] | None) -> None:
-    alias = registry_alias(env)  # an adapter lane's: <env>__<adapter>
+    alias = flat_name(env)  # an adapter lane's: <env>__<adapter>
     env = parent_env(env)
     if not _ALIAS.match(alias) or env == "latest" or re.fullmatch(r"v\d+", env):
         raise RegistryError(

@@ -8,6 +8,7 @@ import re
 from pydantic import BaseModel
 
 from releasekit.config import Settings
+from releasekit.config.lanes import flat_name
 from releasekit.stores.ledger import EventType, Ledger
 from releasekit.stores.mlflow import client_for, mlflow_errors
 
@@ -49,17 +50,18 @@ def move_prompt_alias(
     if m is None:
         return PromptAliasResult(environment=env)
     name, version = m.group(1), int(m.group(2))
+    alias = flat_name(env)  # an adapter lane's: <env>__<adapter>
     client = client_for(settings)
     removed: str | None = None
-    with mlflow_errors(f"moving prompt alias {name}@{env}"):
-        client.set_prompt_alias(name, env, version)
+    with mlflow_errors(f"moving prompt alias {name}@{alias}"):
+        client.set_prompt_alias(name, alias, version)
         prev = prompt_uri_of(ledger, previous_release_id) if previous_release_id else None
         pm = _URI.match(prev or "")
         if pm is not None and pm.group(1) != name:
             from mlflow.exceptions import MlflowException
 
             try:
-                client.delete_prompt_alias(pm.group(1), env)
+                client.delete_prompt_alias(pm.group(1), alias)
                 removed = pm.group(1)
             except MlflowException:
                 removed = None  # already gone

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
-from releasekit.config.lanes import registry_alias
+from releasekit.config.lanes import flat_name
 from releasekit.errors import RegistryError
 from releasekit.releases.queries import EnvStatus, StatusReport, status
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord, open_ledger
@@ -237,8 +237,8 @@ def check_drift(settings: Settings, *, ledger: Ledger | None = None) -> DriftRep
     envs = set()
     for r in current:
         env = r.environment or ""
-        envs.add(registry_alias(env))  # an adapter lane's alias: <env>__<adapter>
-        report.environments.append(diagnose(env, r, holders.get(registry_alias(env), [])))
+        envs.add(flat_name(env))  # an adapter lane's alias: <env>__<adapter>
+        report.environments.append(diagnose(env, r, holders.get(flat_name(env), [])))
     for alias in sorted(set(holders) - envs):
         report.environments.append(
             EnvDrift(

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from releasekit._support.digests import sha256_bytes
 from releasekit._support.files import write_atomic
 from releasekit.config import Settings
+from releasekit.config.lanes import flat_name
 from releasekit.deploy.gateway import MirrorPair, read_pairs, store_dir
 from releasekit.evaluate.scorers import normalise
 from releasekit.evaluate.suites import parse_items
@@ -169,7 +170,7 @@ def export_pairs(
     raw = data.encode()
     digest = sha256_bytes(raw)
     folder = out_dir if out_dir is not None else settings.root / DEFAULT_OUT
-    path = folder / f"{env}-{digest[:SHORT]}.jsonl"
+    path = folder / f"{flat_name(env)}-{digest[:SHORT]}.jsonl"
     # Validated as a manifest's suite would read it, before anything is written.
     parse_items(data, path=path, suite=Suite(name="live", kind="regression", path=path))
     write_atomic(path, raw)

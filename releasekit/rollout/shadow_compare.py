@@ -12,6 +12,7 @@ from pathlib import Path
 from releasekit._support.files import write_atomic
 from releasekit._support.http import http_client
 from releasekit.config import Settings
+from releasekit.config.lanes import flat_name
 from releasekit.deploy.gateway import (
     GatewayError,
     GatewayState,
@@ -267,7 +268,7 @@ def compare_shadow(
             live=False,
         )
     )
-    stem = f"{env}-{status.release_id[:16]}.comparison"
+    stem = f"{flat_name(env)}-{status.release_id[:16]}.comparison"
     page = shadow_dir(settings) / f"{stem}.html"
     cmp = cmp.model_copy(update={"seq": rec.seq, "page": str(page)})
     write_atomic(shadow_dir(settings) / f"{stem}.json", cmp.model_dump_json(indent=2).encode())

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit.config import Settings
+from releasekit.config.lanes import flat_name
 from releasekit.errors import ReleasekitError
 from releasekit.evaluate.agreement import Agreement
 from releasekit.evaluate.answers import AnswerVerdict
@@ -97,7 +98,7 @@ def read_shadow(settings: Settings, env: str) -> ShadowStatus | None:
 
 def read_comparison(settings: Settings, env: str, release_id: str) -> ShadowComparison | None:
     """The latest shadow comparison of `release_id` in `env`, or None."""
-    path = shadow_dir(settings) / f"{env}-{release_id[:16]}.comparison.json"
+    path = shadow_dir(settings) / f"{flat_name(env)}-{release_id[:16]}.comparison.json"
     try:
         cmp = ShadowComparison.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, ValueError):

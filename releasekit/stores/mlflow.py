@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from releasekit._support.text import redact_url
 from releasekit.config import Settings
-from releasekit.config.lanes import registry_alias
+from releasekit.config.lanes import flat_name
 from releasekit.errors import RegistryError, RegistryStoreMissingError, RegistryUnreachableError
 from releasekit.spec.lock import SHORT
 
@@ -249,7 +249,7 @@ def alias_version(settings: Settings, name: str, alias: str) -> RegisteredVersio
 def _alias(client: MlflowClient, name: str, alias: str) -> RegisteredVersion | None:
     from mlflow.exceptions import MlflowException
 
-    alias = registry_alias(alias)
+    alias = flat_name(alias)
     try:
         return _version_of(client.get_model_version_by_alias(name, alias))
     except MlflowException as exc:
@@ -311,8 +311,8 @@ def _aliases_of(rm: Any) -> dict[str, str]:
 
 def set_alias(client: MlflowClient, name: str, alias: str, version: str) -> None:
     """Point `models:/<name>@<alias>` at `version` (an adapter lane's name is mapped to its
-    alias: `releasekit.config.lanes.registry_alias`)."""
-    alias = registry_alias(alias)
+    alias: `releasekit.config.lanes.flat_name`)."""
+    alias = flat_name(alias)
     with mlflow_errors(f"moving alias {name}@{alias}"):
         client.set_registered_model_alias(name, alias, version)
 
@@ -321,7 +321,7 @@ def delete_alias(client: MlflowClient, name: str, alias: str) -> None:
     """Remove `models:/<name>@<alias>` (gone already is fine)."""
     from mlflow.exceptions import MlflowException
 
-    alias = registry_alias(alias)
+    alias = flat_name(alias)
     try:
         client.delete_registered_model_alias(name, alias)
     except MlflowException as exc:

@@ -16,7 +16,7 @@ from releasekit.audit.replay import replay
 from releasekit.cli import app
 from releasekit.cli._common import State
 from releasekit.deploy.state import read_state
-from releasekit.promote.deploy import down
+from releasekit.promote.deploy import deploy_status, down
 from releasekit.promote.promote import PromoteError, promote
 from releasekit.promote.rollback import rollback
 from releasekit.releases.assign import assign
@@ -102,6 +102,12 @@ def test_two_lanes_live_at_once_each_with_its_own_record_and_rollback(kit: Kit) 
     out = CliRunner().invoke(app, ["history", "--env", "staging", "--adapter", "demo-xml"])
     assert out.exit_code == 0, out.output
     assert "staging:demo-xml" in out.output and "staging:demo-json" not in out.output
+    [dep] = deploy_status(kit.settings, env="staging")
+    assert dep.agrees and dep.serving, dep
+    assert [(x.lane, x.routed, x.agrees) for x in dep.lanes] == [
+        ("staging:demo-json", [rj], True),
+        ("staging:demo-xml", [rx], True),
+    ]
     st = checked_status(kit.settings)
     rows = {e.environment: (e.release_id, e.drift) for e in st.environments}
     assert rows["staging:demo-json"] == (rj, "ok") and rows["staging:demo-xml"] == (rx, "ok")
