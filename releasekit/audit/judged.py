@@ -25,6 +25,7 @@ from releasekit.promote.answer_policy import answer_policy
 from releasekit.promote.ceilings import canary_within, checks_within
 from releasekit.promote.context import ReleaseInfo
 from releasekit.rollout.baseline import canary_under_policy
+from releasekit.rollout.canary_records import BREACH_RULE
 from releasekit.rollout.inputs import check_params, replay_inputs
 from releasekit.rollout.judge import StepJudgement, judge_step
 from releasekit.spec.manifest import CanaryCheck, default_checks
@@ -129,12 +130,35 @@ def replay_judged(
                     f"sustain {sustain}",
                 )
             )
+            if ev.get("breach_rule") == BREACH_RULE:  # records from before it: sustain alone
+                d.checks.append(_confirmed(b))
     pol = cfg.policy()
     a = ev.get("agreement")
     if isinstance(a, dict):
         d.checks.append(_agreement(f"{what} answers", a, pol))
     if isinstance(ev.get("answers"), dict) and "comparison" in ev["answers"]:
         d.checks.append(_answers(f"{what} answers", ev["answers"], pol))
+
+
+def _confirmed(b: dict[str, Any]) -> Check:
+    """A breach under `BREACH_RULE`: its disjoint window (after every breaching window)
+    breached too, or the record says why the breach stood without one."""
+    c = b.get("confirmed_by")
+    windows = [w for w in b.get("windows", []) if isinstance(w, dict)]
+    last_end = max((float(w.get("end") or 0) for w in windows), default=0.0)
+    if isinstance(c, dict):
+        disjoint = float(c.get("start") or 0) >= last_end
+        ok = c.get("verdict") == "breach" and disjoint
+        recorded = f"disjoint window {c.get('verdict')}"
+    else:
+        ok, recorded = bool(b.get("stands")), f"stands: {b.get('stands') or '-'}"
+    return _verdict_check(
+        f"breach of {b.get('metric')} held past its window",
+        "canary",
+        recorded,
+        ok,
+        "a breach repeated over a disjoint window, or why it stood without one",
+    )
 
 
 def _params(judge_rec: dict[str, Any], checks: list[CanaryCheck], sustain: int | None) -> Check:

@@ -175,9 +175,12 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
     if r.type == EventType.CANARY_ABORTED.value:
         steps = ev.get("steps")
         last = steps[-1] if isinstance(steps, list) and steps else {}
-        return _check_rows(
+        rows = _check_rows(
             ev.get("checks") or (last.get("checks") if isinstance(last, dict) else [])
         )
+        return rows + [
+            _confirmation_row(b) for b in ev.get("breaches") or [] if isinstance(b, dict)
+        ]
     if r.type == EventType.ROLLBACK.value:
         rows = []
         for b in ev.get("breaches") or []:
@@ -214,6 +217,19 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
             )
         return rows
     rows = _check_rows(ev.get("checks"))
+    first = ev.get("unconfirmed_breach")
+    if isinstance(first, dict):  # a canary step's start-up transient, not a breach
+        window = first.get("window") or [0, 0]
+        rows.append(
+            GateRow(
+                name="breach not confirmed",
+                kind="canary",
+                result="start-up transient",
+                passed=True,
+                detail=f"{', '.join(map(str, first.get('breached') or []))} breached over "
+                f"{float(window[1]) - float(window[0]):.0f} s and not over the disjoint window",
+            )
+        )
     if isinstance(ev.get("answers"), dict) and "comparison" in ev["answers"]:
         rows.append(_answers_row("answers", ev["answers"]))
     ag = ev.get("agreement")
@@ -230,6 +246,26 @@ def _judged_rows(r: LedgerRecord) -> list[GateRow]:
             )
         )
     return rows
+
+
+def _confirmation_row(b: dict[str, Any]) -> GateRow:
+    """How a canary's breach held: its disjoint window's figures, or why it stood without
+    one (records from before that rule say neither)."""
+    c = b.get("confirmed_by")
+    name = f"{b.get('metric')}: disjoint window"
+    if isinstance(c, dict):
+        return GateRow(
+            name=name,
+            kind="canary",
+            result=str(c.get("verdict") or ""),
+            passed=c.get("verdict") != "breach",
+            candidate=_float(c.get("canary")),
+            live=_float(c.get("stable")),
+            limit=_float(c.get("limit")),
+            detail=str(c.get("reason") or ""),
+        )
+    stood = str(b.get("stands") or "not recorded (decided by sustain alone)")
+    return GateRow(name=name, kind="canary", result="none", passed=False, detail=stood)
 
 
 def _answers_row(name: str, a: dict[str, Any]) -> GateRow:

@@ -54,7 +54,7 @@ from releasekit.deploy.target import (
 from releasekit.deploy.warm_adapters import mark_warm
 from releasekit.errors import AdapterLoadError, ReleasekitError
 from releasekit.promote.context import load_release, release_spec
-from releasekit.promote.deploy_common import fail_event as _fail_event
+from releasekit.promote.deploy_common import DeployRun
 from releasekit.promote.deploy_common import routes_alive as _routes_alive
 from releasekit.promote.deploy_common import smoke_summary as _smoke_summary
 from releasekit.promote.deploy_models import (
@@ -151,40 +151,11 @@ def deploy_release(
         )
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
-    out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
-
-    def step(name: str, ok: bool, since: float, detail: str = "") -> None:
-        out.steps.append(
-            DeployStep(step=name, ok=ok, seconds=round(time.monotonic() - since, 3), detail=detail)
-        )
+    run = DeployRun(ledger, env=env, spec=spec, actor=actor)
+    out, step, fail = run.out, run.step, run.fail
 
     with locked_state(settings.state_dir, env, timeout_s=lock_timeout_s) as handle:
-        # What releasekit put in place there (an `assign` record deployed nothing).
-        live_rec = ledger.served_at(env)
-        live_now = live_rec.to_release if live_rec else None
-        if live_now != expected_live:
-            raise ConcurrentChangeError(
-                f"{env} changed while waiting: {str(live_now)[:12]} is live now, "
-                f"not {str(expected_live)[:12]}"
-            )
-        out.previous_release_id = live_now
-
-        def fail(
-            stage: DeployStage, failure: str, extra: dict[str, Any] | None = None
-        ) -> DeployOutcome:
-            """The deploy failed at `stage`: say why, and record a `deploy_failed` event."""
-            out.failed_stage, out.failure = stage, failure
-            out.failure_event = _fail_event(
-                ledger,
-                env=env,
-                release_id=spec.release_id,
-                previous=live_now,
-                stage=stage,
-                failure=failure,
-                actor=actor,
-                extra=extra,
-            )
-            return out
+        live_now = run.expect_live(expected_live)
 
         def adapters_failed(since: float, exc: ReleasekitError) -> DeployOutcome:
             """An adapter that did not load (or a target that carries none): a failed deploy

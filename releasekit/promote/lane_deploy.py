@@ -34,12 +34,10 @@ from releasekit.deploy.state import EnvState, ServerRecord, locked_state
 from releasekit.deploy.target import DeployError, ReleaseSpec, ReleaseStartError, SmokeProbe
 from releasekit.deploy.warm_adapters import mark_warm
 from releasekit.errors import AdapterLoadError, ReleasekitError
-from releasekit.promote.deploy_common import fail_event, routes_alive, smoke_summary
+from releasekit.promote.deploy_common import DeployRun, routes_alive, smoke_summary
 from releasekit.promote.deploy_models import (
-    ConcurrentChangeError,
     DeployOutcome,
     DeployStage,
-    DeployStep,
     RecordFn,
 )
 from releasekit.stores.ledger import Event, EventType, Ledger, LedgerRecord
@@ -82,38 +80,11 @@ def deploy_lane(
     assert lane is not None, "deploy_lane takes an adapter lane's name"
     cfg = env_config(settings, env)
     t0 = time.monotonic() if started_at is None else started_at
-    out = DeployOutcome(environment=env, release_id=spec.release_id, ok=False)
-
-    def step(name: str, ok: bool, since: float, detail: str = "") -> None:
-        out.steps.append(
-            DeployStep(step=name, ok=ok, seconds=round(time.monotonic() - since, 3), detail=detail)
-        )
+    run = DeployRun(ledger, env=env, spec=spec, actor=actor, base_extra={"lane": lane})
+    out, step, fail = run.out, run.step, run.fail
 
     with locked_state(settings.state_dir, env, timeout_s=lock_timeout_s) as handle:
-        live_rec = ledger.served_at(env)
-        live_now = live_rec.to_release if live_rec else None
-        if live_now != expected_live:
-            raise ConcurrentChangeError(
-                f"{env} changed while waiting: {str(live_now)[:12]} is live now, "
-                f"not {str(expected_live)[:12]}"
-            )
-        out.previous_release_id = live_now
-
-        def fail(
-            stage: DeployStage, failure: str, extra: dict[str, Any] | None = None
-        ) -> DeployOutcome:
-            out.failed_stage, out.failure = stage, failure
-            out.failure_event = fail_event(
-                ledger,
-                env=env,
-                release_id=spec.release_id,
-                previous=live_now,
-                stage=stage,
-                failure=failure,
-                actor=actor,
-                extra={"lane": lane, **(extra or {})},
-            )
-            return out
+        live_now = run.expect_live(expected_live)
 
         ts = time.monotonic()
         if set(spec.adapters) != {lane}:

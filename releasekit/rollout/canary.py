@@ -27,7 +27,8 @@ judgements in a row, the step is judged again from a fresh snapshot, over a wind
 starts after the breaching one ended and lasts at least as long
 (`step_verdicts.confirm_span`): the breach and clean runs start anew there. If one of the
 breached checks breaches over that window too, the canary aborts (`BreachRecord.
-confirmed_by`); if each of them passes there, the first breach was the start-up: the step
+confirmed_by`); if each of them passes there with its figure within its limit (a pass
+that is only not significant yet decides nothing), the first breach was the start-up: the step
 goes on, judged from the disjoint window's start, and the breach is kept as
 `StepReport.unconfirmed` (said once). A step asks a disjoint window once: a later
 sustained breach in it stands, as does one with too little of `max_duration_s` left for
@@ -526,7 +527,10 @@ class CanaryController:
                         pending = None
                     elif elapsed >= step.max_duration_s:
                         for b in pending.breaches:
-                            b.stands = "the disjoint window decided nothing by max_duration_s"
+                            b.stands = (
+                                "the disjoint window did not show it within its limit by "
+                                "max_duration_s"
+                            )
                         aborting = pending.breaches
                 elif sustained:
                     records = [

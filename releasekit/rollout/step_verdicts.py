@@ -100,14 +100,22 @@ def confirm_span(judged_s: float, policy: Canary) -> float:
 
 def confirmation(j: StepJudgement, metrics: list[str]) -> Literal["breach", "pass"] | None:
     """What a disjoint window's judgement `j` says of a sustained breach of `metrics`:
-    "breach" when one of them breaches in it too, "pass" when each of them passed, None
-    when it decides nothing yet (a check still waits for samples or was not measured)."""
+    "breach" when one of them breaches in it too; "pass" when each of them passed with its
+    figure within its limit; None when it decides nothing yet: a check still waits for
+    samples, was not measured, or passed only because its excess over the limit is not
+    significant yet (a release slow throughout, judged on fewer samples, must not clear a
+    breach that a significant run of judgements showed)."""
     got = [j.by_metric(m) for m in metrics]
     if any(c is not None and c.verdict == "breach" for c in got):
         return "breach"
-    if all(c is not None and c.verdict == "pass" for c in got):
+    if all(c is not None and c.verdict == "pass" and _within(c) for c in got):
         return "pass"
     return None
+
+
+def _within(c: CheckResult) -> bool:
+    """The check's figure is at or under its limit (or it has no figure to compare)."""
+    return c.canary is None or c.limit is None or c.canary <= c.limit
 
 
 def confirm_words(metrics: list[str], judged_s: float, span_s: float) -> str:

@@ -291,3 +291,48 @@ def test_a_gate_report_edited_where_no_figure_changes_fails_by_its_signed_digest
     d = next(x for x in page.decisions if x.seq == seq)
     assert d.gate_report is not None and d.gate_report.status == "failed"
     assert "differs from the sha256" in d.gate_report.detail
+
+
+def _record(type_: str, evidence: dict[str, object]) -> object:
+    import datetime as dt
+
+    from releasekit.stores.ledger import LedgerRecord
+
+    return LedgerRecord(
+        seq=7,
+        event_id="e" * 32,
+        type=type_,
+        time=dt.datetime(2026, 12, 7, tzinfo=dt.UTC),
+        actor="someone",
+        environment="staging",
+        from_release="a" * 64,
+        to_release="b" * 64,
+        reason="canary",
+        evidence=evidence,
+        live=False,
+        prev_hash="0" * 64,
+        hash="1" * 64,
+    )
+
+
+def test_a_canarys_disjoint_window_and_start_up_transient_show_as_rows() -> None:
+    """An abort shows each breach's disjoint window with its figures (or why it stood
+    without one); a step whose first breach did not hold shows it as a start-up transient."""
+    from releasekit.audit.page import _judged_rows
+
+    confirmed = {"verdict": "breach", "canary": 0.9, "stable": 0.1, "limit": 0.2, "reason": "x"}
+    aborted = _record(
+        "canary_aborted",
+        {"breaches": [{"metric": "ttft_p95_s", "confirmed_by": confirmed}, {"metric": "tpot"}]},
+    )
+    rows = {r.name: r for r in _judged_rows(aborted)}  # type: ignore[arg-type]
+    held = rows["ttft_p95_s: disjoint window"]
+    assert (held.result, held.passed, held.candidate, held.live) == ("breach", False, 0.9, 0.1)
+    assert "decided by sustain alone" in rows["tpot: disjoint window"].detail
+    step = _record(
+        "canary_step",
+        {"checks": [], "unconfirmed_breach": {"window": [10.0, 34.0], "breached": ["ttft_p95_s"]}},
+    )
+    [row] = _judged_rows(step)  # type: ignore[arg-type]
+    assert row.result == "start-up transient" and row.passed
+    assert "ttft_p95_s breached over 24 s" in row.detail
