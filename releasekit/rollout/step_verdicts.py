@@ -27,16 +27,18 @@ def agreement_words(a: AnswerVerdict | Agreement) -> str:
 
 
 def is_clean(j: StepJudgement, agreement: AnswerVerdict | Agreement | None = None) -> bool | None:
-    """True when every required check passed and none breached (and, where answers are
-    compared, their agreement passed); False on any breach (the agreement's too); None
-    when neither (a required check waits or was not measured, or too few pairs)."""
+    """True when every required check passed with its figure within its limit and none
+    breached (and, where answers are compared, their agreement passed); False on any
+    breach (the agreement's too); None when neither (a required check waits, was not
+    measured, or passed only because its excess over the limit is not significant yet: a
+    step needs as much evidence to pass as to abort; or too few pairs)."""
     if any(c.verdict == "breach" for c in j.checks):
         return False
     if agreement is not None and agreement.verdict == "breach":
         return False
     if agreement is not None and agreement.verdict != "pass":
         return None
-    if all(c.verdict == "pass" for c in j.checks if c.required):
+    if all(c.verdict == "pass" and _within(c) for c in j.checks if c.required):
         return True
     return None
 

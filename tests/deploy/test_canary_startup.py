@@ -387,3 +387,19 @@ def test_an_aborts_record_replays_the_same_with_and_without_the_rule(ckit: Kit) 
     assert [c.name for c in bad.decisions[0].checks if c.status == "different"] == [
         f"breach of {b['metric']} held past its window"
     ]
+
+
+def test_a_step_whose_figure_is_over_the_limit_never_passes_on_it(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judgements that pass only because the excess over the limit is not significant yet
+    are not clean: the step needs as much evidence to pass as to abort, so it never passes
+    on them and ends at max_duration_s without promoting (seen in a full demo run: the
+    max-num-seqs 1 release at TTFT p95 0.63 s against stable's 0.415 s, limit 0.62)."""
+    ctrl = scripted(["over"] * 60, max_duration_s=30)
+    clock = iter(range(1000))
+    monkeypatch.setattr(canary_mod.time, "time", lambda: float(next(clock)))
+    run = ctrl.run()
+    assert run.outcome != "passed"
+    [step] = run.steps
+    assert step.status != "passed" and step.clean_judgements == 0
