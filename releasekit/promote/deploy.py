@@ -42,7 +42,6 @@ from releasekit.deploy.environments import EnvironmentNotConfiguredError, env_co
 from releasekit.deploy.gateway import GatewayError, Mirror, Route, RouteTable
 from releasekit.deploy.gateway_client import GatewayClient
 from releasekit.deploy.local import LocalTarget
-from releasekit.deploy.smoke import run_smoke
 from releasekit.deploy.state import StateHandle, locked_state
 from releasekit.deploy.target import (
     DeployError,
@@ -334,24 +333,8 @@ def deploy_release(
 
         # 6. smoke through the environment's gateway
         if probe is not None:
-            ts = time.monotonic()
-            key = cfg.api_keys[0] if cfg.api_keys else None
-            gw_rec = handle.state.gateway
-            out.smoke_gateway = run_smoke(
-                out.gateway_url,
-                probe,
-                release_id=spec.release_id,
-                where="gateway",
-                api_key=key,
-                admin_token=gw_rec.admin_token if gw_rec is not None else None,
-                adapters=sorted(spec.adapters),
-            )
-            step(
-                "smoke (gateway)",
-                out.smoke_gateway.passed,
-                ts,
-                out.smoke_gateway.problem or "passed",
-            )
+            run.gateway_smoke(cfg, handle.state, probe, adapters=sorted(spec.adapters))
+            assert out.smoke_gateway is not None
             if not out.smoke_gateway.passed:
                 return revert(
                     "gateway_smoke",

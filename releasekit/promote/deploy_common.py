@@ -8,9 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from releasekit.config import EnvironmentConfig
 from releasekit.deploy.gateway import Route
+from releasekit.deploy.smoke import run_smoke
 from releasekit.deploy.state import EnvState
-from releasekit.deploy.target import ReleaseSpec, SmokeResult
+from releasekit.deploy.target import ReleaseSpec, SmokeProbe, SmokeResult
 from releasekit.promote.deploy_models import (
     ConcurrentChangeError,
     DeployOutcome,
@@ -119,3 +121,30 @@ class DeployRun:
             extra={**self.base_extra, **(extra or {})},
         )
         return self.out
+
+    def gateway_smoke(
+        self,
+        cfg: EnvironmentConfig,
+        state: EnvState,
+        probe: SmokeProbe,
+        *,
+        adapters: list[str],
+        suite: bool = True,
+    ) -> bool:
+        """Smoke the release through the environment's gateway (`out.gateway_url`) as its
+        clients reach it, record the step and the result (`out.smoke_gateway`); whether it
+        passed."""
+        ts = time.monotonic()
+        gw = state.gateway
+        res = self.out.smoke_gateway = run_smoke(
+            str(self.out.gateway_url),
+            probe,
+            release_id=self.spec.release_id,
+            where="gateway",
+            api_key=cfg.api_keys[0] if cfg.api_keys else None,
+            admin_token=gw.admin_token if gw is not None else None,
+            adapters=adapters,
+            suite=suite,
+        )
+        self.step("smoke (gateway)", res.passed, ts, res.problem or "passed")
+        return res.passed

@@ -29,7 +29,6 @@ from releasekit.config import Settings
 from releasekit.config.lanes import split_lane
 from releasekit.deploy.environments import env_config, target_for
 from releasekit.deploy.gateway import GatewayError, Route
-from releasekit.deploy.smoke import run_smoke
 from releasekit.deploy.state import EnvState, ServerRecord, locked_state
 from releasekit.deploy.target import DeployError, ReleaseSpec, ReleaseStartError, SmokeProbe
 from releasekit.deploy.warm_adapters import mark_warm
@@ -196,21 +195,8 @@ def deploy_lane(
             )
 
         if probe is not None:
-            ts = time.monotonic()
-            key = cfg.api_keys[0] if cfg.api_keys else None
-            gw_rec = handle.state.gateway
-            out.smoke_gateway = run_smoke(
-                out.gateway_url,
-                probe,
-                release_id=spec.release_id,
-                where="gateway",
-                api_key=key,
-                admin_token=gw_rec.admin_token if gw_rec is not None else None,
-                adapters=[lane],
-                suite=False,
-            )
-            ok = out.smoke_gateway.passed
-            step("smoke (gateway)", ok, ts, out.smoke_gateway.problem or "passed")
+            ok = run.gateway_smoke(cfg, handle.state, probe, adapters=[lane], suite=False)
+            assert out.smoke_gateway is not None
             if not ok:
                 return revert(
                     "gateway_smoke",
