@@ -156,7 +156,7 @@ for m in "${MANIFESTS[@]}"; do
   printf '%-40s %s\n' "$m" "$(releasekit lock "$m")"
 done
 
-step "build: quantise, load-test and evaluate on one server, compare with bf16, register"
+step "build: quantise, load-test and evaluate on one server (a release on an engine already measured cites its load test), compare with bf16, register"
 for m in "${MANIFESTS[@]}"; do
   releasekit build "$m"
 done

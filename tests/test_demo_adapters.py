@@ -283,8 +283,8 @@ def test_lane_manifests_validate_and_share_demo_loras_engine(repo_root: Path) ->
     """demo-xml (its own adapter and suite) and demo-json-2 (demo-json's adapter name with
     the new weights) validate, are locked as committed, and differ from demo-lora in their
     adapter alone: one serving key, so each goes live on the running engine in its lane."""
-    from releasekit.promote.context import serving_key
     from releasekit.spec import lock as lockmod
+    from releasekit.spec.lock import serving_key
     from releasekit.spec.manifest import load_manifest
     from releasekit.spec.validate import validate_one
 

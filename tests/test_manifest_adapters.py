@@ -174,7 +174,7 @@ def test_the_demos_adapter_releases_share_demo_loras_engine() -> None:
     """demo-json and demo-json-bad differ from demo-lora in their adapter alone: one serving
     key (promote reuses the running engine), three release ids; demo-bf16, without LoRA in
     its engine arguments, is another engine."""
-    from releasekit.promote.context import serving_key
+    from releasekit.spec.lock import serving_key
 
     repo = Path(__file__).resolve().parents[1]
     locks = {

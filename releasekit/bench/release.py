@@ -67,8 +67,11 @@ def bench_served(
 ) -> BenchResult:
     """The main sweep of `profile` on `server`, which serves the locked release: as its
     served model, with its API key and max-num-seqs, the result tagged with its release id
-    and the profile's locked digest. `repetitions` overrides the profile's."""
-    return run_bench(
+    and the profile's locked digest. `repetitions` overrides the profile's; only a sweep
+    with the profile's own carries its `bench_key` (`releasekit.bench.reuse`)."""
+    from releasekit.bench.reuse import bench_key
+
+    result = run_bench(
         server.base_url,
         manifest.served_name,
         profile,
@@ -80,6 +83,9 @@ def bench_served(
         repetitions=repetitions,
         max_num_seqs=max_num_seqs_of(serving_args(manifest)),
     )
+    if repetitions is None:  # the profile's own sweep: what another build of the engine may cite
+        result.bench_key = bench_key(lock, manifest.served_name)
+    return result
 
 
 def bench_release(

@@ -33,6 +33,15 @@ class AdapterSweep(BaseModel):
     client_cpu_s: float | None = None
 
 
+class MeasuredFor(BaseModel):
+    """The release whose build ran a load test that another release cites as its own (the
+    same engine on the same load profile: `releasekit.bench.reuse`)."""
+
+    release_id: str
+    register_seq: int = Field(description="the register event that signed its bench.json")
+    bench_sha256: str = Field(description="its bench.json's sha256, as that event signed it")
+
+
 class BenchResult(BaseModel):
     """A load-test result: one PointResult per load point (pooled over its repetitions) and
     the knee. `requests` (the raw per-request records) is written to requests.jsonl, not
@@ -98,6 +107,16 @@ class BenchResult(BaseModel):
         default_factory=list,
         description="after the main sweep (the base alone): one sweep per count of adapters "
         "in traffic, 1 to the engine's max-loras (empty: a release without adapters)",
+    )
+    bench_key: str | None = Field(
+        None,
+        description="what decides the main sweep's figures (the engine's serving key, the "
+        "locked load profile, the served name, the harness); None: recorded before it was",
+    )
+    measured_for: MeasuredFor | None = Field(
+        None,
+        description="the main sweep was measured in another release's build with the same "
+        "bench_key and is cited here as signed there (None: measured for this release)",
     )
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
 

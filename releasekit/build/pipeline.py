@@ -48,6 +48,7 @@ from releasekit.errors import BuildError, ReleasekitError
 from releasekit.spec import lock as lockmod
 from releasekit.spec.lock import Lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest, named_files
+from releasekit.stores.results import ReleasePaths
 
 KINDS: tuple[StageKind, ...] = ("quantise", "evidence", "report")
 """The stages a build writes: bench and eval share one stage (and one vLLM server)."""
@@ -73,6 +74,11 @@ class BuildResult(BaseModel):
         None, description="registry.register_release's result, when registered"
     )
     log_path: str
+    load_test_from: str | None = Field(
+        None,
+        description="the release whose main load test this one cites (same engine and load "
+        "profile: releasekit.bench.reuse), None when it measured its own",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -87,6 +93,8 @@ class BuildResult(BaseModel):
             parts.append(f"ran {', '.join(ran)}")
         if restored:
             parts.append(f"restored from cache {', '.join(restored)}")
+        if self.load_test_from:
+            parts.append(f"load test cited from release {self.load_test_from[:12]} (same engine)")
         return "; ".join(parts)
 
 
@@ -336,6 +344,7 @@ def build(
         registered = _register(settings, lm0.path, say) if register else None
     rid = planned.lock.release_id
     return BuildResult(
+        load_test_from=_cited_release(settings, rid),
         manifest=planned.manifest_rel,
         name=planned.lm.manifest.name,
         release_id=rid,
@@ -348,6 +357,19 @@ def build(
         registered=registered,
         log_path=str(log_path),
     )
+
+
+def _cited_release(settings: Settings, release_id: str) -> str | None:
+    """The release whose main load test results/<id>/bench/bench.json cites, if any."""
+    import json
+
+    try:
+        data = json.loads(ReleasePaths.of(settings, release_id).bench.read_bytes())
+        cited = data.get("measured_for") if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    rid = cited.get("release_id") if isinstance(cited, dict) else None
+    return rid if isinstance(rid, str) else None
 
 
 def _register(settings: Settings, manifest: Path, say: Progress) -> dict[str, Any] | None:

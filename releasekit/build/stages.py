@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from releasekit._support.files import write_atomic
 from releasekit._support.procs import (
@@ -13,13 +13,16 @@ from releasekit._support.progress import (
     Progress,
 )
 from releasekit.config import Settings
-from releasekit.errors import BuildError, LockMismatchError
+from releasekit.errors import BuildError, LockMismatchError, ReleasekitError
 from releasekit.serving.vllm import serve_release
 from releasekit.spec import lock as lockmod
 from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.lock import Lock
 from releasekit.spec.manifest import LoadedManifest, load_manifest
 from releasekit.stores.results import ReleasePaths
+
+if TYPE_CHECKING:
+    from releasekit.bench.reuse import Measurement
 
 
 def _checked_lock(settings: Settings, lm: LoadedManifest, release_id: str) -> Lock:
@@ -114,6 +117,7 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     bench/ and eval/."""
     from releasekit.bench import write_outputs as write_bench
     from releasekit.bench.release import add_adapter_sweeps, bench_served
+    from releasekit.bench.reuse import cite
     from releasekit.evaluate import run_eval
     from releasekit.evaluate import write_outputs as write_eval
 
@@ -122,14 +126,19 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     paths.bench_dir.mkdir(parents=True, exist_ok=True)
     paths.eval_dir.mkdir(parents=True, exist_ok=True)
     profile = load_profile(lm.resolve(m.load.profile))
+    cited = _cited_measurement(settings, lm, lk) if settings.bench_reuse else None
     say("starting vLLM", 0, 0)
     with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as server:
         say("starting vLLM", 1, 1)
         loaded_bytes = server.memory_bytes()
-        bench = bench_served(server, m, lk, profile, progress=say)
-        server.check_alive()
+        if cited is not None:
+            bench = cite(cited, release_id=lk.release_id)
+            say(f"load test: cited from release {cited.source.release_id[:12]}", 1, 1)
+        else:
+            bench = bench_served(server, m, lk, profile, progress=say)
+            server.check_alive()
+            bench.server_memory_peak_bytes = server.memory_bytes()
         bench.server_memory_bytes = loaded_bytes
-        bench.server_memory_peak_bytes = server.memory_bytes()
         add_adapter_sweeps(bench, server, m, profile, progress=say)
         server.check_alive()
         evaluation = run_eval(
@@ -139,6 +148,26 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     write_bench(bench, paths.bench_dir)
     write_eval(evaluation, paths.eval_dir)
     return paths.root
+
+
+def _cited_measurement(settings: Settings, lm: LoadedManifest, lk: Lock) -> Measurement | None:
+    """The registered main sweep this release may cite (`releasekit.bench.reuse`): same
+    engine, load profile, served name and harness, on this host kind, as signed. None when
+    there is none or the ledger cannot be read (the build then measures)."""
+    from releasekit.bench.reuse import find_measurement
+    from releasekit.spec.measured import measure_host
+    from releasekit.stores.ledger import open_ledger
+
+    try:
+        ledger = open_ledger(settings, read_only=True)
+    except ReleasekitError:
+        return None
+    try:
+        return find_measurement(
+            settings, lk, lm.manifest.served_name, ledger=ledger, host=measure_host()
+        )
+    finally:
+        ledger.close()
 
 
 def _stage_report(

@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         description="scheduler autogroup nice of an environment's gateway, which relays every "
         "stream and must not wait behind busy servers (None: leave it)",
     )
+    bench_reuse: bool = Field(
+        True,
+        description="a build cites the main load test of a registered release with the same "
+        "engine, load profile, served name and harness, measured on this host kind, instead of "
+        "running it again (releasekit.bench.reuse); false: every build measures its own",
+    )
     scrape_timeout_s: float = Field(
         10.0,
         gt=0,

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from releasekit._support.digests import digest_obj, sha256_bytes, sha256_file
+from releasekit._support.digests import sha256_bytes, sha256_file
 from releasekit.bench.runner import BENCH_JSON, BenchResult, knee_in_flight
 from releasekit.config import EnvironmentConfig, Settings
 from releasekit.deploy.gateway import PromptTemplate
@@ -27,7 +27,7 @@ from releasekit.errors import (
 from releasekit.releases.register import release_prompts
 from releasekit.serving.adapter_store import stage_adapters
 from releasekit.serving.vllm import api_key_of, release_model_dir
-from releasekit.spec.lock import Lock, lock_path_for, read_lock, serving_args
+from releasekit.spec.lock import Lock, lock_path_for, read_lock, serving_args, serving_key
 from releasekit.spec.manifest import LoadedManifest, Manifest, parse_manifest
 from releasekit.stores.ledger import EventType, Ledger
 from releasekit.stores.results import FILES, ReleasePaths
@@ -42,7 +42,6 @@ CHAT_PROMPT = "chat"
 """The templated route's prompt name for a release's chat prompt:
 `POST /v1/templates/chat/chat/completions` with `{"variables": {...}}`."""
 
-_SERVING_INPUTS = ("model/", "quantisation/")
 _SMOKE_SCORERS = {"exact_match", "contains", "numeric", "regex", None}
 
 
@@ -75,18 +74,6 @@ class ReleaseInfo:
     def short_id(self) -> str:
         """The first 12 hex digits."""
         return self.lock.short_id
-
-
-def serving_key(lock: Lock) -> str:
-    """Digest of what a server of this release runs: model bytes, chat template,
-    quantisation recipe and calibration, engine args and environment. Two releases with the
-    same key (e.g. differing only in prompts) can share one vLLM server."""
-    picked = {
-        k: v
-        for k, v in lock.inputs.items()
-        if k.startswith(_SERVING_INPUTS) or k in ("chat_template", "serving")
-    }
-    return digest_obj(picked)
 
 
 def load_release(settings: Settings, release_id: str, *, ledger: Ledger) -> ReleaseInfo:

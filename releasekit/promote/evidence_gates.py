@@ -85,7 +85,27 @@ def read_release_evidence(settings: Settings, info: ReleaseInfo) -> Evidence:
             )
         if ev.bench.profile_digest != info.lock.inputs.get("load/profile"):
             ev.bench_problems.append("bench results were made with another load profile")
+        if ev.bench.measured_for is not None:
+            cited = _citation_problem(settings, ev.bench, info)
+            if cited is not None:
+                ev.bench_problems.append(cited)
     return ev
+
+
+def _citation_problem(settings: Settings, bench: BenchResult, info: ReleaseInfo) -> str | None:
+    """Why a bench that cites another release's load test cannot stand for this release
+    (`releasekit.bench.reuse.check_citation`), or None."""
+    from releasekit.bench.reuse import check_citation
+    from releasekit.stores.ledger import open_ledger
+
+    try:
+        ledger = open_ledger(settings, read_only=True)
+    except ReleasekitError as exc:
+        return f"the load test it cites cannot be checked: {exc.message}"
+    try:
+        return check_citation(settings, bench, info.lock, ledger)
+    finally:
+        ledger.close()
 
 
 def _registered_gates(cand: Evidence) -> list[GateResult]:

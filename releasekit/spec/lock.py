@@ -309,3 +309,18 @@ def locked_release(
     """Load a manifest and its lock, locking first if needed or if inputs changed."""
     lm = load_manifest(manifest_path, root=root)
     return lm, lock(lm.path, root=root)
+
+
+_SERVING_INPUTS = ("model/", "quantisation/")
+
+
+def serving_key(lock: Lock) -> str:
+    """Digest of what a server of this release runs: model bytes, chat template,
+    quantisation recipe and calibration, engine args and environment. Two releases with the
+    same key (e.g. differing only in prompts) can share one vLLM server."""
+    picked = {
+        k: v
+        for k, v in lock.inputs.items()
+        if k.startswith(_SERVING_INPUTS) or k in ("chat_template", "serving")
+    }
+    return digest_obj(picked)

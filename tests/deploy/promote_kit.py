@@ -32,6 +32,7 @@ from portbands import first_free, share
 from project_copy import land
 
 from releasekit._support.http import http_client
+from releasekit.bench.reuse import bench_key, cite, find_measurement
 from releasekit.bench.runner import BenchResult, write_evidence
 from releasekit.bench.stats import LatencySummary, PointFlag, PointResult
 from releasekit.config import Settings, load_settings
@@ -43,6 +44,7 @@ from releasekit.spec.loadprofile import load_profile
 from releasekit.spec.lock import Lock, lock
 from releasekit.spec.manifest import load_manifest
 from releasekit.spec.measured import MeasuredOn
+from releasekit.stores.ledger import Ledger
 from releasekit.stores.results import ReleasePaths
 
 HERE = Path(__file__).resolve().parent
@@ -151,11 +153,13 @@ class Kit:
         baseline: str | None = None,
         register: bool = True,
         host: MeasuredOn | None = None,
+        reuse: bool = False,
     ) -> str:
         """Lock `name` and write real build outputs: lock and manifest copies, eval results
         (every suite; the first `fail[suite]` items fail), a bench sweep (knee at load 16;
         its JSON, not the sweep's picture, which no gate reads), optionally a comparison
-        against `baseline`'s eval; then register it in MLflow."""
+        against `baseline`'s eval; then register it in MLflow. With `reuse`, the bench is
+        the registered load test the build's evidence stage would cite, when there is one."""
         lk: Lock = lock(self.manifest(name), root=self.root)
         rid = lk.release_id
         paths = ReleasePaths.of(self.settings, rid)
@@ -190,6 +194,14 @@ class Kit:
             knee_by_repetition=[16, 16, 16] if stable else [16, 4, 16],
             host=host or KIT_HOST,
         )
+        bench.bench_key = bench_key(lk, lm.manifest.served_name)  # as bench_served tags it
+        if reuse:
+            led = Ledger(self.settings.ledger_url or "")
+            found = find_measurement(
+                self.settings, lk, lm.manifest.served_name, ledger=led, host=host or KIT_HOST
+            )
+            if found is not None:
+                bench = cite(found, release_id=rid)
         write_evidence(bench, paths.bench_dir)  # gates read bench.json only
         if baseline is not None:
             from releasekit.evaluate.runner import load_result

@@ -15,9 +15,10 @@ from releasekit.deploy import local
 from releasekit.deploy.environments import env_config
 from releasekit.deploy.state import read_state
 from releasekit.deploy.target import ReleaseSpec
-from releasekit.promote.context import load_release, release_spec, serving_key, smoke_probe
+from releasekit.promote.context import load_release, release_spec, smoke_probe
 from releasekit.promote.deploy import deploy_release
 from releasekit.promote.promote import promote
+from releasekit.spec.lock import serving_key
 from releasekit.stores.ledger import EventType, Ledger
 
 __all__ = ["kit"]
