@@ -89,7 +89,17 @@ shadow_or_stop() {  # shadow_or_stop MANIFEST REASON WHAT
   releasekit shadow stop --env staging
 }
 # A gate that blocks is the point of some steps: show it, keep going.
-expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; else echo "(blocked, as expected)"; fi; }
+expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; fi; }
+# Sign an approval of each release for staging with the demo approver's key; one line for all.
+approve_all() {  # approve_all REASON MANIFEST...
+  local reason=$1 names=() m
+  shift
+  for m in "$@"; do
+    releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "$reason" >/dev/null
+    names+=("$(basename "$m" .yaml)")
+  done
+  echo "approved for staging by the demo approver ($reason): ${names[*]}"
+}
 # Each step names the decision it announces; the ledger says what decided, and the demo
 # stops, naming the gate report, when it was another gate (scripts/demo_expect.py).
 expect() { python scripts/demo_expect.py "$@" || exit 1; }
@@ -190,9 +200,7 @@ if ! git diff --quiet HEAD -- releasekit.toml || ! git cat-file -e "HEAD:keys/$A
 fi
 # An approval lets a release be judged, not pass: the damaged prompt is approved too, and
 # its quality gates still block it below.
-for m in "${MANIFESTS[@]}"; do
-  releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
-done
+[ ${#MANIFESTS[@]} -eq 0 ] || approve_all "demo: reviewed its build report" "${MANIFESTS[@]}"
 
 STAGING_GW=$(python -c "from releasekit.config import load_settings as l; print(l().environments['staging'].url)")
 if [ "$DEMO_PARTS" = answers ]; then
@@ -224,7 +232,7 @@ step "quantisation ladder: W8A8, W4A16, a 4-bit head, then short calibration row
 # (built, or reused as built above), compared with bf16 on every suite, priced from its own
 # knee. The ladder stops at the first rung inferior on `facts` (critical in demo-bf16) and
 # recommends the cheapest rung above it. A rung this CPU cannot serve says so and is skipped.
-releasekit quantise ladder manifests/demo-bf16.yaml --recipes manifests/ladder/demo.yaml
+releasekit quantise ladder manifests/demo-bf16.yaml --recipes manifests/ladder/demo.yaml --brief
 PICK=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recommended_manifest"] or "")' .releasekit/ladder/demo/ladder.json)
 STOP=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["stop_reason"] or "")' .releasekit/ladder/demo/ladder.json)
 if [ -n "$STOP" ]; then note "ladder ${STOP%%:*}" --by "${STOP#*: }"; fi
@@ -285,9 +293,7 @@ sleep 5
 step "approvals: staging takes no release without one"
 expect_blocked releasekit promote --brief "$CANARY_GOOD" --to staging --reason "demo: before approval"
 note "blocked in staging: demo-canary-good" --by "approved for staging (no approval yet)"
-releasekit approve "$CANARY_GOOD" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
-releasekit approve "$CANARY_SEQS1" --env staging --key "$APPROVER_KEY" --reason "demo: its gates and canary decide"
-releasekit approve "$FIX" --env staging --key "$APPROVER_KEY" --reason "demo: a prompt fix for integrations" >/dev/null
+approve_all "demo: reviewed its build report; its gates and canary decide" "$CANARY_GOOD" "$CANARY_SEQS1" "$FIX"
 
 step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its answers reach no client), compare it with stable"
 # Real requests before it takes any: its server starts beside staging's, the gateway copies
@@ -333,20 +339,15 @@ if not ab or not ab[-1].evidence.get("breaches"):
     what = f"{last[0].type}: {last[0].reason[:200]}" if last else "nothing recorded"
     sys.exit(f"demo: stopped, the max-num-seqs 1 release's canary was not aborted ({what})")
 rec = ab[-1]
-print(f"ledger event {rec.seq} canary_aborted: {rec.reason[:300]}")
-for b in rec.evidence["breaches"]:
-    w = b["windows"][-1]
-    print(f"  breach: {b['metric']} {w['canary']:.3g} > limit {w['limit']:.3g} ({w['samples']:g} samples, {w['source']})")
 live = led.live_at("staging")
-print(f"staging is live on {live.to_release[:12] if live else '-'} (all traffic back on stable)")
+print(f"ledger event {rec.seq} canary_aborted; staging is live on "
+      f"{live.to_release[:12] if live else '-'} (all traffic back on stable)")
 record("canary aborted in staging: demo-canary-seqs1", ", ".join(b["metric"] for b in rec.evidence["breaches"]))
 PY
 
 kill "$TRAFFIC"; wait "$TRAFFIC" || true
 echo "the streaming clients through staging's gateway during both promotions:"
 cat .releasekit/demo-traffic.out
-
-releasekit history --env staging --type approve --limit 2
 
 sleep 2   # the last deliveries
 kill "$LISTENER" 2>/dev/null || true
@@ -456,9 +457,7 @@ JSON2=manifests/demo-json-2.yaml
 XML=manifests/demo-xml.yaml
 step "adapters: build demo-lora and four adapter releases (each adapter scored by its own suite through the server)"
 releasekit build "$LORA" "$JSON" "$JSON_BAD" "$XML" "$JSON2"
-for m in "$LORA" "$JSON" "$JSON_BAD" "$XML" "$JSON2"; do
-  releasekit approve "$m" --env staging --key "$APPROVER_KEY" --reason "demo: reviewed its build report"
-done
+approve_all "demo: reviewed its build report" "$LORA" "$JSON" "$JSON_BAD" "$XML" "$JSON2"
 
 step "demo-lora to staging: bf16 on an engine that takes adapters at run time (the one new engine of this part)"
 promote_or_stop "$LORA" --to staging --no-canary --reason "demo: an engine ready for adapters"

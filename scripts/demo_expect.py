@@ -315,7 +315,6 @@ def main(argv: list[str] | None = None) -> int:
         report = last.evidence.get("report") or last.evidence.get("gate_report") or "-"
         print(f"demo: stopped: {args.manifest}: {problem} (gate report: {report})")
         return 1
-    print(f"as announced: {args.manifest} in {args.env}: {what}")
     verdicts = gates.get("verdicts") or []
     passed = f"all {len(verdicts)} gates passed" if verdicts else "every gate passed"
     record(f"{args.outcome} in {args.env}: {args.manifest.stem}", ", ".join(failed) or passed)

@@ -396,12 +396,18 @@ class Reporter:
 
 @contextmanager
 def progress_reporter(
-    console: Console = err, *, enabled: bool = True, min_s: float = 2.0
+    console: Console = err,
+    *,
+    enabled: bool = True,
+    min_s: float = 15.0,
+    quiet_s: float = 90.0,
+    every_s: float = 120.0,
 ) -> Iterator[Reporter]:
     """Progress for long work: a Reporter, live while the block runs (in logs, with a timer
-    for its `still running` lines; the steps still open are written when the block ends;
-    steps over in less than `min_s` are not written)."""
-    rep = Reporter(console, enabled=enabled, min_s=min_s)
+    for its `still running` lines after `quiet_s` without a line, at most once every
+    `every_s`; the steps still open are written when the block ends; steps over in less than
+    `min_s` are not written: a log a person reads keeps the steps that took a while)."""
+    rep = Reporter(console, enabled=enabled, min_s=min_s, quiet_s=quiet_s, every_s=every_s)
     if rep.bars is not None:
         with rep.bars:
             yield rep

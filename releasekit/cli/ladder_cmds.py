@@ -55,6 +55,14 @@ def ladder(
             "(default: .releasekit/ladder/ plus the ladder file's stem)",
         ),
     ] = None,
+    brief: Annotated[
+        bool,
+        typer.Option(
+            "--brief",
+            help="the cost table, the suites that did not hold and the outcome (the HTML "
+            "report keeps every suite and tag)",
+        ),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Build each recipe as a release (cached like any build), compare it item by item with
@@ -64,8 +72,8 @@ def ladder(
     suites; every suite when none is marked) and recommends the cheapest rung above it.
     Every row is a registered release, promotable as it stands."""
     settings = State.settings()
-    # Steps under 5 s (a cached rung's check) are not written: the builds' own stages are.
-    with sigterm_as_interrupt(), progress_reporter(enabled=not json_, min_s=5.0) as progress:
+    # Short steps (a cached rung's check) are not written: the builds' own stages are.
+    with sigterm_as_interrupt(), progress_reporter(enabled=not json_) as progress:
         result = run_ladder(settings, manifest, recipes, builder=pipeline.build, progress=progress)
     folder = out_dir or settings.state_dir / "ladder" / recipes.stem
     paths = report.write_outputs(result, folder)
@@ -76,8 +84,12 @@ def ladder(
     short_table(cols, rows, cell_styles={"inferior": "red"})
     out.print("")
     cols, rows = report.quality_table(result)
-    short_table(cols, rows)
-    tags = report.tag_rows(result, critical_only=True)
+    if brief:
+        at = cols.index("verdict")
+        rows = [r for r in rows if str(r[at]) != "ok"]
+    if rows:
+        short_table(cols, rows)
+    tags = [] if brief else report.tag_rows(result, critical_only=True)
     if tags:
         out.print("")
         short_table(report.TAG_COLUMNS, tags)

@@ -43,9 +43,22 @@ def print_canary(canary: dict[str, Any]) -> None:
     from releasekit.rollout.judge import CheckResult
 
     rows = []
-    for s in canary.get("steps", []):
-        j = s.get("judgement") or {}
-        checks = "; ".join(CheckResult.model_validate(c).brief() for c in j.get("checks", []))
+    steps = canary.get("steps", [])
+    judged = [
+        [CheckResult.model_validate(c) for c in (s.get("judgement") or {}).get("checks", [])]
+        for s in steps
+    ]
+    # A check no step could measure (no feedback sent, say) is said once, not on every step.
+    never = {
+        c.metric: c.reason
+        for c in (judged[0] if judged else [])
+        if c.verdict == "not_measured"
+        and all(
+            any(o.metric == c.metric and o.verdict == "not_measured" for o in js) for js in judged
+        )
+    }
+    for s, js in zip(steps, judged, strict=True):
+        checks = "; ".join(c.brief() for c in js if c.metric not in never)
         if s.get("agreement") is not None:
             words = agreement_words(answers_of(s["agreement"]))
             checks = f"{checks}; {words}" if checks else words
@@ -67,7 +80,9 @@ def print_canary(canary: dict[str, Any]) -> None:
             f"step {r[0]} at {r[1]}: {r[2]} after {r[3]} s, {r[4]} requests canary/stable: {r[5]}"
         ),
     )
-    for s in canary.get("steps", []):
+    for metric, why in never.items():
+        out.print(f"  {metric}: not measured in any step ({why})", highlight=False)
+    for s in steps:
         first = s.get("unconfirmed")
         if first:  # a start-up transient the disjoint window did not repeat
             gone = ", ".join(
