@@ -379,8 +379,8 @@ def test_unmeasured_checks_say_why_in_the_progress_line_and_the_step_table(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A canary whose vLLM /metrics timed out has no TPOT, and with no feedback sent the
-    feedback check cannot be judged: both are printed with why in the progress line and
-    the step table, next to the checks that were judged."""
+    feedback check cannot be judged: both are printed with why in the progress line, next
+    to the checks that were judged, and once under the step table (no step measured them)."""
     from releasekit.cli.rollout_cmds import print_canary
     from releasekit.rollout.canary import CanaryRun, StepReport, pair_windows, summarise
     from releasekit.rollout.judge import judge_step
@@ -407,7 +407,13 @@ def test_unmeasured_checks_say_why_in_the_progress_line_and_the_step_table(
                     outcome="passed", steps=[step])  # fmt: skip
     print_canary(run.model_dump(mode="json"))
     text = " ".join(capsys.readouterr().out.split())
-    assert " ".join(timed_out.split()) in text and no_feedback in text
+    # A check no step could measure is said once under the table, with why, not per step.
+    for said in (timed_out, no_feedback):
+        metric, _, why = said.partition(" not measured ")
+        once = " ".join(f"{metric}: not measured in any step {why}".split())
+        assert text.count(once) == 1, text
+        assert text.count(f"{metric} not measured") == 0
+    assert "ttft_p95_s 0.0975 vs 0.0975 pass" in text
 
 
 def test_tpot_on_a_shared_server_says_so() -> None:
