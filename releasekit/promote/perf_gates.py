@@ -132,9 +132,23 @@ def _too_noisy(metric: str, spreads: dict[str, float], cap: float) -> GateResult
     )
 
 
+def _one_load_test(cand: Evidence, live: Evidence) -> str:
+    """'; one load test ...' when both releases' main sweeps are one measurement (one cites
+    the other's, or both cite a third's: the same engine and load profile), else ''."""
+    assert cand.bench is not None and live.bench is not None
+    src = [
+        b.measured_for.release_id if b.measured_for is not None else e.info.release_id
+        for b, e in ((cand.bench, cand), (live.bench, live))
+    ]
+    if src[0] != src[1]:
+        return ""
+    return f"; one load test, release {src[0][:12]}'s (the same engine and load profile)"
+
+
 def _relative_perf(cand: Evidence, live: Evidence, policy: EnvironmentConfig) -> list[GateResult]:
     assert cand.bench is not None and live.bench is not None
     gates: list[GateResult] = []
+    one = _one_load_test(cand, live)
     lk = live.bench.knee
     if lk is None:
         gates.append(
@@ -166,6 +180,7 @@ def _relative_perf(cand: Evidence, live: Evidence, policy: EnvironmentConfig) ->
                 else f"attainment {at.slo_attainment:.0%}, held in {at.runs_holding} of "
                 f"{len(at.runs)} runs"
                 + (f"; flags {', '.join(sorted({f.code for f in at.flags}))}" if at.flags else "")
+                + one
             ),
         )
     )
@@ -216,7 +231,7 @@ def _relative_perf(cand: Evidence, live: Evidence, policy: EnvironmentConfig) ->
                 detail="missing figure"
                 if c is None or v is None
                 else f"run-to-run spread: candidate {c_spread:.2f}, live {l_spread:.2f} "
-                f"((max - min) / median of its runs; at most {cap:g})",
+                f"((max - min) / median of its runs; at most {cap:g}){one}",
             )
         )
     return gates
