@@ -10,8 +10,8 @@ change.
 The cited sweep is read only as its release's verified register event signed it, and the
 citation (`BenchResult.measured_for`: that release, its register event and the bench.json
 digest it signed) is itself signed with the citing release; `check_citation` checks it again
-wherever the bench is read for a decision. A release's adapter sweeps, eval and server are
-always its own.
+in the evidence gate of every promotion (and so in `audit replay`). A release's adapter
+sweeps, eval and server are always its own.
 
     key = bench_key(lock, manifest.served_name)
     found = find_measurement(settings, lock, manifest.served_name, host=measure_host())
@@ -103,42 +103,39 @@ def find_measurement(
             continue
         if not isinstance(data, dict) or data.get("bench_key") != key or data.get("measured_for"):
             continue
-        m = _signed_measurement(settings, rid, ledger)
-        if m is None or m.bench.bench_key != key or same_host(m.bench.host, host) is not None:
+        signed = _signed_measurement(settings, rid, ledger)
+        if signed is None:
             continue
-        src_lock = _signed_lock(settings, rid, ledger)
-        if src_lock is None or bench_key(src_lock, m.bench.model) != key:
+        m, src_lock = signed
+        if m.bench.bench_key != key or same_host(m.bench.host, host) is not None:
+            continue
+        if bench_key(src_lock, m.bench.model) != key:
             continue
         found.append(m)
     found.sort(key=lambda m: m.bench.started_at)
     return found[-1] if found else None
 
 
-def _signed_measurement(settings: Settings, rid: str, ledger: Ledger) -> Measurement | None:
+def _signed_measurement(
+    settings: Settings, rid: str, ledger: Ledger
+) -> tuple[Measurement, Lock] | None:
+    """Release `rid`'s main sweep and lock, each read as its verified register event signed
+    it (one verification for both), or None."""
     ve = verify_release_evidence(settings, rid, ledger)
     if ve.problems_for("bench", "lock") or ve.register_seq is None:
         return None
     try:
         data = ve.read_bytes("bench")
         bench = BenchResult.model_validate_json(data)
+        lock = Lock.model_validate_json(ve.read_bytes("lock"))
     except (ReleasekitError, ValidationError, ValueError):
         return None
     if bench.release_id != rid:
         return None
-    return Measurement(
-        bench=bench,
-        source=MeasuredFor(
-            release_id=rid, register_seq=ve.register_seq, bench_sha256=sha256_bytes(data)
-        ),
+    source = MeasuredFor(
+        release_id=rid, register_seq=ve.register_seq, bench_sha256=sha256_bytes(data)
     )
-
-
-def _signed_lock(settings: Settings, rid: str, ledger: Ledger) -> Lock | None:
-    ve = verify_release_evidence(settings, rid, ledger)
-    try:
-        return Lock.model_validate_json(ve.read_bytes("lock"))
-    except (ReleasekitError, ValidationError, ValueError):
-        return None
+    return Measurement(bench=bench, source=source), lock
 
 
 def cite(found: Measurement, *, release_id: str) -> BenchResult:
