@@ -35,7 +35,7 @@ step() {  # step TITLE: end the running step, print one header line, start timin
   step_end
   export DEMO_STEP="$*"
   STEP_STARTED=$SECONDS
-  printf '\n\033[1m== %s\033[0m\n' "$*"
+  printf '\033[1m== %s\033[0m\n' "$*"
 }
 quiet() {  # quiet NAME CMD...: CMD's output goes to a log; one line, or the log's tail on failure
   local name=$1 log=".releasekit/demo-logs/$1.log" started=$SECONDS rc=0
@@ -435,7 +435,6 @@ step "demo-v2, the same weights packaged again: refused, the breach follows the 
 # not clear it. Only `--force quality` with a reason would let these weights through.
 expect_blocked releasekit promote --brief "$V2" --to staging --no-canary --reason "demo: v2, the weights v2-1 shipped"
 expect blocked staging "$V2" --by "answers breach of these weights"
-releasekit history --env staging --type rollback --type mark_bad --limit 2
 # ---- end of live answers -----------------------------------------------------------------
 fi  # DEMO_PARTS != adapters
 
@@ -513,7 +512,6 @@ if grep -qv ", 0 failed" .releasekit/demo-adapter-traffic.out .releasekit/demo-x
   echo "demo: stopped, a client lost a request while an adapter moved (above)" >&2
   exit 1
 fi
-releasekit history --env staging --adapter demo-json --type promote --type rollback --type gate_failed
 fi  # DEMO_PARTS != answers
 # ---- end of LoRA adapters ----------------------------------------------------------------
 
@@ -521,7 +519,6 @@ step "audit"
 releasekit status || true   # exits 1 when it finds drift between ledger and MLflow
 releasekit history --env staging --limit 6
 releasekit deploy-status
-releasekit ledger verify
 # As an auditor on another machine would: against what left this one. The ledger's anchor is
 # pushed to the team's server; `--remote` trusts only the anchor and the keys held there, and
 # recomputes every decision's policy digest at its recorded commit (on the team's branch).

@@ -18,14 +18,12 @@ event is a `promote` (not an override) with no failed gate, advisory or not.
 answers`, its answers' excess over their A/A floor breached the margin, and with `--only`
 nothing else did.
 `rolled-back`: within `--wait` seconds the release was rolled back in ENV by `watch`; with
-`--by answers`, on the after-promotion comparison of its answers. Both print the answers'
-verdict, its A/A floor and its power as the ledger holds them (counts and pair ids: the
-answers' text stays in the gateway's pair store).
+`--by answers`, on the after-promotion comparison of its answers.
 `shadow-passed`: the latest shadow comparison of the release in ENV passed. `kept`: within
 `--wait` seconds the after-promotion comparison of the release in ENV ended with a pass (the
-watch's signed record at the window's end), and nothing rolled it back. Both also print what
-exact match would have said of the same pairs where the environment compares otherwise (shown
-by releasekit, never deciding). Reads only: the ledger is opened read-only.
+watch's signed record at the window's end), and nothing rolled it back. A confirmed decision
+prints nothing: the command that made it printed its verdict. Reads only: the ledger is
+opened read-only.
 Exit 1 with one line saying what decided instead. A confirmed decision is also recorded
 for the demo's closing outcome table (`scripts/demo_outcome.py`), with the gate that made it.
 """
@@ -79,32 +77,6 @@ def _in_brief(a: dict[str, Any]) -> str:
         return AnswerVerdict.model_validate(a).line()
     floor = a.get("min_agreement", "-")
     return f"answers agreed {a.get('agreeing')} of {a.get('pairs')} (floor {floor})"
-
-
-def _print_agreement(agreement: dict[str, Any], sides: tuple[str, str]) -> None:
-    """The verdict, its A/A floor and its power, one line each (an older exact agreement:
-    the agreement and up to three disagreeing pairs); `sides` names the pair's `stable`
-    and `candidate` answers."""
-    if "comparison" in agreement:
-        from releasekit.evaluate.answers import AnswerVerdict
-
-        v = AnswerVerdict.model_validate(agreement)
-        for line in (v.line(), v.floor_line(), v.power_line()):
-            print(f"  {line}")
-        return
-    print(
-        f"  answers agreed {agreement.get('agreeing')} of {agreement.get('pairs')} pairs "
-        f"(95% interval {agreement.get('low', 0):.2f}-{agreement.get('high', 0):.2f}, "
-        f"floor {agreement.get('min_agreement', '-')})"
-    )
-    for x in (agreement.get("examples") or [])[:3]:
-        prompt = x.get("prompt")
-        asked = (
-            repr(prompt if len(prompt) <= 120 else "..." + prompt[-117:])
-            if prompt
-            else f"(prompt sha256 {str(x.get('prompt_sha256'))[:12]})"
-        )
-        print(f"  asked {asked}: {sides[0]} {x['stable']!r}, {sides[1]} {x['candidate']!r}")
 
 
 def _shadows(ledger: Any, env: str, release: str, action: str) -> list[Any]:
@@ -205,21 +177,6 @@ def _kept(ledger_at: Any, env: str, release: str, wait_s: float) -> tuple[str, d
     return "", ev
 
 
-def _print_exact(ev: dict[str, Any]) -> None:
-    """What exact match would have said of the same pairs, where the event holds it."""
-    exact = ev.get("answers_exact")
-    if not isinstance(exact, dict):
-        return
-    from releasekit.evaluate.answers import AnswerVerdict
-
-    verdict = AnswerVerdict.model_validate(exact).line()
-    line = f"  under exact match (shown, not deciding): {verdict}"
-    look = ev.get("exact_rollback_look")
-    if look is not None:
-        line += f"; exact match would have rolled it back at look {look}"
-    print(line)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -250,11 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         answers = _answers(ev)
         what = "shadow passed" if args.outcome == "shadow-passed" else "kept after its window"
-        print(f"as announced: {args.manifest} in {args.env}: {what}, answers judged by "
-              f"{answers.get('comparison', '-')}")  # fmt: skip
+        # The comparison or the watch printed the verdict; the outcome table records it.
         record(f"{what} in {args.env}: {args.manifest.stem}", _in_brief(answers))
-        _print_agreement(answers, ("", ""))
-        _print_exact(ev)
         return 0
     if args.outcome in ("shadow-failed", "rolled-back"):
         if args.outcome == "shadow-failed":
@@ -268,20 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"demo: stopped: {args.manifest} in {args.env}: {problem}")
             return 1
-        print(f"as announced: {args.manifest} in {args.env}: {args.outcome} on its answers")
         record(
             f"{args.outcome} in {args.env}: {args.manifest.stem}",
             _in_brief(agreement),
         )
-        # A shadow pairs stable's answer (the client's) with the candidate's copy; after a
-        # promotion the client's answer is the new release's, the copy the previous one's.
-        sides = (
-            ("stable answered", "the candidate")
-            if args.outcome == "shadow-failed"
-            else ("it answered", "the release before it")
-        )
-        _print_agreement(agreement, sides)
-        return 0
+        return 0  # the comparison or the watch printed the verdict
     ledger = open_ledger(settings, read_only=True)
     events = [r for r in ledger.records(environment=args.env) if r.to_release == release]
     if not events:

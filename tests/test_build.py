@@ -5,6 +5,7 @@ build leaves no vLLM process behind."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -266,7 +267,11 @@ def test_build_quantises_benches_evaluates_reports_then_does_nothing(
     cold, project = demo_builds.build, demo_builds.project
     assert cold.returncode == 0, cold.stdout[-3000:] + cold.stderr[-3000:]
     assert demo_builds.left_running == []
-    assert "ran demo-w8a8-quantise" in cold.stdout
+    # One line per release, each stage by its kind with its time (the baseline's by name).
+    line = next(x for x in cold.stdout.splitlines() if x.startswith("demo-w8a8 release"))
+    assert re.search(r"[ ,]demo-bf16-evidence \d+ s", line), line
+    assert re.search(r"[ ,]quantise \d+ s", line), line
+    assert re.search(r"[ ,]evidence \d+ s \(longest: [^)]* \d+\.\d s\)", line), line
 
     rid = demo_builds.release_id("demo-w8a8")
     base_rid = demo_builds.release_id("demo-bf16")

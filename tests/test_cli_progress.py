@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from releasekit.cli._common import Reporter, progress_reporter
@@ -153,3 +154,56 @@ def test_a_build_reports_its_overall_count_once_per_change() -> None:
     watcher.line("Use `dvc push` to send your updates to remote storage.")
     builds = [c for c in calls if c[0] == "build"]
     assert builds == [("build", 0, 1), ("build", 1, 1)]
+
+
+def test_a_build_line_names_each_stage_by_its_kind_with_its_time_and_longest_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release line of a build says what each stage took and where most of its time went
+    (a part's runs add up: `core (run 1/2)` and `core (run 2/2)` are one part), so a log needs
+    no line per stage."""
+    import io
+
+    from releasekit._support.progress import marker_line
+    from releasekit.build import dvc
+    from releasekit.build.pipeline import BuildResult
+
+    now = [100.0]
+    monkeypatch.setattr(dvc.time, "monotonic", lambda: now[0])
+    watcher = dvc._ReproWatcher(["demo-x-evidence"], lambda *c: None, io.StringIO())
+    watcher.line("Running stage 'demo-x-evidence':")
+    for label, took in (("starting vLLM", 30), ("core (run 1/2)", 20), ("core (run 2/2)", 25)):
+        watcher.line(marker_line(label, 0, 0))
+        now[0] += took
+    watcher.line("Updating lock file 'dvc.lock'")
+    watcher.close()
+    (run,) = watcher.runs.values()
+    assert run.seconds == 75 and run.longest == "core 45.0 s"
+    res = BuildResult(
+        manifest="manifests/demo-x.yaml",
+        name="demo-x",
+        release_id="a" * 64,
+        release_dir="results/a",
+        stages=[run],
+        up_to_date=False,
+        seconds=80,
+        log_path="x.log",
+    )
+    assert res.summary == "ran evidence 75 s (longest: core 45.0 s)"
+
+
+def test_step_lines_off_leaves_only_still_running() -> None:
+    """A caller that writes each step's time itself (the build's release line) turns step
+    lines off: a finished step writes nothing, a long quiet one still says it runs."""
+    buf = io.StringIO()
+    clock = Clock()
+    rep = Reporter(
+        Console(file=buf, width=200), quiet_s=10, every_s=10, step_lines=False, clock=clock
+    )
+    rep("evidence: starting vLLM", 0, 0)
+    clock.now += 30
+    rep.tick()
+    rep("evidence: core", 0, 0)
+    clock.now += 30
+    rep.close()
+    assert buf.getvalue().splitlines() == ["  evidence: still running (30 s; now starting vLLM)"]

@@ -86,7 +86,7 @@ class BuildResult(BaseModel):
         """One line for humans."""
         if self.up_to_date:
             return "up to date, nothing rebuilt"
-        ran = [s.name for s in self.stages if s.status == "ran"]
+        ran = [s.line(self.name) for s in self.stages if s.status == "ran"]
         restored = [s.name for s in self.stages if s.status == "restored"]
         parts = []
         if ran:

@@ -281,7 +281,8 @@ class Reporter:
     the rest names a part of it (`evidence: warm-up`), timed into the step's line (its
     longest part) rather than printed. A step counted to a total finishes when its own
     label's count reaches it; one of unknown length when another step starts, or when the
-    work ends; a step over in less than `min_s` is not written. While the work runs, a
+    work ends; a step over in less than `min_s` is not written, and none is with
+    `step_lines` off (a caller that writes each step's time itself). While the work runs, a
     line `still running` comes when nothing was written for `quiet_s`, at most once every
     `every_s`. `print` writes above the bars."""
 
@@ -293,6 +294,7 @@ class Reporter:
         quiet_s: float = 45.0,
         every_s: float = 60.0,
         min_s: float = 0.0,
+        step_lines: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console
@@ -311,6 +313,7 @@ class Reporter:
         self.quiet_s = quiet_s
         self.every_s = every_s
         self.min_s = min_s
+        self.step_lines = step_lines
         self.clock = clock
         self._steps: dict[str, _Step] = {}
         self._lock = threading.Lock()
@@ -355,7 +358,7 @@ class Reporter:
             notes.append(f"stopped at {step.done}/{step.total}")
         if step.parts > 1 and step.longest is not None and len(step.longest[0]) <= 40:
             notes.append(f"longest: {step.longest[0]} {step.longest[1]:.1f} s")
-        if now - step.started < self.min_s and not notes:
+        if not self.step_lines or (now - step.started < self.min_s and not notes):
             return  # a step over in a moment says nothing a person needs
         tail = f" ({'; '.join(notes)})" if notes else ""
         # A step seen only through one part is named by it (`inputs: demo-data`).
@@ -402,12 +405,20 @@ def progress_reporter(
     min_s: float = 15.0,
     quiet_s: float = 90.0,
     every_s: float = 120.0,
+    step_lines: bool = True,
 ) -> Iterator[Reporter]:
     """Progress for long work: a Reporter, live while the block runs (in logs, with a timer
     for its `still running` lines after `quiet_s` without a line, at most once every
     `every_s`; the steps still open are written when the block ends; steps over in less than
     `min_s` are not written: a log a person reads keeps the steps that took a while)."""
-    rep = Reporter(console, enabled=enabled, min_s=min_s, quiet_s=quiet_s, every_s=every_s)
+    rep = Reporter(
+        console,
+        enabled=enabled,
+        min_s=min_s,
+        quiet_s=quiet_s,
+        every_s=every_s,
+        step_lines=step_lines,
+    )
     if rep.bars is not None:
         with rep.bars:
             yield rep

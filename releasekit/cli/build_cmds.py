@@ -64,7 +64,8 @@ def build(
     results = []
     with sigterm_as_interrupt():
         for manifest in manifests:
-            with progress_reporter(enabled=not json_) as progress:
+            # In a log the release line below gives each stage's time and longest part.
+            with progress_reporter(enabled=not json_, step_lines=False) as progress:
                 res = pipeline.build(
                     settings, manifest, progress=progress, push=push, register=register_
                 )

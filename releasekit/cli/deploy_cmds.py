@@ -117,7 +117,7 @@ def _print_gates(report: object, *, explain: bool, brief: bool = False) -> None:
                 highlight=False,
                 soft_wrap=False,  # a paragraph: wrapped at the width, on a terminal or piped
             )
-    elif not report.passed or report.advisory_failed:
+    elif (not report.passed or report.advisory_failed) and not brief:
         out.print(
             "[dim]each gate's rule and detail: --explain (the gate report holds them too)[/dim]",
             highlight=False,
@@ -245,12 +245,11 @@ def promote_cmd(
         kinds = " ".join(
             f"--force {k}" for k in dict.fromkeys(g.kind for g in failed_gates) if k in forceable
         )
+        html = f" (report: {esc(res.report_html)})" if res.report_html else ""
         err.print(
-            f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}",
+            f"[red]blocked:[/red] {esc(who)} -> {esc(res.environment)}: {esc(failed)}{html}",
             highlight=False,
         )
-        if res.report_html:
-            err.print(f"  report: {esc(res.report_html)}", highlight=False)
         if any(g.kind == "approval" for g in failed_gates):
             err.print(
                 f"  [dim]hint: it needs an approval: releasekit approve "
@@ -258,13 +257,14 @@ def promote_cmd(
                 "--key APPROVER.pem, signed by one of its approvers other than the promoter "
                 "(no --force carries it)[/dim]"
             )
+        fix = "fix the release (--explain: each gate's rule and detail)"
         if kinds:
             err.print(
-                "  [dim]hint: fix the release; to override, name what you override: "
+                f"  [dim]hint: {fix}; to override, name what you override: "
                 f"{esc(kinds)} --reason TEXT[/dim]"
             )
         elif not any(g.kind == "approval" for g in failed_gates):
-            err.print("  [dim]hint: fix the release[/dim]")
+            err.print(f"  [dim]hint: {fix}[/dim]")
     elif res.status == "canary_aborted" and res.deploy is not None:
         err.print(
             f"[red]canary aborted:[/red] {esc(res.deploy.failure)}; all traffic is back on "
@@ -292,13 +292,12 @@ def promote_cmd(
         how = (
             " (same vLLM server: only prompts or adapters differ)" if d and d.reused_server else ""
         )
+        warm = f"; kept warm: {', '.join(_short(r) for r in d.warm)}" if d and d.warm else ""
         out.print(
             f"[green]{esc(res.environment)}[/green] -> {esc(who)}{how}{forced} "
-            f"at {esc(res.gateway_url)}",
+            f"at {esc(res.gateway_url)}{esc(warm)}",
             highlight=False,
         )
-        if d and d.warm:
-            out.print(f"  kept warm: {esc(', '.join(_short(r) for r in d.warm))}")
     if res.autoscaling is not None and res.status in ("dry_run", "promoted", "redeployed"):
         out.print(f"  {esc(res.autoscaling.text)}", highlight=False)
     for w in res.warnings:

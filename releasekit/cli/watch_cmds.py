@@ -98,8 +98,10 @@ def _print_tick(t: WatchTick, *, env: str, as_json: bool, brief: bool = False) -
         elif a.status == "ended" and a.verdict != "breach":
             line += " (mirror not removed yet)"
         out.print(line + f"[/{colour}]", highlight=False)
-        exact = a.exact_line() if a.judged_now or a.status == "ended" else None
-        if exact is not None:  # what exact match would have said: shown, never deciding
+        # What exact match would have said, where it says otherwise (the page shows it always).
+        shown = (a.judged_now or a.status == "ended") and a.exact_differs
+        exact = a.exact_line() if shown else None
+        if exact is not None:  # shown, never deciding
             out.print(f"  [dim]{esc(exact)}[/dim]", highlight=False)
         if a.page:
             out.print(f"  page: {esc(a.page)}", highlight=False)
@@ -193,8 +195,9 @@ def watch_cmd(
                 + f", every {svc.watcher.interval_s:g} s",
                 highlight=False,
             )
-            for r in p.rules:
-                err.print(f"  rule {esc(r.name)}: {esc(r.describe())}", highlight=False)
+            if p.rules:  # one line; a window that does not pass names its rule
+                rules = "; ".join(r.describe() for r in p.rules)
+                err.print(f"  rules: {esc(rules)}", highlight=False)
             for n in p.notes:
                 err.print(f"  [dim]note: {esc(n)}[/dim]", highlight=False)
         if once:

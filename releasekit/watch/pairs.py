@@ -189,6 +189,17 @@ class AnswersCheck(BaseModel):
             f"{a.power_line()} | {mirror}"
         )
 
+    @property
+    def exact_differs(self) -> bool:
+        """Whether exact match would have said otherwise than the comparison judged: another
+        verdict at this look, or a rollback at an earlier one that did not happen."""
+        e = self.exact_answers
+        if e is None:
+            return False
+        return e.verdict != self.verdict or (
+            self.exact_rollback_look is not None and not self.rollback_due
+        )
+
     def exact_line(self) -> str | None:
         """What exact match would have said, in one line (None where the environment
         compares by exact match, or before the first look): its verdict, and whether its

@@ -727,6 +727,15 @@ def test_a_reworded_right_answer_passes_under_scorer_and_exact_match_is_shown_no
     printed = capsys.readouterr().out
     assert "answers (scorer): pass" in printed
     assert "\n  under exact match (shown, not deciding): answers (exact): breach" in printed
+    # Where exact match says what was judged, the watch's output adds nothing.
+    _print_tick(
+        WatchTick(
+            t=clock(), scraped=True, answers=a.model_copy(update={"exact_answers": a.answers})
+        ),
+        env=ENV,
+        as_json=False,
+    )
+    assert "under exact match" not in capsys.readouterr().out
     # Between looks the line repeats only as a heartbeat (never with --brief), without the
     # exact view: that is shown at a look.
     later = WatchTick(
