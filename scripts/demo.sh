@@ -79,14 +79,15 @@ promote_or_stop() {
 }
 # A shadow in staging: mirror a quarter of its requests to MANIFEST, compare (40 s windows,
 # up to 160 s), stop mirroring; the demo stops, naming WHAT, unless the comparison passed.
-shadow_or_stop() {  # shadow_or_stop MANIFEST REASON WHAT
+# With KEEP, a passed shadow keeps running: the promotion that follows takes its servers.
+shadow_or_stop() {  # shadow_or_stop MANIFEST REASON WHAT [KEEP]
   releasekit shadow start "$1" --env staging --share 0.25 --reason "$2"
   if ! releasekit shadow compare --env staging --window 40 --max-window 160; then
     releasekit shadow stop --env staging
     echo "demo: stopped, $3's shadow comparison did not pass (figures above); nothing was forced" >&2
     exit 1
   fi
-  releasekit shadow stop --env staging
+  [ -n "${4:-}" ] || releasekit shadow stop --env staging
 }
 # A gate that blocks is the point of some steps: show it, keep going.
 expect_blocked() { if "$@"; then echo "(unexpected: this promotion passed)"; exit 1; fi; }
@@ -144,7 +145,9 @@ fi
 step "demo data: dvc repro demo-data; the demo model is shipped in git (models/demo-base)"
 quiet dvc-repro-demo-data dvc repro demo-data
 
-MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-w8a8.yaml manifests/demo-damaged-prompt.yaml
+# Releases on one engine come one after another: the damaged prompt (bf16's engine) cites
+# bf16's load test and runs its suites on the server bf16's build left running.
+MANIFESTS=(manifests/demo-bf16.yaml manifests/demo-damaged-prompt.yaml manifests/demo-w8a8.yaml
   manifests/demo-v2.yaml manifests/demo-v2-1.yaml)
 # vLLM's CPU build serves W4A16 (its cpu_gemm_wna16 kernel) only on CPUs with AVX-512.
 W4=no
@@ -166,10 +169,8 @@ for m in "${MANIFESTS[@]}"; do
   printf '%-40s %s\n' "$m" "$(releasekit lock "$m")"
 done
 
-step "build: quantise, load-test and evaluate on one server (a release on an engine already measured cites its load test), compare with bf16, register"
-for m in "${MANIFESTS[@]}"; do
-  releasekit build "$m"
-done
+step "build: quantise, load-test and evaluate on one server (a release on an engine already measured cites its load test and runs on its server), compare with bf16, register"
+[ ${#MANIFESTS[@]} -eq 0 ] || releasekit build "${MANIFESTS[@]}"
 
 step "approvals: staging takes no release without one (requires_approval in the committed releasekit.toml)"
 # An approval counts only when signed with the key of one of staging's `approvers` (named in
@@ -275,7 +276,7 @@ CANARY_SEQS1=manifests/demo-canary-seqs1.yaml
 GOOD_ID=$(release_id "$CANARY_GOOD")
 SEQS1_ID=$(release_id "$CANARY_SEQS1")
 step "canary releases and a prompt fix: build them (their gates are as real as every other release's)"
-releasekit build "$CANARY_GOOD" "$CANARY_SEQS1" "$FIX"
+releasekit build "$CANARY_GOOD" "$FIX" "$CANARY_SEQS1"  # the fix: canary-good's engine
 
 step "webhooks: a local listener, subscribed for the rest of the demo"
 HOOKS_LOG=.releasekit/demo-webhooks.jsonl
@@ -304,14 +305,18 @@ step "shadow: mirror a quarter of staging's requests to ${GOOD_ID:0:12} (its ans
 # the answers are decided: a host that serves fewer requests a second takes longer, not a
 # different verdict. The comparison is a signed ledger event bound
 # to the stable release: promote reads it as a gate.
-shadow_or_stop "$CANARY_GOOD" "demo: real traffic before it takes any" "the healthy release"
+shadow_or_stop "$CANARY_GOOD" "demo: real traffic before it takes any" "the healthy release" keep
 note "shadow passed in staging: demo-canary-good" --by "canary checks and answers (excess over their A/A floor)"
 
-step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients"
+step "canary: promote ${GOOD_ID:0:12} to staging in steps (25% -> 50% -> 100%) under 6 streaming clients, on the servers its shadow ran"
+# Its shadow still runs: the promotion takes the candidate's server and the fresh baseline
+# beside it (started together, loaded alike), so the canary judges the pair the shadow did.
 if ! releasekit promote --brief "$CANARY_GOOD" --to staging --reason "demo: canary steps"; then
+  releasekit shadow stop --env staging
   echo "demo: stopped, the healthy release was not promoted (the gate report or canary_aborted event above names the figures; nothing was forced)" >&2
   exit 1
 fi
+releasekit shadow stop --env staging  # the mirror ended with the promotion; this records it
 note "promoted in staging: demo-canary-good" --by "every gate, then each canary step"
 
 step "max-num-seqs 1 without canary steps: its offline perf gates block it (the load sweep queues)"

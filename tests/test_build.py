@@ -267,14 +267,26 @@ def test_build_quantises_benches_evaluates_reports_then_does_nothing(
     cold, project = demo_builds.build, demo_builds.project
     assert cold.returncode == 0, cold.stdout[-3000:] + cold.stderr[-3000:]
     assert demo_builds.left_running == []
-    # One line per release, each stage by its kind with its time (the baseline's by name).
+    # One line per release, each stage by its kind with its time and its longest part.
     line = next(x for x in cold.stdout.splitlines() if x.startswith("demo-w8a8 release"))
-    assert re.search(r"[ ,]demo-bf16-evidence \d+ s", line), line
-    assert re.search(r"[ ,]quantise \d+ s", line), line
+    assert re.search(r"ran quantise \d+ s", line), line
     assert re.search(r"[ ,]evidence \d+ s \(longest: [^)]* \d+\.\d s\)", line), line
+    # The damaged prompt, built right after bf16 on bf16's engine, cites bf16's load test and
+    # runs its suites on the server bf16's stage left running: no second start of vLLM.
+    base_rid = demo_builds.release_id("demo-bf16")
+    dmg_rid = demo_builds.release_id("demo-damaged-prompt")
+    dmg = next(x for x in cold.stdout.splitlines() if x.startswith("demo-damaged-prompt release"))
+    assert f"load test cited from release {base_rid[:12]}" in dmg, dmg
+    assert re.search(rf"evidence \d+ s \(on the vLLM server kept from {base_rid[:12]}", dmg), dmg
+    dmg_log = (project / "results" / dmg_rid / "server.log").read_text()
+    assert dmg_log.splitlines()[0].startswith("# releasekit: the vLLM server (pid ")
+    assert f"started for release {base_rid}" in dmg_log.splitlines()[0]
+    assert (
+        "Starting vLLM" not in dmg_log
+        and "Starting vLLM" in (project / "results" / base_rid / "server.log").read_text()
+    )
 
     rid = demo_builds.release_id("demo-w8a8")
-    base_rid = demo_builds.release_id("demo-bf16")
     rdir = project / "results" / rid
     q = json.loads((rdir / "quantise.json").read_text())
     assert q["model_dir"] == f"results/{rid}/model"

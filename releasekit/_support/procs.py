@@ -150,6 +150,15 @@ def reap_registered(piddir: Path, *, grace_s: float = 10.0) -> list[int]:
     for f in sorted(piddir.iterdir()):
         if f.name.isdigit():
             pgids.append(int(f.name))
+    live = stop_groups(pgids, grace_s=grace_s)
+    for g in pgids:
+        (piddir / str(g)).unlink(missing_ok=True)
+    return live
+
+
+def stop_groups(pgids: list[int], *, grace_s: float = 10.0) -> list[int]:
+    """Stop the process groups `pgids` that still run: SIGTERM, then SIGKILL to whatever is
+    left after the grace period. Returns those that were running."""
     live = [g for g in pgids if group_alive(g)]
     for g in live:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -160,8 +169,6 @@ def reap_registered(piddir: Path, *, grace_s: float = 10.0) -> list[int]:
     for g in live:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(g, signal.SIGKILL)
-    for g in pgids:
-        (piddir / str(g)).unlink(missing_ok=True)
     return live
 
 

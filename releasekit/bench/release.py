@@ -11,7 +11,7 @@ from releasekit.bench.adapter_sweep import max_loras_of, run_adapter_sweeps
 from releasekit.bench.result import BenchResult
 from releasekit.bench.runner import PointCallback, run_bench, write_outputs
 from releasekit.config import Settings
-from releasekit.serving.vllm import VLLMServer, api_key_of, serve_release
+from releasekit.serving.vllm import Served, api_key_of, serve_release
 from releasekit.spec.loadprofile import LoadProfile, load_profile
 from releasekit.spec.lock import Lock, locked_release, serving_args
 from releasekit.spec.manifest import Manifest
@@ -19,7 +19,7 @@ from releasekit.spec.manifest import Manifest
 
 def add_adapter_sweeps(
     bench: BenchResult,
-    server: VLLMServer,
+    server: Served,
     manifest: Manifest,
     profile: LoadProfile,
     *,
@@ -56,7 +56,7 @@ def max_num_seqs_of(args: dict[str, str]) -> int | None:
 
 
 def bench_served(
-    server: VLLMServer,
+    server: Served,
     manifest: Manifest,
     lock: Lock,
     profile: LoadProfile,

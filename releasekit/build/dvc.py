@@ -32,6 +32,7 @@ from releasekit._support.progress import (
     is_marker,
     parse_marker,
 )
+from releasekit.build.engines import ENGINES_ENV
 from releasekit.config import Settings
 from releasekit.errors import BuildError
 from releasekit.serving.vllm import PIDDIR_ENV
@@ -43,6 +44,9 @@ _UNCHANGED = re.compile(r"^Stage '([^']+)' didn't change, skipping")
 
 
 _CACHED = re.compile(r"^Stage '([^']+)' is cached - skipping run")
+
+
+_KEPT = re.compile(r"^vLLM kept from release ([0-9a-f]+)")
 
 
 def _bin_dir() -> Path:
@@ -203,6 +207,8 @@ class _ReproWatcher:
                 label, done, total = call
                 if self.current is not None:
                     self._next_part(label.split(" (", 1)[0])
+                    if m := _KEPT.match(label):
+                        self.runs[self.current].server_from = m.group(1)
                 self.progress(f"{self.current or 'stage'}: {label}", done, total)
             return
         self.log.write(text + "\n")
@@ -238,13 +244,20 @@ def repro(
     progress: Progress,
     log_path: Path,
     planned: list[str] | None = None,
+    engines: Path | None = None,
 ) -> list[StageRun]:
-    """Run `dvc repro TARGETS` (with their upstream stages) in a process group of its own;
-    on Ctrl-C/SIGTERM stop it and every vLLM server its stages started. Raises BuildError
-    quoting the end of the output if a stage fails."""
+    """Run `dvc repro TARGETS` (with their upstream stages) in a process group of its own,
+    in the caller's session (a server a stage leaves running for the next one stays in the
+    session of the load clients that use it); on Ctrl-C/SIGTERM stop it and every vLLM
+    server its stages started. `engines`: the build's folder of kept servers
+    (`releasekit.build.engines`). Raises BuildError quoting the end of the output if a
+    stage fails."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     piddir = Path(tempfile.mkdtemp(prefix="servers-", dir=settings.state_dir))
-    env = child_env(settings, **{PROGRESS_ENV: "lines", PIDDIR_ENV: str(piddir)})
+    extra = {PROGRESS_ENV: "lines", PIDDIR_ENV: str(piddir)}
+    if engines is not None:
+        extra[ENGINES_ENV] = str(engines)
+    env = child_env(settings, **extra)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ dvc repro {' '.join(targets)}\n")
@@ -263,7 +276,7 @@ def repro(
                         text=True,
                         errors="replace",
                         bufsize=1,
-                        start_new_session=True,
+                        process_group=0,
                     )
                 except OSError as exc:
                     raise BuildError(f"cannot run dvc: {exc}") from exc
@@ -324,13 +337,22 @@ class StageRun(BaseModel):
     longest: str | None = Field(
         None, description="the stage's longest part and its time, when it had several parts"
     )
+    server_from: str | None = Field(
+        None,
+        description="the release whose vLLM server the stage ran on, kept from earlier in "
+        "the build (`releasekit.build.engines`); None when it started its own or none",
+    )
 
     def line(self, release_name: str) -> str:
         """`evidence 107.7 s (longest: starting vLLM 36.8 s)`: the stage by its kind, for a
         line that already names the release."""
         name = self.name.removeprefix(f"{release_name}-")
         took = f" {self.seconds:.0f} s" if self.seconds is not None else ""
-        return f"{name}{took}" + (f" (longest: {self.longest})" if self.longest else "")
+        notes = (
+            [f"on the vLLM server kept from {self.server_from[:12]}"] if self.server_from else []
+        )
+        notes += [f"longest: {self.longest}"] if self.longest else []
+        return f"{name}{took}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 DVC_YAML = "dvc.yaml"

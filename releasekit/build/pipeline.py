@@ -293,11 +293,15 @@ def build(
     progress: Progress | None = None,
     push: bool = False,
     register: bool = True,
+    engines: Path | None = None,
 ) -> BuildResult:
     """Build a manifest's release through DVC: make the inputs other stages produce (e.g.
     the demo model), lock the manifest (and its baseline), write its stages to dvc.yaml,
     `dvc repro` them (building the baseline's bench and eval first when missing), then
     optionally `dvc push` the outputs and register the release in MLflow.
+
+    `engines`: the folder of servers kept across one `releasekit build`'s releases
+    (`releasekit.build.engines.kept_engines`); None, each stage starts and stops its own.
 
     A second build of an unchanged manifest runs nothing (`up_to_date`). Ctrl-C or SIGTERM
     stops DVC, the running stage and its vLLM server. Raises BuildError when a stage fails,
@@ -330,7 +334,14 @@ def build(
         targets = list(stage_defs(settings, planned))
         all_stages = [n for p in releases for n in stage_defs(settings, p)]
         say("prepare", 3, 3)
-        runs = repro(settings, targets, progress=say, log_path=log_path, planned=all_stages)
+        runs = repro(
+            settings,
+            targets,
+            progress=say,
+            log_path=log_path,
+            planned=all_stages,
+            engines=engines,
+        )
         runs = upstream_runs + [r for r in runs if r.name in set(all_stages)]
         up_to_date = all(r.status == "unchanged" for r in runs)
         pushed = False

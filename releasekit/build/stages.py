@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -23,6 +25,7 @@ from releasekit.stores.results import ReleasePaths
 
 if TYPE_CHECKING:
     from releasekit.bench.reuse import Measurement
+    from releasekit.serving.vllm import Served
 
 
 def _checked_lock(settings: Settings, lm: LoadedManifest, release_id: str) -> Lock:
@@ -114,7 +117,8 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     """Load test and evaluation on one vLLM server: a cold build starts vLLM once per release
     (bench first, on an idle server: the main sweep on the base, then for a release with
     adapters the sweeps with 1 to max-loras adapters in traffic; then the suites). Writes
-    bench/ and eval/."""
+    bench/ and eval/. A release that cites its load test may run on the server the release
+    before it in the same build left running on its engine (`releasekit.build.engines`)."""
     from releasekit.bench import write_outputs as write_bench
     from releasekit.bench.release import add_adapter_sweeps, bench_served
     from releasekit.bench.reuse import cite
@@ -127,10 +131,10 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     paths.eval_dir.mkdir(parents=True, exist_ok=True)
     profile = load_profile(lm.resolve(m.load.profile))
     cited = _cited_measurement(settings, lm, lk) if settings.bench_reuse else None
-    say("starting vLLM", 0, 0)
-    with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as server:
-        say("starting vLLM", 1, 1)
-        loaded_bytes = server.memory_bytes()
+    with _evidence_server(settings, lm, lk, kept_ok=cited is not None, say=say) as (
+        server,
+        loaded_bytes,
+    ):
         if cited is not None:
             bench = cite(cited, release_id=lk.release_id)
             say(f"load test: cited from release {cited.source.release_id[:12]}", 1, 1)
@@ -148,6 +152,93 @@ def _stage_evidence(settings: Settings, lm: LoadedManifest, lk: Lock, say: Progr
     write_bench(bench, paths.bench_dir)
     write_eval(evaluation, paths.eval_dir)
     return paths.root
+
+
+@contextlib.contextmanager
+def _evidence_server(
+    settings: Settings, lm: LoadedManifest, lk: Lock, *, kept_ok: bool, say: Progress
+) -> Iterator[tuple[Served, int | None]]:
+    """The release's server and the memory it held once loaded. Outside a build that keeps
+    servers, a fresh one, stopped at the end. Inside one (`EnginePool.from_env`): with
+    `kept_ok`, the server the build kept on this engine if any, holding this release's
+    adapters; else a fresh one (every kept server stopped first). Either is left running
+    for the next release when the block succeeds; its part of the log goes to server.log."""
+    from releasekit.build.engines import (
+        EnginePool,
+        KeptEngine,
+        attach,
+        copy_log_part,
+        hold_adapters,
+    )
+    from releasekit.serving.vllm import api_key_of, release_adapters, release_model_dir
+    from releasekit.spec.lock import serving_key
+
+    paths = ReleasePaths.of(settings, lk.release_id)
+    pool = EnginePool.from_env(grace_s=settings.server_stop_grace_s)
+    if pool is None:
+        say("starting vLLM", 0, 0)
+        with serve_release(settings, lm, lk, log_path=paths.root / "server.log") as fresh:
+            say("starting vLLM", 1, 1)
+            yield fresh, fresh.memory_bytes()
+        return
+    key, api_key = serving_key(lk), api_key_of(lm.manifest)
+    model_dir = release_model_dir(settings, lm, lk)
+    kept = pool.take(key, model_dir, api_key) if kept_ok else None
+    if kept is not None:
+        say(f"vLLM kept from release {kept.started_for[:12]}", 0, 0)
+        adapters = release_adapters(settings, lm, lk)
+        log, offset = Path(kept.log_path), _size(Path(kept.log_path))
+        try:
+            hold_adapters(kept.base_url, adapters, api_key)
+            yield attach(kept, adapters), kept.loaded_bytes
+        except BaseException:
+            pool.drop(kept.pid)
+            raise
+        finally:
+            copy_log_part(
+                log,
+                offset,
+                paths.root / "server.log",
+                f"# releasekit: the vLLM server (pid {kept.pid}) started for release "
+                f"{kept.started_for} on this engine (serving key {key[:12]}); its log from "
+                "where this release's stage took it",
+            )
+        return
+    pool.clear()  # one engine at a time: nothing idles beside a server being measured
+    say("starting vLLM", 0, 0)
+    log = pool.log_path(lk.release_id)
+    server = serve_release(settings, lm, lk, log_path=log, die_with_parent=False)
+    try:
+        server.start()
+        say("starting vLLM", 1, 1)
+        loaded = server.memory_bytes()
+        yield server, loaded
+        engine = KeptEngine(
+            pid=server.detach(),
+            base_url=server.base_url,
+            serving_key=key,
+            model_dir=str(model_dir),
+            served_name=lm.manifest.served_name,
+            log_path=str(log),
+            loaded_bytes=loaded,
+            started_for=lk.release_id,
+        )
+        pool.keep(engine)
+    finally:
+        server.stop()  # a no-op once handed on
+        copy_log_part(
+            log,
+            0,
+            paths.root / "server.log",
+            "# releasekit: the vLLM server started for this release",
+        )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _cited_measurement(settings: Settings, lm: LoadedManifest, lk: Lock) -> Measurement | None:

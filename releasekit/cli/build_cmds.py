@@ -19,6 +19,7 @@ from releasekit._support.progress import (
     emit_marker,
 )
 from releasekit.build import pipeline
+from releasekit.build.engines import kept_engines
 from releasekit.build.stages import StageKind, run_stage
 from releasekit.cli._common import (
     JsonOpt,
@@ -59,15 +60,22 @@ def build(
     """Build releases: lock, quantise, load-test, evaluate and report, as cached DVC stages.
 
     A manifest whose inputs did not change is not rebuilt ("up to date, nothing rebuilt").
+    A release whose engine and load profile were measured before cites that load test; given
+    right after the release that ran its engine, it also runs its suites on that server.
     """
     settings = State.settings()
     results = []
-    with sigterm_as_interrupt():
+    with sigterm_as_interrupt(), kept_engines(settings) as engines:
         for manifest in manifests:
             # In a log the release line below gives each stage's time and longest part.
             with progress_reporter(enabled=not json_, step_lines=False) as progress:
                 res = pipeline.build(
-                    settings, manifest, progress=progress, push=push, register=register_
+                    settings,
+                    manifest,
+                    progress=progress,
+                    push=push,
+                    register=register_,
+                    engines=engines,
                 )
             results.append(res)
             if not json_:

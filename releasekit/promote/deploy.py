@@ -256,16 +256,32 @@ def deploy_release(
                 while baselines:
                     target.stop(baselines.pop(), grace_s=settings.server_stop_grace_s)
 
+            def shadows_baseline() -> tuple[Route, Upstream] | None:
+                """The fresh baseline the candidate's shadow ran beside, when the candidate
+                runs on its shadow's server too: both were started and loaded together, so
+                the canary judges the pair its shadow did (stopped with the canary)."""
+                if reusable is None or newly_started or reusable.role != "shadow" or not live_now:
+                    return None
+                for s in handle.state.servers:
+                    if s.role == "shadow" and s.release_id == live_now:
+                        kept = target.upstream_of(s)
+                        if s.base_url == up.base_url or not target.health(kept):
+                            continue
+                        info = load_release(settings, str(live_now), ledger=ledger)
+                        baselines.append(kept)
+                        return kept.route(release_spec(settings, info, ledger=ledger)), kept
+                return None
+
+            local = live_now and isinstance(target, LocalTarget)
             ctx = ShiftContext(
                 env=env,
                 gateway=handle.state.gateway,
                 canary=up.route(spec),
                 stable=previous_routes,
                 previous_release_id=live_now,
-                start_baseline=start_baseline
-                if live_now and isinstance(target, LocalTarget)
-                else None,
+                start_baseline=start_baseline if local else None,
                 stop_baseline=stop_baseline,
+                kept_baseline=shadows_baseline() if local else None,
             )
             try:
                 shifted = shift(ctx)

@@ -108,7 +108,11 @@ class ShiftContext:
     """Starts a fresh server of the live release (not routed): its route and handle. Only
     where the target can run a second server of a release (local)."""
     stop_baseline: Callable[[], None] | None = None
-    """Stops the server `start_baseline` started (call once nothing is routed to it)."""
+    """Stops the server `start_baseline` started, or `kept_baseline` (call once nothing is
+    routed to it)."""
+    kept_baseline: tuple[Route, Upstream] | None = None
+    """A fresh server of the live release already running beside the candidate's, started
+    with it for the candidate's shadow: judged against instead of starting one."""
 
 
 class ShiftResult(BaseModel):

@@ -246,7 +246,9 @@ def fresh_baseline(
     policy: Canary, ctx: ShiftContext, say: Progress
 ) -> tuple[Route, HeldServer] | None:
     """With `baseline: fresh`, a new server of the live release started for the canary's
-    steps (its route, under the live release's id, and its process); None with `live`,
+    steps (its route, under the live release's id, and its process), or the one the
+    candidate's shadow ran beside when the candidate runs on its shadow's server (the two
+    were started together: `ShiftContext.kept_baseline`); None with `live`,
     when the canary shares stable's server (a prompt-only canary: there is nothing to
     start apart) or where the target cannot start one (then it says so)."""
     if policy.baseline != "fresh":
@@ -254,13 +256,19 @@ def fresh_baseline(
     if any(r.base_url == ctx.canary.base_url for r in ctx.stable):
         say("prompt-only canary: judged against the live server (no fresh baseline)", 0, 1)
         return None
-    if ctx.start_baseline is None:
+    if ctx.kept_baseline is not None:
+        say("the fresh baseline server its shadow ran beside: judged against it", 1, 1)
+        route, up = ctx.kept_baseline
+    elif ctx.start_baseline is None:
         say("this target cannot start a fresh baseline: judged against the live server", 0, 1)
         return None
-    starting = "starting a fresh baseline server of the live release to judge the canary against"
-    say(starting, 0, 1)
-    route, up = ctx.start_baseline()
-    say(starting, 1, 1)
+    else:
+        starting = (
+            "starting a fresh baseline server of the live release to judge the canary against"
+        )
+        say(starting, 0, 1)
+        route, up = ctx.start_baseline()
+        say(starting, 1, 1)
     pid, start = up.handle.get("pid"), up.handle.get("proc_start")
     proc = HeldServer(
         pid=pid if isinstance(pid, int) else 0,

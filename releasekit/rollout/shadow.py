@@ -271,7 +271,9 @@ def stop_shadow(
     actor: str | None = None,
     ledger: Ledger | None = None,
 ) -> ShadowStatus:
-    """Remove the mirror and stop the candidate's shadow server (the comparison stays)."""
+    """Remove the shadow's mirror and stop the candidate's shadow server and its fresh
+    baseline (the comparison stays). After a promotion that took the shadow's servers (the
+    candidate now live, its baseline stopped with the canary), it only records the end."""
     status = read_shadow(settings, env)
     if status is None:
         raise ShadowError(f"no shadow runs in {env}")
@@ -280,14 +282,20 @@ def stop_shadow(
     with locked_state(settings.state_dir, env) as handle:
         target = target_for(settings, env, cfg, handle)
         st = handle.state
-        if st.gateway is not None:
+        # Only the shadow's own mirror ends here: a promotion since has set its table (and
+        # maybe its after-promotion mirror), which stays.
+        ours = st.mirror is not None and (
+            st.mirror.purpose == "shadow" and st.mirror.route.release_id == status.release_id
+        )
+        if st.gateway is not None and ours:
             gw = st.gateway
             with (
                 contextlib.suppress(GatewayError),
                 GatewayClient(gw.url, admin_token=gw.admin_token) as c,
             ):
                 c.set_routes(RouteTable(routes=list(st.routes)))
-        st.mirror = None
+        if ours:
+            st.mirror = None
         prune_pairs(settings, env, st)
         for s in list(st.servers):
             if s.role == "shadow" and (

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 from pydantic import BaseModel
@@ -23,6 +23,7 @@ from releasekit._support.http import http_client
 from releasekit._support.procs import (
     deferred_signals,
     die_with_parent_hook,
+    group_alive,
     group_memory_bytes,
     last_error_line,
     sigterm_as_interrupt,
@@ -143,7 +144,9 @@ class VLLMServer:
         self.served_name = served_name
         self.engine_args = dict(engine_args)
         self.adapters = dict(adapters or {})
-        self.env = {**(env or {}), **(RUNTIME_ENV if self.adapters else {})}
+        # An engine that takes adapters loads them at run time, as a deployed one does.
+        lora = bool(self.adapters) or "enable-lora" in self.engine_args
+        self.env = {**(env or {}), **(RUNTIME_ENV if lora else {})}
         self.python = python
         self.log_path = log_path
         self.host = host
@@ -383,12 +386,73 @@ class VLLMServer:
                 self._pidfile.unlink(missing_ok=True)
                 self._pidfile = None
 
+    def detach(self) -> int:
+        """Hand the running server on: this object and this process stop owning it (no stop
+        at exit, no pid file for a parent to reap) and its pid (its process group) is
+        returned; whoever takes it stops it (`releasekit.build.engines`). Start it with
+        `die_with_parent=False` when its owner will exit before it should."""
+        proc = self.proc
+        if proc is None:
+            raise ServerStartError("server is not running")
+        with deferred_signals():
+            _LIVE.discard(proc)
+            self.proc = None
+            if self._pidfile is not None:
+                self._pidfile.unlink(missing_ok=True)
+                self._pidfile = None
+        return proc.pid
+
     def __enter__(self) -> VLLMServer:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Served(Protocol):
+    """A running server as bench and eval use it: where it answers, the adapters it holds
+    (model name -> folder), whether it still runs and the memory it holds."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def adapters(self) -> dict[str, Path]: ...
+
+    def check_alive(self) -> None: ...
+
+    def memory_bytes(self) -> int | None: ...
+
+
+class AttachedServer:
+    """A vLLM server this process did not start (it was handed on: `VLLMServer.detach`):
+    where it answers, the adapters it holds for the caller, and whether it still runs. Its
+    owner stops it; `stop` here does nothing."""
+
+    def __init__(self, base_url: str, pid: int, *, adapters: Mapping[str, Path], log_path: Path):
+        self.base_url = base_url
+        self.pid = pid
+        self.adapters = dict(adapters)
+        self.log_path = log_path
+
+    def check_alive(self) -> None:
+        """Raise ServerStartError (quoting its log) if the server has died."""
+        if not group_alive(self.pid):
+            cause = last_error_line(tail(self.log_path, 200))
+            raise ServerStartError(
+                f"vLLM (pid {self.pid}) is no longer running{': ' + cause if cause else ''} "
+                f"(log: {self.log_path})",
+                log_tail=tail(self.log_path),
+                log_path=self.log_path,
+            )
+
+    def memory_bytes(self) -> int | None:
+        """The memory the server's process group holds now (`group_memory_bytes`)."""
+        return group_memory_bytes(self.pid) if group_alive(self.pid) else None
+
+    def stop(self) -> None:
+        """Not this object's to stop: its owner does."""
 
 
 @atexit.register
@@ -455,6 +519,7 @@ def serve_release(
     *,
     port: int | None = None,
     log_path: Path | None = None,
+    die_with_parent: bool = True,
 ) -> VLLMServer:
     """A (not yet started) server for a release: its model folder, the lock's exact engine
     arguments (`serving_args`) and the manifest's environment. Use it as a context manager.
@@ -469,7 +534,6 @@ def serve_release(
 
     m = lm.manifest
     model_dir = release_model_dir(settings, lm, lock)
-    staged = stage_adapters(settings.state_dir / "adapters", m.adapters, lock.inputs, lm.resolve)
     log = log_path or settings.state_dir / "logs" / f"serve-{m.name}-{lock.short_id}.log"
     host_env = server_env(
         python=settings.python, preload=settings.server_preload, release_env=m.serving.env
@@ -485,8 +549,18 @@ def serve_release(
         port=port,
         start_timeout_s=settings.server_start_timeout_s,
         stop_grace_s=settings.server_stop_grace_s,
-        adapters={a.name: a.path for a in staged},
+        die_with_parent=die_with_parent,
+        adapters=release_adapters(settings, lm, lock),
     )
+
+
+def release_adapters(settings: Settings, lm: LoadedManifest, lock: Lock) -> dict[str, Path]:
+    """The release's adapters as its server loads them: name -> the verified copy under
+    <state_dir>/adapters (`stage_adapters`: AdapterLoadError on a mismatch with the lock)."""
+    staged = stage_adapters(
+        settings.state_dir / "adapters", lm.manifest.adapters, lock.inputs, lm.resolve
+    )
+    return {a.name: a.path for a in staged}
 
 
 def serve_manifest(

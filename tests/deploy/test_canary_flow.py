@@ -4,10 +4,12 @@ with traffic back on stable, and a promote that dies mid-canary never leaves a w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -282,6 +284,80 @@ def test_a_fresh_baseline_is_judged_against_the_canary_and_stopped(ckit: Kit, as
     assert [r.release_id for r in _gateway_state(ckit).routes] == [new]
     with pytest.raises(httpx.HTTPError):
         webclient.get(baseline_url + "/health", timeout=2)
+
+
+@pytest.mark.parametrize(
+    "ckit", [["answer_max_client_share = 1", "answer_min_pairs = 4"]], indirect=True
+)
+def test_a_canary_after_its_shadow_takes_the_shadows_two_servers(ckit: Kit) -> None:
+    """Promoted while its shadow still runs, the candidate's canary starts no server: it
+    runs on the server its shadow ran on and is judged against the fresh baseline its shadow
+    ran beside (the two were started together and got the same copies: the pair the shadow
+    judged), which it stops once judged. `shadow stop` then only records the end: the
+    candidate, now live, keeps serving."""
+    from releasekit.rollout.shadow import compare_shadow, start_shadow, stop_shadow
+
+    old = ckit.build("demo-bf16")
+    assert promote_progressive(ckit.settings, old, env="staging", reason="base").ok
+    steps = (
+        "      - {weight: 20, min_duration_s: 1, min_requests: 4, max_duration_s: 60}\n"
+        "      - {weight: 100}\n"
+    )
+    checks = "      - {metric: ttft_p95_s, tolerance: 1.0, slack: 0.5, min_samples: 10}\n"
+    block = canary_block(steps, checks, warmup=3, settle=0.3, baseline="fresh")
+    new = candidate(ckit, "demo-canary-fresh", seqs=16, promotion=block)
+    shadow = start_shadow(ckit.settings, new, env="staging", share=0.5, reason="try it")
+    assert shadow.baseline_url is not None
+    stop = threading.Event()
+
+    def greedy() -> None:  # answers a shadow can judge: the same question, not sampled
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = {"model": "demo", "prompt": f"q{i % 5}", "max_tokens": 4, "temperature": 0}
+            with contextlib.suppress(httpx.HTTPError):
+                webclient.post(f"{ckit.gateway('staging')}/v1/completions", json=body, timeout=10)
+            stop.wait(0.1)  # within the gateway's client rate limit
+
+    sender = threading.Thread(target=greedy, daemon=True)
+    sender.start()
+    try:
+        with Streamer(ckit.gateway("staging"), chunks=3) as s0:  # streams: TTFT to judge
+            s0.wait_for(2)
+            cmp = compare_shadow(ckit.settings, env="staging", window_s=4, max_window_s=40)
+    finally:
+        stop.set()
+        sender.join(timeout=15)
+    assert cmp.judged_against == "fresh baseline" and cmp.verdict == "pass", cmp.reason
+    pids = {s.base_url: s.pid for s in read_state(ckit.settings.state_dir, "staging").servers}
+    tables: list[dict[str, tuple[float, str]]] = []
+    said: list[str] = []
+
+    def seen(label: str, done: int, total: int) -> None:
+        said.append(label)
+        if "waiting for traffic" in label:
+            st = _gateway_state(ckit)
+            tables.append({r.release_id: (r.weight, r.base_url) for r in st.routes})
+
+    res, s1, s2 = _canary_under_two_streams(ckit, new, seen)
+    failed = [(g.name, g.detail) for g in res.report.failed] if res.report else []
+    assert res.status == "promoted", (failed, res.deploy, res.canary)
+    assert res.canary is not None and res.canary["judged_against"] == f"{old}:baseline"
+    [table] = tables
+    assert table[new][1] == shadow.base_url and table[f"{old}:baseline"][1] == shadow.baseline_url
+    assert not any(x.startswith("starting a fresh baseline") for x in said), said
+    assert any("the fresh baseline server its shadow ran beside" in x for x in said), said
+    assert s1.failures == [] and s2.failures == []
+    servers = read_state(ckit.settings.state_dir, "staging").servers
+    [live] = [s for s in servers if s.role == "live"]
+    assert (live.release_id, live.base_url, live.pid) == (new, shadow.base_url, pids[live.base_url])
+    assert shadow.baseline_url not in {s.base_url for s in servers}
+    with pytest.raises(httpx.HTTPError):
+        webclient.get(shadow.baseline_url + "/health", timeout=2)
+    stop_shadow(ckit.settings, env="staging")
+    after = read_state(ckit.settings.state_dir, "staging")
+    assert [r.release_id for r in after.routes] == [new]
+    assert webclient.get(shadow.base_url + "/health", timeout=5).status_code == 200
 
 
 @pytest.mark.parametrize("ckit", [REQUIRE_FRESH], indirect=True)
