@@ -136,6 +136,17 @@ def group_memory_bytes(pgid: int) -> int | None:
     return total if seen else None
 
 
+def pid_alive(pid: int) -> bool:
+    """True while process `pid` exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def group_alive(pgid: int) -> bool:
     """True while any live (non-zombie) process of process group `pgid` exists."""
     return bool(group_members(pgid))

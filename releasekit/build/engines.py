@@ -36,7 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
-from releasekit._support.procs import group_alive, reap_registered, stop_groups
+from releasekit._support.procs import group_alive, pid_alive, reap_registered, stop_groups
 from releasekit.config import Settings
 from releasekit.errors import ReleasekitError
 from releasekit.serving.adapters import ensure_adapters, loaded_adapters, unload_adapter
@@ -172,7 +172,7 @@ def kept_engines(settings: Settings) -> Iterator[Path]:
     base.mkdir(parents=True, exist_ok=True)
     for old in base.iterdir():
         owner = _owner(old)
-        if owner is None or not _pid_alive(owner):
+        if owner is None or not pid_alive(owner):
             if old.is_dir():
                 reap_registered(old, grace_s=settings.server_stop_grace_s)
             shutil.rmtree(old, ignore_errors=True)
@@ -191,13 +191,3 @@ def _owner(folder: Path) -> int | None:
         return int(json.loads((folder / _OWNER).read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
+from releasekit._support.procs import pid_alive
 from releasekit._support.retry import RetryPolicy
 from releasekit.config.lanes import parent_env
 from releasekit.deploy.gateway import Mirror, Route
@@ -291,11 +292,5 @@ def same_process(pid: int, proc_start: int | None) -> bool:
     """True when `pid` runs and is the process that was recorded (not a reused pid)."""
     now = proc_start_time(pid)
     if now is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return proc_start is None
+        return pid_alive(pid) and proc_start is None
     return proc_start is None or now == proc_start

@@ -265,13 +265,7 @@ class VLLMServer:
             self._pidfile.write_text(json.dumps({"pid": pid, "log": str(self.log_path)}))
 
     def _died(self, rc: int, when: str) -> ServerStartError:
-        cause = last_error_line(tail(self.log_path, 200))
-        return ServerStartError(
-            f"vLLM exited with code {rc} {when}{': ' + cause if cause else ''} "
-            f"(log: {self.log_path})",
-            log_tail=tail(self.log_path),
-            log_path=self.log_path,
-        )
+        return server_gone(self.log_path, f"vLLM exited with code {rc} {when}")
 
     def _wait_ready(self) -> str | None:
         if self.proc is None:
@@ -410,6 +404,16 @@ class VLLMServer:
         self.stop()
 
 
+def server_gone(log_path: Path, what: str) -> ServerStartError:
+    """`what` happened to a server: the error, with its log's last error line and tail."""
+    cause = last_error_line(tail(log_path, 200))
+    return ServerStartError(
+        f"{what}{': ' + cause if cause else ''} (log: {log_path})",
+        log_tail=tail(log_path),
+        log_path=log_path,
+    )
+
+
 class Served(Protocol):
     """A running server as bench and eval use it: where it answers, the adapters it holds
     (model name -> folder), whether it still runs and the memory it holds."""
@@ -439,13 +443,7 @@ class AttachedServer:
     def check_alive(self) -> None:
         """Raise ServerStartError (quoting its log) if the server has died."""
         if not group_alive(self.pid):
-            cause = last_error_line(tail(self.log_path, 200))
-            raise ServerStartError(
-                f"vLLM (pid {self.pid}) is no longer running{': ' + cause if cause else ''} "
-                f"(log: {self.log_path})",
-                log_tail=tail(self.log_path),
-                log_path=self.log_path,
-            )
+            raise server_gone(self.log_path, f"vLLM (pid {self.pid}) is no longer running")
 
     def memory_bytes(self) -> int | None:
         """The memory the server's process group holds now (`group_memory_bytes`)."""

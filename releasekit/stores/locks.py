@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy import Column, Connection, Engine, Integer, MetaData, String, Table, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from releasekit._support.procs import pid_alive
 from releasekit._support.retry import RetryPolicy
 from releasekit._support.text import redact_url
 from releasekit.errors import LedgerError, LedgerLockTimeoutError
@@ -68,16 +69,6 @@ def _now() -> dt.datetime:
 
 def _fmt(t: dt.datetime) -> str:
     return t.strftime(_TIME_FMT)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _lost_create_race(exc: BaseException) -> bool:
@@ -209,7 +200,7 @@ def _stale(row: object, host: str) -> bool:
     r = row._mapping  # type: ignore[attr-defined]
     if r["host"] == host:
         # Same machine: the pid says it all (a live holder is never robbed, however slow).
-        return r["pid"] != os.getpid() and not _pid_alive(int(r["pid"]))
+        return r["pid"] != os.getpid() and not pid_alive(int(r["pid"]))
     return bool(r["expires"] < _fmt(_now()))
 
 
