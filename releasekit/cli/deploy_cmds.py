@@ -289,9 +289,12 @@ def promote_cmd(
             if res.overridden
             else ""
         )
-        how = (
-            " (same vLLM server: only prompts or adapters differ)" if d and d.reused_server else ""
-        )
+        how = ""
+        if d and d.reused_server:
+            how = {
+                "shadow": " (on the server its shadow ran on)",
+                "warm": " (on a warm server of its engine)",
+            }.get(d.reused_role or "", " (same vLLM server: only prompts or adapters differ)")
         warm = f"; kept warm: {', '.join(_short(r) for r in d.warm)}" if d and d.warm else ""
         out.print(
             f"[green]{esc(res.environment)}[/green] -> {esc(who)}{how}{forced} "

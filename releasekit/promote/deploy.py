@@ -193,7 +193,7 @@ def deploy_release(
         if reusable is not None:
             cand = target.upstream_of(reusable)
             if target.health(cand):
-                up, out.reused_server = cand, True
+                up, out.reused_server, out.reused_role = cand, True, reusable.role
                 step("server", True, ts, f"reused {reusable.base_url} (pid {reusable.pid})")
         if up is not None and spec.adapters:
             # the running engine gets the release's adapters before any route moves

@@ -56,6 +56,11 @@ class DeployOutcome(BaseModel):
     failure: str | None = None
     reverted: bool = Field(False, description="traffic was switched back after a late failure")
     reused_server: bool = Field(False, description="no new vLLM: a running server serves it")
+    reused_role: str | None = Field(
+        None,
+        description="what the reused server was: `live` (only prompts or adapters differ), "
+        "`warm` (kept after an earlier release) or `shadow` (the release's own shadow server)",
+    )
     switched: bool = False
     switch_s: float | None = Field(None, description="from the start of the step to the switch")
     smoke_preview: SmokeResult | None = None

@@ -122,7 +122,7 @@ def deploy_lane(
             step("server", False, ts, f"{up.base_url} does not answer")
             return fail("start", f"{base_env}'s live engine at {up.base_url} does not answer")
         step("server", True, ts, f"reused {up.base_url} (pid {engine.pid})")
-        out.reused_server = True
+        out.reused_server, out.reused_role = True, "live"
         ts = time.monotonic()
         out.gateway_url = target.ensure_router(handle.state.routes)
         step("gateway", True, ts, out.gateway_url)

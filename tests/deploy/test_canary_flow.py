@@ -343,6 +343,7 @@ def test_a_canary_after_its_shadow_takes_the_shadows_two_servers(ckit: Kit) -> N
     failed = [(g.name, g.detail) for g in res.report.failed] if res.report else []
     assert res.status == "promoted", (failed, res.deploy, res.canary)
     assert res.canary is not None and res.canary["judged_against"] == f"{old}:baseline"
+    assert res.deploy is not None and res.deploy.reused_role == "shadow"
     [table] = tables
     assert table[new][1] == shadow.base_url and table[f"{old}:baseline"][1] == shadow.baseline_url
     assert not any(x.startswith("starting a fresh baseline") for x in said), said
