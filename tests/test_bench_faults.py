@@ -385,13 +385,14 @@ def lenient_check(monkeypatch: pytest.MonkeyPatch) -> None:
 def busy_host_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     """For the cross-check's tests of something other than the client's own lag (server
     deltas, the front end's segment, bursts): the fake serves from this test's process, so
-    a busy test machine (the fast tests run on two workers) now and then adds tens of
-    milliseconds to what the client sees, which the bench rightly flags as client_bound.
-    Only the latency floor (to 0.2 s) and the client's own lag floor (to 2 s: on a host
-    running four busy processes on two cores the test's event loop once ran 0.9 s late) are
-    widened; the burst, count and relative tolerances stay real. client_bound has its own
-    tests below, at the real tolerances."""
-    monkeypatch.setattr("releasekit.bench.crosscheck.LATENCY_ABS_TOL_S", 0.2)
+    a busy test machine (the fast tests run on two workers) now and then adds tens to
+    hundreds of milliseconds to what the client sees, which the bench rightly flags as
+    client_bound (a fresh-clone CI run once saw the client's E2E mean 262 ms above the fake's
+    own 515 ms). Only the latency floor (to 0.5 s) and the client's own lag floor (to 2 s: on
+    a host running four busy processes on two cores the test's event loop once ran 0.9 s
+    late) are widened; the burst, count and relative tolerances stay real. client_bound has
+    its own tests below, at the real tolerances."""
+    monkeypatch.setattr("releasekit.bench.crosscheck.LATENCY_ABS_TOL_S", 0.5)
     monkeypatch.setattr("releasekit.bench.crosscheck.CLIENT_LAG_ABS_TOL_S", 2.0)
 
 
