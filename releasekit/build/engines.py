@@ -33,12 +33,13 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from releasekit._support.files import write_atomic
+from releasekit._support.http import http_client
 from releasekit._support.procs import group_alive, pid_alive, reap_registered, stop_groups
 from releasekit.config import Settings
-from releasekit.errors import ReleasekitError
 from releasekit.serving.adapters import ensure_adapters, loaded_adapters, unload_adapter
 from releasekit.serving.vllm import AttachedServer
 
@@ -103,7 +104,7 @@ class EnginePool:
                 and e.serving_key == serving_key
                 and Path(e.model_dir) == model_dir
                 and group_alive(e.pid)
-                and _answers(e, api_key)
+                and _answers(e, model_dir, api_key)
             ):
                 found = e
                 continue
@@ -123,12 +124,21 @@ class EnginePool:
         _stop(self.root / str(pid), self.grace_s)
 
 
-def _answers(e: KeptEngine, api_key: str | None) -> bool:
+def _answers(e: KeptEngine, model_dir: Path, api_key: str | None) -> bool:
+    """Whether the kept server answers and serves the release's model folder under its
+    served name (vLLM's /v1/models `root`), not just what its pool file says."""
     try:
-        loaded_adapters(e.base_url, api_key=api_key, timeout_s=5.0)
-    except ReleasekitError:
+        with http_client(base_url=e.base_url, timeout=5.0, trust_env=False) as c:
+            r = c.get(
+                "/v1/models", headers={"authorization": f"Bearer {api_key}"} if api_key else {}
+            )
+        models = r.json().get("data", []) if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
         return False
-    return True
+    return any(
+        isinstance(m, dict) and m.get("id") == e.served_name and m.get("root") == str(model_dir)
+        for m in models
+    )
 
 
 def _stop(f: Path, grace_s: float) -> None:
@@ -139,10 +149,9 @@ def _stop(f: Path, grace_s: float) -> None:
 
 def hold_adapters(server_url: str, adapters: dict[str, Path], api_key: str | None) -> None:
     """Make a kept server hold exactly a release's adapters, as a fresh one would: unload
-    the others (and any held from another folder), load the missing ones."""
-    held = loaded_adapters(server_url, api_key=api_key)
-    for name, path in held.items():
-        if adapters.get(name) != Path(path):
+    the others, then `ensure_adapters` (which also replaces one held from another folder)."""
+    for name in loaded_adapters(server_url, api_key=api_key):
+        if name not in adapters:
             unload_adapter(server_url, name, api_key=api_key)
     ensure_adapters(server_url, adapters, api_key=api_key)
 

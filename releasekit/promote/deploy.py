@@ -246,9 +246,12 @@ def deploy_release(
             ts = time.monotonic()
             baselines: list[Upstream] = []
 
-            def start_baseline() -> tuple[Route, Upstream]:
+            def live_spec() -> ReleaseSpec:
                 info = load_release(settings, str(live_now), ledger=ledger)
-                base = release_spec(settings, info, ledger=ledger)
+                return release_spec(settings, info, ledger=ledger)
+
+            def start_baseline() -> tuple[Route, Upstream]:
+                base = live_spec()
                 baselines.append(target.start(base))
                 return baselines[-1].route(base), baselines[-1]
 
@@ -267,9 +270,8 @@ def deploy_release(
                         kept = target.upstream_of(s)
                         if s.base_url == up.base_url or not target.health(kept):
                             continue
-                        info = load_release(settings, str(live_now), ledger=ledger)
                         baselines.append(kept)
-                        return kept.route(release_spec(settings, info, ledger=ledger)), kept
+                        return kept.route(live_spec()), kept
                 return None
 
             local = live_now and isinstance(target, LocalTarget)
